@@ -1,0 +1,22 @@
+"""inshrink: smaller deep-learning checkpoints, losslessly or with a measured error.
+
+>>> import inshrink
+>>> inshrink.save("step_1000.ink", state)          # doctest: +SKIP
+>>> state = inshrink.load("step_1000.ink")         # doctest: +SKIP
+>>> with inshrink.open("step_1000.ink") as f:      # doctest: +SKIP
+...     w = f["model.layers.3.attn.q_proj.weight"]
+"""
+from .api import load, open, save
+from .errors import (ChecksumError, CorruptError, InshrinkError, InvalidArgumentError,
+                     LimitExceededError, TensorNotFoundError, TruncatedError,
+                     UnknownCodecError, UnsupportedFeatureError, UnsupportedVersionError)
+from .tensorfile import File, TensorInfo, Writer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "save", "load", "open", "File", "Writer", "TensorInfo",
+    "InshrinkError", "InvalidArgumentError", "CorruptError", "TruncatedError",
+    "ChecksumError", "UnsupportedVersionError", "UnsupportedFeatureError",
+    "UnknownCodecError", "LimitExceededError", "TensorNotFoundError", "__version__",
+]

@@ -1,0 +1,62 @@
+"""The public one-call API: save, load, open."""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+from .errors import InvalidArgumentError
+from .tensorfile import File, Progress, TensorInfo, Writer
+
+
+def save(path: str | os.PathLike, tensors: Mapping[str, Any],
+         metadata: Mapping[str, str] | None = None, *, level: int | None = None,
+         threads: int | None = None, progress: Progress | None = None) -> list[TensorInfo]:
+    """Compress a mapping of named tensors losslessly into one .ink file.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Destination; written atomically (a previous file is kept if anything fails).
+    tensors : mapping of str to array-like
+        numpy arrays, or anything with ``__array__``/``__dlpack__`` (torch, JAX, CuPy after
+        moving to host). Any dtype of :mod:`inshrink.dtypes`, any shape, 0-d and empty too.
+    metadata : mapping of str to str, optional
+        User metadata, kept verbatim (compatible with safetensors' ``__metadata__``).
+    level : int, optional
+        zstd level; ``None`` uses inshrink's fast settings.
+    threads : int, optional
+        Encoder threads (default: every core).
+    progress : callable, optional
+        Called with the number of tensor bytes processed as the work advances.
+
+    Returns
+    -------
+    list of TensorInfo
+        Per tensor: dtype, shape, codec, original and stored bytes, ratio.
+
+    Examples
+    --------
+    >>> import numpy as np, inshrink
+    >>> report = inshrink.save("ckpt.ink", {"w": np.ones((2, 3), np.float32)})
+    """
+    if not isinstance(tensors, Mapping):
+        raise InvalidArgumentError("tensors must be a mapping of names to arrays")
+    with Writer(path, dict(metadata or {}), level=level, threads=threads,
+                progress=progress) as writer:
+        for name, value in tensors.items():
+            writer.add(name, value)
+        return writer.close()
+
+
+def load(path: str | os.PathLike, *, threads: int | None = None,
+         progress: Progress | None = None) -> dict[str, np.ndarray]:
+    """Read every tensor of an .ink file into a dict of numpy arrays (bf16/fp8 as ml_dtypes)."""
+    with File(path, threads=threads) as f:
+        return f.load(progress)
+
+
+def open(path: str | os.PathLike, *, threads: int | None = None) -> File:  # noqa: A001
+    """Open an .ink file for random access: ``f[name]``, ``f.keys()``, ``f.metadata``."""
+    return File(path, threads=threads)

@@ -1,0 +1,1 @@
+"""Tensor codecs: pure transforms between arrays and encoded streams; they never touch files."""

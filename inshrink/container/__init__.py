@@ -1,0 +1,1 @@
+"""The .ink container: header, records, index and tail (spec/FORMAT.md). Codec-agnostic."""

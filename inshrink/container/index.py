@@ -1,0 +1,195 @@
+"""The index: what the file holds and where (JSON, spec/FORMAT.md "Index").
+
+Parsing validates every field the reader will later trust (types, limits, offsets in bounds,
+records not overlapping), so nothing downstream sees an unchecked number.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+from .. import dtypes
+from ..errors import CorruptError, LimitExceededError
+from . import layout
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One record of a stream: where it lies and what it decodes to."""
+
+    offset: int      # of the record header
+    length: int      # payload bytes
+    crc: int         # CRC-32 of the payload
+    size: int        # decoded bytes
+    coding: str      # "zstd" or "raw"
+
+    def to_json(self) -> list:
+        return [self.offset, self.length, self.crc, self.size, self.coding]
+
+
+@dataclass
+class TensorEntry:
+    """Everything the index says about one tensor."""
+
+    name: str
+    dtype: dtypes.DType
+    shape: tuple[int, ...]
+    codec: list[dict]
+    chunk_elements: int
+    streams: list[list[Chunk]] = field(default_factory=list)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(c.length for s in self.streams for c in s)
+
+    @property
+    def chunk_count(self) -> int:
+        return -(-self.numel // self.chunk_elements)
+
+    def chunk_range(self, c: int) -> tuple[int, int]:
+        """Element range [start, stop) of chunk ``c``."""
+        start = c * self.chunk_elements
+        return start, min(start + self.chunk_elements, self.numel)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype.name, "shape": list(self.shape),
+                "chunk_elements": self.chunk_elements, "codec": self.codec,
+                "streams": [[c.to_json() for c in s] for s in self.streams]}
+
+
+@dataclass
+class Index:
+    tensors: list[TensorEntry]
+    metadata: dict[str, str]
+    safetensors_header: str | None = None
+
+    def to_bytes(self) -> bytes:
+        doc: dict = {"tensors": [t.to_json() for t in self.tensors], "metadata": self.metadata}
+        if self.safetensors_header is not None:
+            doc["safetensors_header"] = self.safetensors_header
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _is_int(x, lo: int = 0, hi: int = 1 << 63) -> bool:
+    return type(x) is int and lo <= x <= hi
+
+
+def _fail(msg: str):
+    raise CorruptError(f"invalid index: {msg}")
+
+
+def _reject_duplicate_keys(pairs):
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        _fail("duplicate key in a JSON object")
+    return dict(pairs)
+
+
+def check_name(name) -> None:
+    """Names are non-empty strings of at most MAX_NAME_BYTES UTF-8 bytes."""
+    if not isinstance(name, str) or not name:
+        _fail(f"tensor name {name!r} is not a non-empty string")
+    if len(name.encode("utf-8", "surrogatepass")) > layout.MAX_NAME_BYTES:
+        raise LimitExceededError(f"tensor name longer than {layout.MAX_NAME_BYTES} bytes")
+
+
+def check_metadata(metadata) -> None:
+    if not isinstance(metadata, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        _fail("metadata must map strings to strings")
+    if len(metadata) > layout.MAX_METADATA_ENTRIES:
+        raise LimitExceededError(f"more than {layout.MAX_METADATA_ENTRIES} metadata entries")
+
+
+def check_shape(shape) -> tuple[int, ...]:
+    if not isinstance(shape, list) or not all(_is_int(d) for d in shape):
+        _fail(f"shape {shape!r} is not a list of non-negative integers")
+    if len(shape) > layout.MAX_NDIM:
+        raise LimitExceededError(f"tensor has {len(shape)} dimensions (limit {layout.MAX_NDIM})")
+    return tuple(shape)
+
+
+def _parse_chunk(raw, data_end: int) -> Chunk:
+    if not isinstance(raw, list) or len(raw) != 5:
+        _fail("a chunk must be [offset, length, crc, size, coding]")
+    offset, length, crc, size, coding = raw
+    if not (_is_int(offset) and _is_int(length) and _is_int(crc, 0, 0xFFFFFFFF)
+            and _is_int(size)):
+        _fail(f"chunk fields must be non-negative integers: {raw!r}")
+    if coding not in ("zstd", "raw"):
+        _fail(f"unknown chunk coding {coding!r}")
+    if size > layout.MAX_CHUNK_BYTES:
+        raise LimitExceededError(f"chunk decodes to {size} bytes (limit {layout.MAX_CHUNK_BYTES})")
+    if offset % layout.ALIGNMENT or offset < layout.HEADER_SIZE:
+        _fail(f"chunk offset {offset} is not an aligned offset after the header")
+    if offset + layout.RECORD_HEADER_SIZE + length > data_end:
+        _fail(f"chunk at offset {offset} extends past the data section")
+    return Chunk(offset, length, crc, size, coding)
+
+
+def _parse_tensor(raw, data_end: int) -> TensorEntry:
+    if not isinstance(raw, dict):
+        _fail("a tensor entry must be an object")
+    for key in ("name", "dtype", "shape", "chunk_elements", "codec", "streams"):
+        if key not in raw:
+            _fail(f"tensor entry lacks {key!r}")
+    check_name(raw["name"])
+    dtype = dtypes.by_name(raw["dtype"])
+    shape = check_shape(raw["shape"])
+    if math.prod(shape) * dtype.itemsize > layout.MAX_TENSOR_BYTES:
+        raise LimitExceededError(f"tensor {raw['name']!r} declares more than "
+                                 f"{layout.MAX_TENSOR_BYTES} bytes")
+    per_chunk = raw["chunk_elements"]
+    if not _is_int(per_chunk, 1) or per_chunk * dtype.itemsize > layout.MAX_CHUNK_BYTES:
+        _fail(f"chunk_elements {per_chunk!r} is not in [1, MAX_CHUNK_BYTES / itemsize]")
+    codec = raw["codec"]
+    if not isinstance(codec, list) or not codec or not all(
+            isinstance(s, dict) and isinstance(s.get("id"), str) for s in codec):
+        _fail("codec must be a non-empty list of objects with a string 'id'")
+    streams = raw["streams"]
+    if not isinstance(streams, list) or not all(isinstance(s, list) for s in streams):
+        _fail("streams must be a list of chunk lists")
+    entry = TensorEntry(raw["name"], dtype, shape, codec, per_chunk)
+    if any(len(s) != entry.chunk_count for s in streams):
+        _fail(f"tensor {entry.name!r}: every stream needs {entry.chunk_count} chunks")
+    entry.streams = [[_parse_chunk(c, data_end) for c in s] for s in streams]
+    return entry
+
+
+def parse(payload: bytes, data_end: int) -> Index:
+    """Parse and validate an index payload; ``data_end`` is the offset of the index record."""
+    try:
+        doc = json.loads(payload.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys)
+    except (ValueError, RecursionError) as exc:  # bad UTF-8, bad JSON, huge ints
+        _fail(f"not valid UTF-8 JSON ({exc})")
+    if not isinstance(doc, dict) or not isinstance(doc.get("tensors"), list):
+        _fail("top level must be an object with a 'tensors' list")
+    if len(doc["tensors"]) > layout.MAX_TENSORS:
+        raise LimitExceededError(f"more than {layout.MAX_TENSORS} tensors")
+    metadata = doc.get("metadata", {})
+    check_metadata(metadata)
+    header = doc.get("safetensors_header")
+    if header is not None and not isinstance(header, str):
+        _fail("safetensors_header must be a string")
+    tensors = [_parse_tensor(t, data_end) for t in doc["tensors"]]
+    if len({t.name for t in tensors}) != len(tensors):
+        _fail("duplicate tensor names")
+    _check_no_overlap(tensors)
+    return Index(tensors, metadata, header)
+
+
+def _check_no_overlap(tensors: list[TensorEntry]) -> None:
+    spans = sorted((c.offset, c.offset + layout.RECORD_HEADER_SIZE + c.length)
+                   for t in tensors for s in t.streams for c in s)
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        if start < end:
+            _fail(f"records overlap at offset {start}")

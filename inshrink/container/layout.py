@@ -1,0 +1,110 @@
+"""Byte layouts, constants and limits of the .ink container, format version 1.0.
+
+Everything here mirrors a table in spec/FORMAT.md; change both together.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+
+from ..errors import (ChecksumError, CorruptError, TruncatedError, UnsupportedFeatureError,
+                      UnsupportedVersionError)
+
+MAGIC = b"\x89INK\r\n\x1a\n"
+VERSION_MAJOR = 1
+VERSION_MINOR = 0
+ALIGNMENT = 64
+
+HEADER_SIZE = 64
+RECORD_HEADER_SIZE = 32
+TAIL_SIZE = 32
+RECORD_TAG = b"INKR"
+KIND_CHUNK = 1
+KIND_INDEX = 2
+
+# Feature bits. Version 1.0 defines none; a reader must reject unknown required bits.
+KNOWN_REQUIRED_FEATURES = 0
+
+# Normative limits (spec/FORMAT.md, "Limits").
+MAX_INDEX_BYTES = 64 << 20
+MAX_TENSORS = 1_000_000
+MAX_NAME_BYTES = 1024
+MAX_NDIM = 32
+MAX_TENSOR_BYTES = 1 << 48
+MAX_CHUNK_BYTES = 64 << 20
+MAX_METADATA_ENTRIES = 65_536
+
+_HEADER = struct.Struct("<8sHHIQQ28sI")        # magic, major, minor, size, req, opt, zero, crc
+_RECORD = struct.Struct("<4sB3sQI8sI")         # tag, kind, zero, length, payload crc, zero, crc
+_TAIL = struct.Struct("<QQII8s")               # index offset, length, crc, tail crc, magic
+
+
+def crc32(data) -> int:
+    """CRC-32 (ISO-HDLC, the zlib polynomial) of a buffer."""
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+def padding(offset: int) -> int:
+    """Zero bytes needed after ``offset`` to reach the next aligned offset."""
+    return -offset % ALIGNMENT
+
+
+def pack_header(optional_features: int = 0) -> bytes:
+    body = _HEADER.pack(MAGIC, VERSION_MAJOR, VERSION_MINOR, HEADER_SIZE, 0,
+                        optional_features, bytes(28), 0)[:-4]
+    return body + struct.pack("<I", crc32(body))
+
+
+def check_header(data: bytes) -> None:
+    """Validate the fixed header; raise the typed error that names the first problem."""
+    if len(data) < HEADER_SIZE:
+        raise TruncatedError(f"file is {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header")
+    magic, major, minor, size, required, _optional, reserved, crc = _HEADER.unpack(data[:HEADER_SIZE])
+    if magic != MAGIC:
+        raise CorruptError("not an .ink file (bad magic)")
+    if crc32(data[:HEADER_SIZE - 4]) != crc:
+        raise ChecksumError("header checksum mismatch")
+    if major != VERSION_MAJOR:
+        raise UnsupportedVersionError(
+            f"format version {major}.{minor} is not supported (this reader implements "
+            f"{VERSION_MAJOR}.x)")
+    if size != HEADER_SIZE or reserved != bytes(28):
+        raise CorruptError("header reserved fields are not zero")
+    unknown = required & ~KNOWN_REQUIRED_FEATURES
+    if unknown:
+        raise UnsupportedFeatureError(f"file requires unknown feature bits {unknown:#x}")
+
+
+def pack_record_header(kind: int, payload) -> bytes:
+    body = _RECORD.pack(RECORD_TAG, kind, bytes(3), len(memoryview(payload)), crc32(payload),
+                        bytes(8), 0)[:-4]
+    return body + struct.pack("<I", crc32(body))
+
+
+def parse_record_header(data: bytes, offset: int) -> tuple[int, int, int]:
+    """Return (kind, payload length, payload crc) of the record header at ``offset``."""
+    if len(data) < RECORD_HEADER_SIZE:
+        raise TruncatedError(f"record header at offset {offset} is truncated")
+    tag, kind, zero3, length, payload_crc, zero8, crc = _RECORD.unpack(data[:RECORD_HEADER_SIZE])
+    if tag != RECORD_TAG:
+        raise CorruptError(f"no record at offset {offset} (bad tag)")
+    if crc32(data[:RECORD_HEADER_SIZE - 4]) != crc:
+        raise ChecksumError(f"record header checksum mismatch at offset {offset}")
+    if zero3 != bytes(3) or zero8 != bytes(8) or kind not in (KIND_CHUNK, KIND_INDEX):
+        raise CorruptError(f"record header at offset {offset} has bad kind or reserved bytes")
+    return kind, length, payload_crc
+
+
+def pack_tail(index_offset: int, index_payload) -> bytes:
+    body = struct.pack("<QQI", index_offset, len(memoryview(index_payload)), crc32(index_payload))
+    return body + struct.pack("<I", crc32(body)) + MAGIC
+
+
+def parse_tail(data: bytes) -> tuple[int, int, int]:
+    """Return (index record offset, index payload length, index crc) from the last 32 bytes."""
+    index_offset, length, index_crc, crc, magic = _TAIL.unpack(data)
+    if magic != MAGIC:
+        raise TruncatedError("file does not end with the .ink magic (truncated or not .ink)")
+    if crc32(data[:20]) != crc:
+        raise ChecksumError("tail checksum mismatch")
+    return index_offset, length, index_crc

@@ -1,0 +1,74 @@
+"""Validating reader of .ink files: header, tail and index are checked on open; each chunk
+record is checked against its header and the index before its payload is handed out."""
+from __future__ import annotations
+
+import os
+
+from ..errors import ChecksumError, CorruptError, TruncatedError
+from . import layout
+from .index import Chunk, Index, parse
+
+
+class ContainerReader:
+    """Random access to the records of one .ink file.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file to open. Raises a typed :class:`~inshrink.errors.InshrinkError` if the file is
+        not a valid .ink file; ``OSError`` if it cannot be read at all.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = os.fspath(path)
+        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        try:
+            self.size = os.fstat(self._fd).st_size
+            self.index = self._read_index()
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def _pread(self, length: int, offset: int) -> bytes:
+        data = os.pread(self._fd, length, offset)
+        if len(data) != length:
+            raise TruncatedError(f"{self.path}: file ends inside a structure at offset {offset}")
+        return data
+
+    def _read_index(self) -> Index:
+        minimum = layout.HEADER_SIZE + layout.RECORD_HEADER_SIZE + layout.TAIL_SIZE
+        if self.size < minimum:
+            head = os.pread(self._fd, layout.HEADER_SIZE, 0)
+            if not layout.MAGIC.startswith(head[:len(layout.MAGIC)]):
+                raise CorruptError(f"{self.path}: not an .ink file (bad magic)")
+            raise TruncatedError(f"{self.path}: {self.size} bytes is too short for an .ink file")
+        layout.check_header(self._pread(layout.HEADER_SIZE, 0))
+        index_offset, length, index_crc = layout.parse_tail(
+            self._pread(layout.TAIL_SIZE, self.size - layout.TAIL_SIZE))
+        if length > layout.MAX_INDEX_BYTES:
+            raise CorruptError(f"index of {length} bytes exceeds the limit")
+        expected_end = index_offset + layout.RECORD_HEADER_SIZE + length + layout.TAIL_SIZE
+        if (index_offset % layout.ALIGNMENT or index_offset < layout.HEADER_SIZE
+                or expected_end != self.size):
+            raise CorruptError("tail does not point at an index record ending before it")
+        payload = self.read_record(index_offset, length, index_crc, layout.KIND_INDEX)
+        return parse(payload, index_offset)
+
+    def read_record(self, offset: int, length: int, crc: int, kind: int) -> bytes:
+        """Read a record's payload after checking its header, length and checksums."""
+        head = self._pread(layout.RECORD_HEADER_SIZE, offset)
+        got_kind, got_length, got_crc = layout.parse_record_header(head, offset)
+        if got_kind != kind or got_length != length or got_crc != crc:
+            raise CorruptError(f"record at offset {offset} does not match the index")
+        payload = self._pread(length, offset + layout.RECORD_HEADER_SIZE)
+        if layout.crc32(payload) != crc:
+            raise ChecksumError(f"{self.path}: checksum mismatch in record at offset {offset}")
+        return payload
+
+    def read_chunk(self, chunk: Chunk) -> bytes:
+        return self.read_record(chunk.offset, chunk.length, chunk.crc, layout.KIND_CHUNK)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

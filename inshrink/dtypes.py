@@ -1,0 +1,117 @@
+"""The dtype registry: file dtype names <-> numpy dtypes, and conversion of array-likes.
+
+File dtype names follow safetensors (``F32``, ``BF16``...) so conversion is a lookup.
+Data is always stored little-endian.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .errors import InvalidArgumentError, UnknownCodecError
+
+
+@dataclass(frozen=True)
+class DType:
+    """One storable element type.
+
+    Attributes
+    ----------
+    name : str
+        Name used in the file index (safetensors spelling).
+    numpy : numpy.dtype
+        Little-endian numpy dtype of one element.
+    word : int
+        Width in bytes of the float word the sign-rotation works on (a complex number is two
+        float words); 0 for integer and bool types, which are never rotated.
+    """
+
+    name: str
+    numpy: np.dtype
+    word: int
+
+    @property
+    def itemsize(self) -> int:
+        return self.numpy.itemsize
+
+
+_TABLE = [
+    DType("F64", np.dtype("<f8"), 8),
+    DType("F32", np.dtype("<f4"), 4),
+    DType("F16", np.dtype("<f2"), 2),
+    DType("BF16", np.dtype(ml_dtypes.bfloat16), 2),
+    DType("F8_E4M3", np.dtype(ml_dtypes.float8_e4m3fn), 1),
+    DType("F8_E5M2", np.dtype(ml_dtypes.float8_e5m2), 1),
+    DType("C64", np.dtype("<c8"), 4),
+    DType("C128", np.dtype("<c16"), 8),
+    DType("I8", np.dtype("i1"), 0),
+    DType("I16", np.dtype("<i2"), 0),
+    DType("I32", np.dtype("<i4"), 0),
+    DType("I64", np.dtype("<i8"), 0),
+    DType("U8", np.dtype("u1"), 0),
+    DType("U16", np.dtype("<u2"), 0),
+    DType("U32", np.dtype("<u4"), 0),
+    DType("U64", np.dtype("<u8"), 0),
+    DType("BOOL", np.dtype("?"), 0),
+]
+BY_NAME = {d.name: d for d in _TABLE}
+_BY_NUMPY = {d.numpy: d for d in _TABLE}
+
+# torch dtypes numpy cannot hold natively, viewed through a same-width integer first.
+_TORCH_VIA_INT = {
+    "torch.bfloat16": ("int16", ml_dtypes.bfloat16),
+    "torch.float8_e4m3fn": ("int8", ml_dtypes.float8_e4m3fn),
+    "torch.float8_e5m2": ("int8", ml_dtypes.float8_e5m2),
+}
+
+
+def by_name(name: str) -> DType:
+    """Return the registry entry for a file dtype name, or raise :class:`UnknownCodecError`."""
+    try:
+        return BY_NAME[name]
+    except (KeyError, TypeError):
+        raise UnknownCodecError(f"unknown dtype {name!r}") from None
+
+
+def of_numpy(dtype: np.dtype) -> DType:
+    """Return the registry entry for a numpy dtype (either byte order)."""
+    dt = np.dtype(dtype)
+    if dt.byteorder == ">":
+        dt = dt.newbyteorder("<")
+    try:
+        return _BY_NUMPY[dt]
+    except KeyError:
+        raise InvalidArgumentError(f"unsupported dtype {dt}") from None
+
+
+def as_numpy(value: Any) -> np.ndarray:
+    """Turn an array-like into a C-contiguous little-endian numpy array, bit for bit.
+
+    Accepts numpy arrays, objects with ``__array__`` or ``__dlpack__`` and torch tensors
+    (moved to host; bf16/fp8 included). Non-contiguous and big-endian inputs are copied.
+    """
+    torch_dtype = str(getattr(value, "dtype", ""))
+    if torch_dtype.startswith("torch.") and hasattr(value, "detach"):
+        value = value.detach().cpu()
+        if torch_dtype in _TORCH_VIA_INT:
+            import torch  # only reachable when the caller already uses torch
+
+            int_name, ml_type = _TORCH_VIA_INT[torch_dtype]
+            value = value.contiguous().view(getattr(torch, int_name)).numpy().view(ml_type)
+    if not isinstance(value, np.ndarray):
+        try:
+            value = np.asarray(value)
+        except Exception:  # objects that only speak dlpack
+            if not hasattr(value, "__dlpack__"):
+                raise InvalidArgumentError(
+                    f"cannot convert {type(value).__name__} to an array") from None
+            value = np.from_dlpack(value)
+    if value.dtype.hasobject or value.dtype.fields is not None:
+        raise InvalidArgumentError(f"unsupported dtype {value.dtype}")
+    of_numpy(value.dtype)  # raises for unsupported dtypes
+    if value.dtype.byteorder == ">":
+        value = value.byteswap().view(value.dtype.newbyteorder("<"))
+    return value if value.flags.c_contiguous else value.copy(order="C")  # keeps 0-d shape

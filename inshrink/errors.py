@@ -1,0 +1,48 @@
+"""Typed errors. Every failure inshrink reports is an :class:`InshrinkError`.
+
+The root derives from :class:`ValueError` so existing ``except ValueError`` clauses keep working.
+"""
+from __future__ import annotations
+
+
+class InshrinkError(ValueError):
+    """Root of every error raised by inshrink."""
+
+
+class InvalidArgumentError(InshrinkError, TypeError):
+    """A caller passed an argument inshrink cannot use (wrong type, value or combination)."""
+
+
+class CorruptError(InshrinkError):
+    """A file is structurally invalid: bad magic, inconsistent index, impossible values."""
+
+
+class TruncatedError(CorruptError):
+    """A file ends before a structure it declares is complete."""
+
+
+class ChecksumError(CorruptError):
+    """Stored bytes do not match their recorded checksum."""
+
+
+class UnsupportedVersionError(InshrinkError):
+    """The file was written with a format major version this reader does not implement."""
+
+
+class UnsupportedFeatureError(InshrinkError):
+    """The file requires a feature bit this reader does not implement."""
+
+
+class UnknownCodecError(CorruptError):
+    """The index names a codec stage or dtype this reader does not know."""
+
+
+class LimitExceededError(InshrinkError):
+    """A declared size, count or length exceeds a normative limit of the format."""
+
+
+class TensorNotFoundError(InshrinkError, KeyError):
+    """A tensor name is not present in the file."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""

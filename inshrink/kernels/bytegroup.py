@@ -1,0 +1,79 @@
+"""Byte grouping with sign rotation (format stage ``bytegroup``).
+
+Each little-endian word is optionally rotated left by one bit, which moves a float's sign bit
+to bit 0 so the top byte holds exactly the exponent (bf16, f32) or its top bits (f16, f64).
+Plane ``k`` receives byte ``w-1-k`` of every (rotated) word: plane 0 is the most significant.
+
+Callers guarantee: ``planes.shape == (w, n)`` and ``words.shape == (n,)``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_ONE = np.uint64(1)
+_SIXTY_THREE = np.uint64(63)
+_EIGHT = np.uint64(8)
+_BYTE = np.uint64(0xFF)
+
+
+@njit(nogil=True, cache=True)
+def split_u16(words, rotate, planes):
+    for i in range(words.shape[0]):
+        v = words[i]
+        if rotate:
+            v = ((v << 1) | (v >> 15)) & 0xFFFF
+        planes[0, i] = v >> 8
+        planes[1, i] = v & 0xFF
+
+
+@njit(nogil=True, cache=True)
+def join_u16(planes, rotate, words):
+    for i in range(words.shape[0]):
+        v = (planes[0, i] << 8) | planes[1, i]
+        if rotate:
+            v = ((v >> 1) | (v << 15)) & 0xFFFF
+        words[i] = v
+
+
+@njit(nogil=True, cache=True)
+def split_u32(words, rotate, planes):
+    for i in range(words.shape[0]):
+        v = words[i]
+        if rotate:
+            v = ((v << 1) | (v >> 31)) & 0xFFFFFFFF
+        planes[0, i] = v >> 24
+        planes[1, i] = (v >> 16) & 0xFF
+        planes[2, i] = (v >> 8) & 0xFF
+        planes[3, i] = v & 0xFF
+
+
+@njit(nogil=True, cache=True)
+def join_u32(planes, rotate, words):
+    for i in range(words.shape[0]):
+        v = ((planes[0, i] << 24) | (planes[1, i] << 16)
+             | (planes[2, i] << 8) | planes[3, i])
+        if rotate:
+            v = ((v >> 1) | (v << 31)) & 0xFFFFFFFF
+        words[i] = v
+
+
+@njit(nogil=True, cache=True)
+def split_u64(words, rotate, planes):
+    for i in range(words.shape[0]):
+        v = words[i]
+        if rotate:
+            v = (v << _ONE) | (v >> _SIXTY_THREE)
+        for k in range(8):
+            planes[k, i] = (v >> np.uint64(56 - 8 * k)) & _BYTE
+
+
+@njit(nogil=True, cache=True)
+def join_u64(planes, rotate, words):
+    for i in range(words.shape[0]):
+        v = np.uint64(0)
+        for k in range(8):
+            v = (v << _EIGHT) | np.uint64(planes[k, i])
+        if rotate:
+            v = (v >> _ONE) | (v << _SIXTY_THREE)
+        words[i] = v

@@ -1,0 +1,333 @@
+"""Tensor-level reading and writing of .ink files: chunking, threads, codec dispatch."""
+from __future__ import annotations
+
+import collections
+import os
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from . import dtypes
+from .codecs import chain, entropy, lossless
+from .container import layout
+from .container.index import TensorEntry, check_metadata, check_name, check_shape
+from .container.reader import ContainerReader
+from .container.writer import ContainerWriter
+from .errors import InshrinkError, InvalidArgumentError, TensorNotFoundError
+
+DEFAULT_CHUNK_BYTES = 4 << 20
+
+Progress = Callable[[int], None]
+"""Called with the number of tensor bytes just processed."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What the index says about one stored tensor."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    codec: str
+    nbytes: int
+    stored_bytes: int
+
+    @property
+    def ratio(self) -> float:
+        """Original bytes over stored bytes (``inf`` for a tensor stored in zero bytes)."""
+        return self.nbytes / self.stored_bytes if self.stored_bytes else float("inf")
+
+    @classmethod
+    def of(cls, entry: TensorEntry) -> "TensorInfo":
+        return cls(entry.name, entry.dtype.name, entry.shape,
+                   "+".join(s["id"] for s in entry.codec) + "+zstd",
+                   entry.nbytes, entry.stored_bytes)
+
+
+def resolve_threads(threads: int | None) -> int:
+    """``None`` means one thread per core; anything else must be a positive int."""
+    if threads is None:
+        return max(1, os.cpu_count() or 1)
+    if type(threads) is not int or threads < 1:
+        raise InvalidArgumentError(f"threads must be a positive integer, got {threads!r}")
+    return threads
+
+
+def _executor(threads: int) -> Executor | None:
+    return ThreadPoolExecutor(threads, thread_name_prefix="inshrink") if threads > 1 else None
+
+
+class Writer:
+    """Write tensors one by one into a new .ink file, streaming and atomically.
+
+    Each tensor is cut into chunks that are encoded (on ``threads`` threads) and written at
+    once, so memory stays near a few chunks whatever the checkpoint size. Nothing appears at
+    ``path`` until :meth:`close` succeeds; leaving a ``with`` block by an exception discards
+    the new file and keeps any previous one.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Destination file.
+    metadata : dict of str to str, optional
+        User metadata (compatible with safetensors' ``__metadata__``).
+    level : int, optional
+        zstd level for every plane; ``None`` (default) uses inshrink's fast plane settings.
+    chunk_bytes : int
+        Uncompressed bytes per chunk (default 4 MiB, at most 64 MiB).
+    threads : int, optional
+        Encoder threads; ``None`` uses every core.
+    progress : callable, optional
+        Called with the number of tensor bytes each time a chunk is written.
+    """
+
+    def __init__(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, *,
+                 level: int | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 threads: int | None = None, progress: Progress | None = None) -> None:
+        self.metadata = dict(metadata or {})
+        try:
+            check_metadata(self.metadata)
+        except InshrinkError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        entropy.check_level(level)
+        if type(chunk_bytes) is not int or not 8 <= chunk_bytes <= layout.MAX_CHUNK_BYTES:
+            raise InvalidArgumentError(
+                f"chunk_bytes must be an integer in [8, {layout.MAX_CHUNK_BYTES}]")
+        self._level = level
+        self._chunk_bytes = chunk_bytes
+        self._threads = resolve_threads(threads)
+        self._progress = progress
+        self._names: set[str] = set()
+        self._pending: collections.deque = collections.deque()
+        self.safetensors_header: str | None = None
+        self._container = ContainerWriter(path)
+        self._pool = _executor(self._threads)
+        self._closed = False
+
+    def add(self, name: str, array: Any) -> None:
+        """Add one tensor (anything array-like; see :func:`inshrink.dtypes.as_numpy`)."""
+        arr = dtypes.as_numpy(array)
+        flat = arr.reshape(-1).view(np.uint8)
+        self.add_source(name, dtypes.of_numpy(arr.dtype), arr.shape,
+                        lambda start, stop: flat[start:stop])
+
+    def add_source(self, name: str, dtype: dtypes.DType, shape: tuple[int, ...],
+                   read: Callable[[int, int], Any]) -> None:
+        """Add a tensor whose little-endian bytes ``read(start, stop)`` returns piecewise.
+
+        Lets a caller stream a tensor from disk without holding it in memory.
+        """
+        self._check_open()
+        try:
+            check_name(name)
+            shape = check_shape(list(shape))
+        except InshrinkError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        if name in self._names:
+            raise InvalidArgumentError(f"duplicate tensor name {name!r}")
+        self._names.add(name)
+        stage = chain.for_new_tensor(dtype)
+        per_chunk = max(1, self._chunk_bytes // dtype.itemsize)
+        entry = TensorEntry(name, dtype, tuple(shape), [stage.to_dict()], per_chunk,
+                            [[] for _ in range(stage.streams)])
+        self._container.tensors.append(entry)
+        for c in range(entry.chunk_count):
+            start, stop = entry.chunk_range(c)
+            raw = np.frombuffer(read(start * dtype.itemsize, stop * dtype.itemsize), np.uint8)
+            if raw.size != (stop - start) * dtype.itemsize:
+                raise InvalidArgumentError(f"tensor {name!r}: source returned too few bytes")
+            self._submit(entry, stage, raw)
+
+    def _submit(self, entry: TensorEntry, stage: lossless.ByteGroup, raw: np.ndarray) -> None:
+        if self._pool is None:
+            self._write(entry, raw.size, lossless.encode_chunk(raw, stage, self._level))
+            return
+        future = self._pool.submit(lossless.encode_chunk, raw, stage, self._level)
+        self._pending.append((entry, raw.size, future))
+        while len(self._pending) > 2 * self._threads:
+            self._write_oldest()
+
+    def _write_oldest(self) -> None:
+        entry, size, future = self._pending.popleft()
+        self._write(entry, size, future.result())
+
+    def _write(self, entry: TensorEntry, size: int, planes: list[tuple[str, bytes]]) -> None:
+        plane_size = size // len(planes)
+        for stream, (coding, payload) in zip(entry.streams, planes):
+            stream.append(self._container.write_chunk(coding, payload, plane_size))
+        if self._progress is not None:
+            self._progress(size)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidArgumentError("writer is closed")
+
+    def close(self) -> list[TensorInfo]:
+        """Finish the file and move it into place; return a report per tensor."""
+        self._check_open()
+        try:
+            while self._pending:
+                self._write_oldest()
+            self._container.commit(self.metadata, self.safetensors_header)
+        except BaseException:
+            self.abort()
+            raise
+        self._shutdown()
+        return [TensorInfo.of(e) for e in self._container.tensors]
+
+    def abort(self) -> None:
+        """Discard the file being written; any previous file at the path is kept."""
+        if self._closed:
+            return
+        for _, _, future in self._pending:
+            future.cancel()
+        self._pending.clear()
+        self._shutdown()
+        self._container.abort()
+
+    def _shutdown(self) -> None:
+        self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> "Writer":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._closed:
+            return
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class File:
+    """An open .ink file: random access to tensors by name.
+
+    Opening validates header, tail and index; reading a tensor reads and checks only that
+    tensor's records. Use as a context manager, or call :meth:`close`.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file to open.
+    threads : int, optional
+        Decoder threads per tensor; ``None`` uses every core.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, threads: int | None = None) -> None:
+        self._threads = resolve_threads(threads)
+        self._reader = ContainerReader(path)
+        try:
+            self._entries = {e.name: e for e in self._reader.index.tensors}
+            self._stages = {name: chain.for_entry(e) for name, e in self._entries.items()}
+        except BaseException:
+            self._reader.close()
+            raise
+        self._pool = _executor(self._threads)
+
+    @property
+    def path(self) -> str:
+        return self._reader.path
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The user metadata map (a copy)."""
+        return dict(self._reader.index.metadata)
+
+    @property
+    def safetensors_header(self) -> str | None:
+        """The original safetensors header, when the file was converted from one."""
+        return self._reader.index.safetensors_header
+
+    def keys(self) -> list[str]:
+        """Tensor names in the order they were written."""
+        return list(self._entries)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def _entry(self, name: str) -> TensorEntry:
+        try:
+            return self._entries[name]
+        except (KeyError, TypeError):
+            raise TensorNotFoundError(f"no tensor named {name!r} in {self.path}") from None
+
+    def info(self, name: str) -> TensorInfo:
+        """Dtype, shape, codec and sizes of one tensor, without reading its data."""
+        return TensorInfo.of(self._entry(name))
+
+    def infos(self) -> list[TensorInfo]:
+        return [TensorInfo.of(e) for e in self._entries.values()]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.read(name)
+
+    def read(self, name: str, progress: Progress | None = None) -> np.ndarray:
+        """Decode one tensor into a new array (raises for a corrupt or truncated file)."""
+        entry = self._entry(name)
+        out = np.empty(entry.nbytes, np.uint8)
+        self.read_into(name, lambda start, chunk: out.__setitem__(
+            slice(start, start + chunk.size), chunk), progress)
+        return out.view(entry.dtype.numpy).reshape(entry.shape)
+
+    def read_into(self, name: str, sink: Callable[[int, np.ndarray], None],
+                  progress: Progress | None = None) -> None:
+        """Decode a tensor chunk by chunk, in order: ``sink(byte_offset, uint8 chunk)``.
+
+        Memory stays near a few chunks, so huge tensors can be streamed to another file.
+        """
+        entry, stage = self._entry(name), self._stages[name]
+        itemsize = entry.dtype.itemsize
+        jobs = (self._pool.submit(self._decode_chunk, entry, stage, c) if self._pool
+                else c for c in range(entry.chunk_count))
+        window: collections.deque = collections.deque()
+        for c, job in enumerate(jobs):
+            window.append((c, job))
+            if len(window) > 2 * self._threads:
+                self._deliver(entry, stage, *window.popleft(), itemsize, sink, progress)
+        while window:
+            self._deliver(entry, stage, *window.popleft(), itemsize, sink, progress)
+
+    def _deliver(self, entry, stage, c, job, itemsize, sink, progress) -> None:
+        chunk = job.result() if self._pool else self._decode_chunk(entry, stage, c)
+        sink(entry.chunk_range(c)[0] * itemsize, chunk)
+        if progress is not None:
+            progress(chunk.size)
+
+    def _decode_chunk(self, entry: TensorEntry, stage, c: int) -> np.ndarray:
+        start, stop = entry.chunk_range(c)
+        out = np.empty((stop - start) * entry.dtype.itemsize, np.uint8)
+        payloads = [(s[c].coding, self._reader.read_chunk(s[c])) for s in entry.streams]
+        lossless.decode_chunk(payloads, stage, out)
+        return out
+
+    def load(self, progress: Progress | None = None) -> dict[str, np.ndarray]:
+        """Decode every tensor."""
+        return {name: self.read(name, progress) for name in self._entries}
+
+    def verify(self) -> None:
+        """Read and decode every record, checking every checksum and size; raise on a problem."""
+        for name in self._entries:
+            self.read_into(name, lambda start, chunk: None)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._reader.close()
+
+    def __enter__(self) -> "File":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
