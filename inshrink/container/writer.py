@@ -7,9 +7,8 @@ destination. An exception (or a kill) before that leaves any previous file intac
 from __future__ import annotations
 
 import os
-import tempfile
-from typing import BinaryIO
 
+from ..atomic import AtomicFile
 from . import layout
 from .index import Chunk, Index, TensorEntry
 
@@ -24,12 +23,8 @@ class ContainerWriter:
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.path = os.fspath(path)
-        directory = os.path.dirname(os.path.abspath(self.path))
-        fd, self._tmp = tempfile.mkstemp(prefix=f".{os.path.basename(self.path)}.",
-                                         suffix=".tmp", dir=directory)
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give what open() would
-        self._file: BinaryIO = os.fdopen(fd, "wb")
+        self._target = AtomicFile(path)
+        self._file = self._target.file
         self._offset = 0
         self.tensors: list[TensorEntry] = []
         self._write(layout.pack_header())
@@ -60,36 +55,8 @@ class ContainerWriter:
         payload = Index(self.tensors, metadata, safetensors_header).to_bytes()
         offset = self._record(layout.KIND_INDEX, payload)
         self._write(layout.pack_tail(offset, payload))
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        os.replace(self._tmp, self.path)
-        _fsync_directory(os.path.dirname(os.path.abspath(self.path)))
+        self._target.commit()
 
     def abort(self) -> None:
         """Discard everything written; the destination is untouched."""
-        if not self._file.closed:
-            self._file.close()
-        try:
-            os.unlink(self._tmp)
-        except FileNotFoundError:
-            pass
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _fsync_directory(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # some platforms cannot open directories
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        self._target.abort()

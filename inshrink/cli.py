@@ -1,0 +1,220 @@
+"""The ``inshrink`` command line: compress, decompress, info, verify.
+
+Heavy modules are imported inside the commands so ``inshrink --help`` stays instant.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """A command-line mistake: reported in one line with exit status 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="inshrink", description="Compress deep-learning checkpoints (.safetensors <-> .ink).")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    c = sub.add_parser("compress", help="safetensors file or sharded directory -> .ink")
+    c.add_argument("input", help="a .safetensors file or a directory of shards")
+    c.add_argument("-o", "--output", help="output path (default: INPUT with .ink, or DIR-ink/)")
+    c.add_argument("--level", type=int, default=None,
+                   help="zstd level for every plane (default: fast plane settings)")
+    _common(c)
+
+    d = sub.add_parser("decompress", help=".ink file or directory -> safetensors")
+    d.add_argument("input", help="an .ink file or a directory of .ink shards")
+    d.add_argument("-o", "--output",
+                   help="output path (default: INPUT with .safetensors, or DIR-safetensors/)")
+    _common(d)
+
+    i = sub.add_parser("info", help="per-tensor table: dtype, shape, codec, ratio")
+    i.add_argument("input", help="an .ink file")
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+
+    v = sub.add_parser("verify", help="check structure and every checksum; exit 1 on a problem")
+    v.add_argument("input", nargs="+", help=".ink files or directories of .ink shards")
+    v.add_argument("--json", action="store_true", help="machine-readable output")
+    v.add_argument("--threads", type=int, default=None, help="threads (default: all cores)")
+    return p
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-f", "--force", action="store_true", help="overwrite an existing output")
+    p.add_argument("--threads", type=int, default=None, help="threads (default: all cores)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("inshrink")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _default_output(src: str, is_dir: bool, old: str, new: str, dir_suffix: str) -> str:
+    src = src.rstrip("/\\") or src
+    if is_dir:
+        return src + dir_suffix
+    return (src[:-len(old)] if src.endswith(old) else src) + new
+
+
+def _tree_bytes(path: str, suffix: str) -> int:
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path)
+                   if n.endswith(suffix))
+    return os.path.getsize(path)
+
+
+def _check_paths(src: str, dst: str, force: bool) -> None:
+    if not os.path.exists(src):
+        raise UsageError(f"{src}: no such file or directory")
+    if os.path.abspath(src) == os.path.abspath(dst):
+        raise UsageError("output would overwrite the input")
+    if os.path.exists(dst) and not force:
+        raise UsageError(f"{dst} exists (use --force to overwrite)")
+
+
+def _ink_bytes(path: str) -> int:
+    """Tensor bytes an .ink file (or directory of them) decodes to, for the progress bar."""
+    from .tensorfile import File
+    paths = _ink_files(path)
+    total = 0
+    for p in paths:
+        with File(p, threads=1) as f:
+            total += sum(i.nbytes for i in f.infos())
+    return total
+
+
+def _ink_files(path: str) -> list[str]:
+    if os.path.isdir(path):
+        return [os.path.join(path, n) for n in sorted(os.listdir(path)) if n.endswith(".ink")]
+    return [path]
+
+
+def _summary(args, src: str, dst: str, in_suffix: str, out_suffix: str) -> None:
+    before, after = _tree_bytes(src, in_suffix), _tree_bytes(dst, out_suffix)
+    if args.json:
+        print(json.dumps({"input": src, "output": dst, "input_bytes": before,
+                          "output_bytes": after}))
+    elif not args.quiet:
+        print(f"{src} -> {dst}: {before:,} -> {after:,} bytes "
+              f"({before / after if after else float('inf'):.3f}x)" if in_suffix == ".safetensors"
+              else f"{src} -> {dst}: {before:,} -> {after:,} bytes")
+
+
+def cmd_compress(args) -> int:
+    from . import convert
+    from .progress import ProgressBar
+    src, is_dir = args.input, os.path.isdir(args.input)
+    dst = args.output or _default_output(src, is_dir, ".safetensors", ".ink", "-ink")
+    _check_paths(src, dst, args.force)
+    bar = ProgressBar(_tree_bytes(src, ".safetensors"), "compress",
+                      sys.stderr.isatty() and not args.quiet)
+    kwargs = dict(level=args.level, threads=args.threads, progress=bar)
+    if is_dir:
+        convert.compress_directory(src, dst, **kwargs)
+    else:
+        convert.compress_safetensors(src, dst, **kwargs)
+    bar.finish()
+    _summary(args, src, dst, ".safetensors", ".ink")
+    return EXIT_OK
+
+
+def cmd_decompress(args) -> int:
+    from . import convert
+    from .progress import ProgressBar
+    src, is_dir = args.input, os.path.isdir(args.input)
+    dst = args.output or _default_output(src, is_dir, ".ink", ".safetensors", "-safetensors")
+    _check_paths(src, dst, args.force)
+    bar = ProgressBar(_ink_bytes(src), "decompress", sys.stderr.isatty() and not args.quiet)
+    kwargs = dict(threads=args.threads, progress=bar)
+    if is_dir:
+        convert.decompress_directory(src, dst, **kwargs)
+    else:
+        convert.decompress_to_safetensors(src, dst, **kwargs)
+    bar.finish()
+    _summary(args, src, dst, ".ink", ".safetensors")
+    return EXIT_OK
+
+
+def cmd_info(args) -> int:
+    from .tensorfile import File
+    with File(args.input, threads=1) as f:
+        infos, metadata = f.infos(), f.metadata
+    total, stored = sum(i.nbytes for i in infos), sum(i.stored_bytes for i in infos)
+    if args.json:
+        print(json.dumps({"path": args.input, "file_bytes": os.path.getsize(args.input),
+                          "metadata": metadata, "tensor_bytes": total, "stored_bytes": stored,
+                          "tensors": [dict(name=i.name, dtype=i.dtype, shape=list(i.shape),
+                                           codec=i.codec, nbytes=i.nbytes,
+                                           stored_bytes=i.stored_bytes,
+                                           ratio=round(i.ratio, 6) if i.stored_bytes else None)
+                                      for i in infos]}))
+        return EXIT_OK
+    width = max([len(i.name) for i in infos] + [4])
+    print(f"{'name':<{width}}  {'dtype':<8} {'shape':<20} {'codec':<16} "
+          f"{'bytes':>14} {'stored':>14} {'ratio':>8}")
+    for i in infos:
+        print(f"{i.name:<{width}}  {i.dtype:<8} {str(list(i.shape)):<20} {i.codec:<16} "
+              f"{i.nbytes:>14,} {i.stored_bytes:>14,} {i.ratio:>8.3f}")
+    ratio = total / stored if stored else float("inf")
+    print(f"{len(infos)} tensors, {total:,} bytes -> {stored:,} stored ({ratio:.3f}x); "
+          f"file {os.path.getsize(args.input):,} bytes; metadata keys: {len(metadata)}")
+    return EXIT_OK
+
+
+def cmd_verify(args) -> int:
+    from .errors import InshrinkError
+    from .tensorfile import File
+    results, failed = [], False
+    for target in args.input:
+        for path in _ink_files(target):
+            try:
+                with File(path, threads=args.threads) as f:
+                    f.verify()
+                    results.append({"path": path, "ok": True, "tensors": len(f)})
+            except (InshrinkError, OSError) as exc:
+                failed = True
+                results.append({"path": path, "ok": False,
+                                "error": f"{type(exc).__name__}: {exc}"})
+    if args.json:
+        print(json.dumps(results))
+    else:
+        for r in results:
+            print(f"OK    {r['path']} ({r['tensors']} tensors)" if r["ok"]
+                  else f"FAIL  {r['path']}: {r['error']}")
+    return EXIT_ERROR if failed or not results else EXIT_OK
+
+
+COMMANDS = {"compress": cmd_compress, "decompress": cmd_decompress,
+            "info": cmd_info, "verify": cmd_verify}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; return the exit status (0 ok, 1 error, 2 usage error)."""
+    args = _parser().parse_args(argv)
+    from .errors import InshrinkError
+    try:
+        return COMMANDS[args.command](args)
+    except BrokenPipeError:  # output piped into e.g. `head`
+        sys.stderr.close()
+        return EXIT_ERROR
+    except UsageError as exc:
+        print(f"inshrink: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (InshrinkError, OSError) as exc:
+        print(f"inshrink: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("inshrink: interrupted", file=sys.stderr)
+        return 130
