@@ -103,12 +103,13 @@ def as_numpy(value: Any) -> np.ndarray:
             value = value.contiguous().view(getattr(torch, int_name)).numpy().view(ml_type)
     if not isinstance(value, np.ndarray):
         try:
-            value = np.asarray(value)
-        except Exception:  # objects that only speak dlpack
-            if not hasattr(value, "__dlpack__"):
-                raise InvalidArgumentError(
-                    f"cannot convert {type(value).__name__} to an array") from None
-            value = np.from_dlpack(value)
+            if hasattr(value, "__dlpack__") and not hasattr(value, "__array__"):
+                value = np.from_dlpack(value)
+            else:
+                value = np.asarray(value)
+        except (ValueError, TypeError, BufferError, RuntimeError) as exc:
+            raise InvalidArgumentError(
+                f"cannot convert {type(value).__name__} to an array: {exc}") from None
     if value.dtype.hasobject or value.dtype.fields is not None:
         raise InvalidArgumentError(f"unsupported dtype {value.dtype}")
     of_numpy(value.dtype)  # raises for unsupported dtypes

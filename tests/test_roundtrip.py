@@ -1,0 +1,154 @@
+"""Lossless round trips: bit-exact for every dtype, shape and value."""
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import inshrink
+from helpers import ALL_DTYPES, assert_bit_exact, random_bits
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", [(), (0,), (3, 0, 2), (1,), (257,), (33, 65)])
+def test_every_dtype_and_shape_round_trips_bit_exact(tmp_path, dtype, shape):
+    tensors = {"x": random_bits(dtype, shape, seed=len(shape))}
+    inshrink.save(tmp_path / "a.ink", tensors)
+    assert_bit_exact(tensors["x"], inshrink.load(tmp_path / "a.ink")["x"])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16, ml_dtypes.bfloat16])
+def test_special_float_values_are_preserved(tmp_path, dtype):
+    finfo = ml_dtypes.finfo(dtype)
+    values = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, finfo.smallest_subnormal,
+                       -finfo.smallest_subnormal, finfo.max, finfo.min, finfo.tiny], dtype)
+    word = {8: np.uint64, 4: np.uint32, 2: np.uint16}[np.dtype(dtype).itemsize]
+    payload_nan = np.array([values.view(word)[4] | 1], word).view(dtype)  # NaN with a payload
+    x = np.concatenate([values, payload_nan])
+    inshrink.save(tmp_path / "s.ink", {"x": x})
+    assert_bit_exact(x, inshrink.load(tmp_path / "s.ink")["x"])
+
+
+def test_float8_every_bit_pattern(tmp_path):
+    for dtype in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):
+        x = np.arange(256, dtype=np.uint8).view(dtype)
+        inshrink.save(tmp_path / "f8.ink", {"x": x})
+        assert_bit_exact(x, inshrink.load(tmp_path / "f8.ink")["x"])
+
+
+def test_non_contiguous_and_big_endian_inputs(tmp_path):
+    base = random_bits(np.float32, (40, 30), seed=3)
+    tensors = {"strided": base[::3, 1::2], "transposed": base.T, "big": base.astype(">f4"),
+               "big_int": np.arange(-50, 50, dtype=">i8"), "fortran": np.asfortranarray(base)}
+    inshrink.save(tmp_path / "n.ink", tensors)
+    out = inshrink.load(tmp_path / "n.ink")
+    for name, value in tensors.items():
+        assert_bit_exact(value, out[name])
+        assert out[name].dtype.byteorder in "<=|"
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_output_bytes_do_not_depend_on_threads(tmp_path, threads):
+    tensors = {"a": random_bits(np.float32, (5000,), 1), "b": random_bits(np.int16, (77,), 2)}
+    writer_args = dict(chunk_bytes=1024, threads=threads)
+    with inshrink.Writer(tmp_path / "t.ink", **writer_args) as w:
+        for k, v in tensors.items():
+            w.add(k, v)
+    with inshrink.Writer(tmp_path / "ref.ink", chunk_bytes=1024, threads=1) as w:
+        for k, v in tensors.items():
+            w.add(k, v)
+    assert (tmp_path / "t.ink").read_bytes() == (tmp_path / "ref.ink").read_bytes()
+    out = inshrink.load(tmp_path / "t.ink", threads=threads)
+    for k, v in tensors.items():
+        assert_bit_exact(v, out[k])
+
+
+def test_streaming_writer_equals_one_shot_save(tmp_path):
+    tensors = {f"layer.{i}": random_bits(np.float16, (i * 31,), i) for i in range(6)}
+    inshrink.save(tmp_path / "one.ink", tensors, {"k": "v"}, threads=1)
+    with inshrink.Writer(tmp_path / "stream.ink", {"k": "v"}, threads=1) as w:
+        for k, v in tensors.items():
+            w.add(k, v)
+    assert (tmp_path / "one.ink").read_bytes() == (tmp_path / "stream.ink").read_bytes()
+
+
+def test_random_access_equals_full_load(tmp_path):
+    tensors = {f"t{i}": random_bits(ALL_DTYPES[i], (i + 2, 3), i) for i in range(len(ALL_DTYPES))}
+    inshrink.save(tmp_path / "r.ink", tensors)
+    full = inshrink.load(tmp_path / "r.ink")
+    with inshrink.open(tmp_path / "r.ink") as f:
+        assert f.keys() == list(tensors)
+        for name in reversed(f.keys()):
+            assert_bit_exact(full[name], f[name])
+
+
+def test_multi_chunk_tensor_and_chunk_streaming(tmp_path):
+    x = random_bits(np.float64, (1000,), 9)
+    with inshrink.Writer(tmp_path / "c.ink", chunk_bytes=800) as w:
+        w.add("x", x)
+    with inshrink.open(tmp_path / "c.ink", threads=2) as f:
+        pieces = []
+        f.read_into("x", lambda start, chunk: pieces.append((start, chunk.tobytes())))
+        assert [p[0] for p in pieces] == list(range(0, 8000, 800))
+        assert b"".join(p[1] for p in pieces) == x.tobytes()
+        assert_bit_exact(x, f["x"])
+
+
+def test_realistic_weights_compress(tmp_path):
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal(200_000) * 0.02).astype(ml_dtypes.bfloat16)
+    report = inshrink.save(tmp_path / "w.ink", {"w": w})
+    assert report[0].ratio > 1.2  # the exponent plane of Gaussian weights is highly skewed
+    assert report[0].nbytes == w.nbytes
+
+
+def test_array_likes_are_accepted(tmp_path):
+    class ViaArray:
+        def __array__(self, dtype=None, copy=None):
+            return np.arange(6, dtype=np.int32).reshape(2, 3)
+
+    class ViaDlpack:
+        def __init__(self):
+            self._a = np.linspace(0, 1, 5, dtype=np.float32)
+
+        def __dlpack__(self, **kwargs):
+            return self._a.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return self._a.__dlpack_device__()
+
+    inshrink.save(tmp_path / "l.ink", {"a": ViaArray(), "d": ViaDlpack(), "list": [1.5, 2.5]})
+    out = inshrink.load(tmp_path / "l.ink")
+    assert_bit_exact(np.arange(6, dtype=np.int32).reshape(2, 3), out["a"])
+    assert_bit_exact(np.linspace(0, 1, 5, dtype=np.float32), out["d"])
+    assert_bit_exact(np.array([1.5, 2.5]), out["list"])
+
+
+dtype_strategy = st.sampled_from([np.dtype(d) for d in ALL_DTYPES if np.dtype(d).kind != "V"])
+
+
+@given(arrays=st.dictionaries(
+    st.text(min_size=1, max_size=20),
+    hnp.arrays(dtype=st.sampled_from(["<f4", "<f8", "<f2", "<i4", "<u2", "|i1", "|b1", "<c8"]),
+               shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=6)),
+    max_size=5), chunk_bytes=st.integers(8, 4096))
+def test_property_any_arrays_round_trip(tmp_path_factory, arrays, chunk_bytes):
+    path = tmp_path_factory.mktemp("h") / "h.ink"
+    with inshrink.Writer(path, chunk_bytes=chunk_bytes, threads=1) as w:
+        for k, v in arrays.items():
+            w.add(k, v)
+    out = inshrink.load(path)
+    assert list(out) == list(arrays)
+    for k, v in arrays.items():
+        assert_bit_exact(v, out[k])
+
+
+@given(data=st.binary(max_size=2000), dtype=st.sampled_from(["BF16", "F32", "F64", "U64"]))
+def test_property_random_bytes_round_trip(tmp_path_factory, data, dtype):
+    from inshrink.dtypes import by_name
+    dt = by_name(dtype).numpy
+    x = np.frombuffer(data[:len(data) - len(data) % dt.itemsize], dt)
+    path = tmp_path_factory.mktemp("b") / "b.ink"
+    inshrink.save(path, {"x": x}, threads=1)
+    assert_bit_exact(x, inshrink.load(path)["x"])
