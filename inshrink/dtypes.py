@@ -107,7 +107,7 @@ def as_numpy(value: Any) -> np.ndarray:
                 value = np.from_dlpack(value)
             else:
                 value = np.asarray(value)
-        except (ValueError, TypeError, BufferError, RuntimeError) as exc:
+        except (ValueError, TypeError, BufferError) as exc:
             raise InvalidArgumentError(
                 f"cannot convert {type(value).__name__} to an array: {exc}") from None
     if value.dtype.hasobject or value.dtype.fields is not None:

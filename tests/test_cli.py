@@ -1,0 +1,104 @@
+"""The command line, run as a user would: in a subprocess."""
+import json
+import os
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from helpers import random_bits
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(*args, cwd):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "inshrink", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.fixture()
+def model(tmp_path):
+    rng = np.random.default_rng(0)
+    save_file({"w": (rng.standard_normal((256, 64)) * 0.02).astype(ml_dtypes.bfloat16),
+               "b": random_bits(np.float32, (64,), 1)}, str(tmp_path / "m.safetensors"),
+              metadata={"format": "np"})
+    return tmp_path
+
+
+def test_compress_info_verify_decompress(model):
+    r = run("compress", "m.safetensors", cwd=model)
+    assert r.returncode == 0, r.stderr
+    assert "m.safetensors -> m.ink" in r.stdout and (model / "m.ink").exists()
+    r = run("info", "m.ink", cwd=model)
+    assert r.returncode == 0 and "BF16" in r.stdout and "[256, 64]" in r.stdout
+    r = run("verify", "m.ink", cwd=model)
+    assert r.returncode == 0 and r.stdout.startswith("OK")
+    r = run("decompress", "m.ink", "-o", "back.safetensors", cwd=model)
+    assert r.returncode == 0, r.stderr
+    assert (model / "back.safetensors").read_bytes() == (model / "m.safetensors").read_bytes()
+
+
+def test_json_outputs(model):
+    r = run("compress", "m.safetensors", "--json", cwd=model)
+    summary = json.loads(r.stdout)
+    assert summary["output"] == "m.ink" and summary["input_bytes"] > summary["output_bytes"]
+    info = json.loads(run("info", "m.ink", "--json", cwd=model).stdout)
+    assert {t["name"] for t in info["tensors"]} == {"b", "w"}
+    assert info["metadata"] == {"format": "np"}
+    assert json.loads(run("verify", "m.ink", "--json", cwd=model).stdout)[0]["ok"] is True
+
+
+def test_user_errors_are_one_line_without_traceback(model):
+    (model / "junk.ink").write_bytes(b"not an ink file at all" * 10)
+    cases = [
+        (("compress", "missing.safetensors"), 2, "no such file"),
+        (("info", "junk.ink"), 1, "bad magic"),
+        (("decompress", "junk.ink"), 1, "bad magic"),
+        (("compress", "junk.ink"), 1, "safetensors"),
+        (("compress", "m.safetensors", "--threads", "0"), 1, "threads"),
+    ]
+    for args, code, text in cases:
+        r = run(*args, cwd=model)
+        assert r.returncode == code, (args, r.stderr)
+        assert "Traceback" not in r.stderr and text in r.stderr.lower(), (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_refuses_to_overwrite_without_force(model):
+    assert run("compress", "m.safetensors", cwd=model).returncode == 0
+    r = run("compress", "m.safetensors", cwd=model)
+    assert r.returncode == 2 and "--force" in r.stderr
+    assert run("compress", "m.safetensors", "--force", "-q", cwd=model).returncode == 0
+
+
+def test_verify_detects_corruption(model):
+    run("compress", "m.safetensors", cwd=model)
+    data = bytearray((model / "m.ink").read_bytes())
+    data[200] ^= 0x40
+    (model / "bad.ink").write_bytes(bytes(data))
+    r = run("verify", "m.ink", "bad.ink", cwd=model)
+    assert r.returncode == 1
+    assert "OK    m.ink" in r.stdout and "FAIL  bad.ink" in r.stdout
+
+
+def test_sharded_directory(model):
+    shards = model / "ckpt"
+    shards.mkdir()
+    os.replace(model / "m.safetensors", shards / "model-00001-of-00001.safetensors")
+    (shards / "model.safetensors.index.json").write_text("{}")
+    assert run("compress", "ckpt", cwd=model).returncode == 0
+    assert run("verify", "ckpt-ink", cwd=model).returncode == 0
+    assert run("decompress", "ckpt-ink", "-o", "out", cwd=model).returncode == 0
+    for name in os.listdir(shards):
+        assert (model / "out" / name).read_bytes() == (shards / name).read_bytes()
+
+
+def test_help_and_version(tmp_path):
+    r = run("--help", cwd=tmp_path)
+    assert r.returncode == 0 and "compress" in r.stdout and "verify" in r.stdout
+    assert run("--version", cwd=tmp_path).returncode == 0
+    assert run("frobnicate", cwd=tmp_path).returncode == 2
