@@ -75,8 +75,11 @@ def check_header(data: bytes) -> None:
         raise UnsupportedFeatureError(f"file requires unknown feature bits {unknown:#x}")
 
 
-def pack_record_header(kind: int, payload) -> bytes:
-    body = _RECORD.pack(RECORD_TAG, kind, bytes(3), len(memoryview(payload)), crc32(payload),
+def pack_record_header(kind: int, payload, payload_crc: int | None = None) -> bytes:
+    """The 32-byte header of a record holding ``payload`` (pass its CRC if already known)."""
+    if payload_crc is None:
+        payload_crc = crc32(payload)
+    body = _RECORD.pack(RECORD_TAG, kind, bytes(3), len(memoryview(payload)), payload_crc,
                         bytes(8), 0)[:-4]
     return body + struct.pack("<I", crc32(body))
 

@@ -33,18 +33,18 @@ class ContainerWriter:
         self._file.write(data)
         self._offset += len(memoryview(data))
 
-    def _record(self, kind: int, payload) -> int:
-        """Write one record (aligned) and return its offset."""
+    def _record(self, kind: int, payload) -> tuple[int, int]:
+        """Write one record (aligned); return its offset and the payload's CRC."""
         self._write(bytes(layout.padding(self._offset)))
-        offset = self._offset
-        self._write(layout.pack_record_header(kind, payload))
+        offset, crc = self._offset, layout.crc32(payload)
+        self._write(layout.pack_record_header(kind, payload, crc))
         self._write(payload)
-        return offset
+        return offset, crc
 
     def write_chunk(self, coding: str, payload: bytes, size: int) -> Chunk:
         """Append one chunk record and return its index entry."""
-        offset = self._record(layout.KIND_CHUNK, payload)
-        return Chunk(offset, len(payload), layout.crc32(payload), size, coding)
+        offset, crc = self._record(layout.KIND_CHUNK, payload)
+        return Chunk(offset, len(payload), crc, size, coding)
 
     @property
     def bytes_written(self) -> int:
@@ -53,7 +53,7 @@ class ContainerWriter:
     def commit(self, metadata: dict[str, str], safetensors_header: str | None = None) -> None:
         """Write index and tail, fsync, and atomically move the file into place."""
         payload = Index(self.tensors, metadata, safetensors_header).to_bytes()
-        offset = self._record(layout.KIND_INDEX, payload)
+        offset, _ = self._record(layout.KIND_INDEX, payload)
         self._write(layout.pack_tail(offset, payload))
         self._target.commit()
 
