@@ -15,7 +15,8 @@ from .container import layout
 from .container.index import TensorEntry, check_metadata, check_name, check_shape
 from .container.reader import ContainerReader
 from .container.writer import ContainerWriter
-from .errors import InshrinkError, InvalidArgumentError, TensorNotFoundError
+from .errors import (InshrinkError, InvalidArgumentError, LimitExceededError,
+                     TensorNotFoundError)
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 
@@ -107,17 +108,23 @@ class Writer:
         self._closed = False
 
     def add(self, name: str, array: Any) -> None:
-        """Add one tensor (anything array-like; see :func:`inshrink.dtypes.as_numpy`)."""
+        """Add one tensor (anything array-like; see :func:`inshrink.dtypes.as_numpy`).
+
+        Returns once the tensor is encoded, so the caller may then modify the array.
+        """
         arr = dtypes.as_numpy(array)
         flat = arr.reshape(-1).view(np.uint8)
         self.add_source(name, dtypes.of_numpy(arr.dtype), arr.shape,
                         lambda start, stop: flat[start:stop])
+        while self._pending:  # the chunks are views of the caller's array: finish with them
+            self._write_oldest()
 
     def add_source(self, name: str, dtype: dtypes.DType, shape: tuple[int, ...],
                    read: Callable[[int, int], Any]) -> None:
         """Add a tensor whose little-endian bytes ``read(start, stop)`` returns piecewise.
 
-        Lets a caller stream a tensor from disk without holding it in memory.
+        Lets a caller stream a tensor from disk without holding it in memory. Chunks may be
+        encoded after this returns, so ``read`` must return buffers nobody modifies later.
         """
         self._check_open()
         try:
@@ -274,10 +281,23 @@ class File:
 
     def read(self, name: str, progress: Progress | None = None) -> np.ndarray:
         """Decode one tensor into a new array (raises for a corrupt or truncated file)."""
-        entry = self._entry(name)
-        out = np.empty(entry.nbytes, np.uint8)
-        self.read_into(name, lambda start, chunk: out.__setitem__(
-            slice(start, start + chunk.size), chunk), progress)
+        entry, stage = self._entry(name), self._stages[name]
+        try:
+            out = np.empty(entry.nbytes, np.uint8)
+        except MemoryError:
+            raise LimitExceededError(f"tensor {name!r} of {entry.nbytes} bytes does not fit in "
+                                     f"memory; stream it with read_into()") from None
+        itemsize = entry.dtype.itemsize
+
+        def decode(c: int) -> int:
+            start, stop = entry.chunk_range(c)
+            view = out[start * itemsize:stop * itemsize]
+            self._decode_chunk(entry, stage, c, view)
+            return view.size
+
+        for size in self._in_order(decode, range(entry.chunk_count)):
+            if progress is not None:
+                progress(size)
         return out.view(entry.dtype.numpy).reshape(entry.shape)
 
     def read_into(self, name: str, sink: Callable[[int, np.ndarray], None],
@@ -288,28 +308,34 @@ class File:
         """
         entry, stage = self._entry(name), self._stages[name]
         itemsize = entry.dtype.itemsize
-        jobs = (self._pool.submit(self._decode_chunk, entry, stage, c) if self._pool
-                else c for c in range(entry.chunk_count))
+
+        def decode(c: int) -> tuple[int, np.ndarray]:
+            start, stop = entry.chunk_range(c)
+            chunk = np.empty((stop - start) * itemsize, np.uint8)
+            self._decode_chunk(entry, stage, c, chunk)
+            return start * itemsize, chunk
+
+        for offset, chunk in self._in_order(decode, range(entry.chunk_count)):
+            sink(offset, chunk)
+            if progress is not None:
+                progress(chunk.size)
+
+    def _in_order(self, fn: Callable[[int], Any], items) -> Iterator[Any]:
+        """``map(fn, items)`` on the thread pool, in order, with a bounded window in flight."""
+        if self._pool is None:
+            yield from map(fn, items)
+            return
         window: collections.deque = collections.deque()
-        for c, job in enumerate(jobs):
-            window.append((c, job))
+        for item in items:
+            window.append(self._pool.submit(fn, item))
             if len(window) > 2 * self._threads:
-                self._deliver(entry, stage, *window.popleft(), itemsize, sink, progress)
+                yield window.popleft().result()
         while window:
-            self._deliver(entry, stage, *window.popleft(), itemsize, sink, progress)
+            yield window.popleft().result()
 
-    def _deliver(self, entry, stage, c, job, itemsize, sink, progress) -> None:
-        chunk = job.result() if self._pool else self._decode_chunk(entry, stage, c)
-        sink(entry.chunk_range(c)[0] * itemsize, chunk)
-        if progress is not None:
-            progress(chunk.size)
-
-    def _decode_chunk(self, entry: TensorEntry, stage, c: int) -> np.ndarray:
-        start, stop = entry.chunk_range(c)
-        out = np.empty((stop - start) * entry.dtype.itemsize, np.uint8)
+    def _decode_chunk(self, entry: TensorEntry, stage, c: int, out: np.ndarray) -> None:
         payloads = [(s[c].coding, self._reader.read_chunk(s[c])) for s in entry.streams]
         lossless.decode_chunk(payloads, stage, out)
-        return out
 
     def load(self, progress: Progress | None = None) -> dict[str, np.ndarray]:
         """Decode every tensor."""

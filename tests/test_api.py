@@ -143,3 +143,25 @@ def test_progress_reports_every_byte(tmp_path):
     read = []
     inshrink.load(tmp_path / "p.ink", progress=read.append)
     assert sum(read) == 400_007
+
+
+@pytest.mark.parametrize("tensors, metadata", [
+    ({"\ud800": np.zeros(2)}, None),
+    ({"ok": np.zeros(2)}, {"k": "\udfff"}),
+])
+def test_lone_surrogates_are_rejected_before_any_work(tmp_path, tensors, metadata):
+    with pytest.raises(errors.InvalidArgumentError, match="Unicode"):
+        inshrink.save(tmp_path / "u.ink", tensors, metadata)
+    assert os.listdir(tmp_path) == []
+
+
+def test_tensor_too_big_for_memory_is_a_limit_error(tmp_path, monkeypatch):
+    inshrink.save(tmp_path / "big.ink", {"x": np.zeros(1000, np.float32)})
+
+    def refuse(*args, **kwargs):
+        raise MemoryError
+
+    with inshrink.open(tmp_path / "big.ink") as f:
+        monkeypatch.setattr(np, "empty", refuse)
+        with pytest.raises(errors.LimitExceededError, match="read_into"):
+            f["x"]

@@ -17,11 +17,11 @@ def for_new_tensor(dtype: DType) -> lossless.ByteGroup:
 
 def for_entry(entry: TensorEntry) -> lossless.ByteGroup:
     """Validate a tensor entry's chain and stream sizes; return the decoder stage."""
+    for stage_id in (s["id"] for s in entry.codec):
+        if stage_id != lossless.STAGE_ID:
+            raise UnknownCodecError(f"tensor {entry.name!r}: unknown codec stage {stage_id!r}")
     if len(entry.codec) != 1:
         raise CorruptError(f"tensor {entry.name!r}: expected exactly one codec stage")
-    stage_id = entry.codec[0]["id"]
-    if stage_id != lossless.STAGE_ID:
-        raise UnknownCodecError(f"tensor {entry.name!r}: unknown codec stage {stage_id!r}")
     stage = lossless.ByteGroup.from_dict(entry.codec[0], entry.dtype)
     if len(entry.streams) != stage.streams:
         raise CorruptError(f"tensor {entry.name!r}: {len(entry.streams)} streams, "

@@ -8,7 +8,7 @@ import threading
 
 import zstandard
 
-from ..errors import CorruptError, InvalidArgumentError
+from ..errors import CorruptError, InvalidArgumentError, UnknownCodecError
 
 ZSTD = "zstd"
 RAW = "raw"
@@ -50,12 +50,15 @@ def check_level(level: int | None) -> None:
                                    f"got {level!r}")
 
 
-def encode(data, level: int | None = None) -> tuple[str, bytes]:
-    """Compress ``data`` (a contiguous buffer); keep it raw when zstd does not shrink it."""
+def encode(data, level: int | None = None):
+    """Compress ``data`` (a contiguous buffer); keep it raw when zstd does not shrink it.
+
+    Returns ``(coding, payload)``; a raw payload is ``data`` itself, not a copy.
+    """
     packed = _compressor(level).compress(data)
-    if len(packed) < len(memoryview(data)):
+    if len(packed) < memoryview(data).nbytes:
         return ZSTD, packed
-    return RAW, bytes(data)
+    return RAW, data
 
 
 def decode(coding: str, payload: bytes, size: int) -> bytes:
@@ -65,7 +68,7 @@ def decode(coding: str, payload: bytes, size: int) -> bytes:
             raise CorruptError(f"raw chunk holds {len(payload)} bytes, index says {size}")
         return payload
     if coding != ZSTD:  # the index validator rejects other values; kept as a guard
-        raise CorruptError(f"unknown chunk coding {coding!r}")
+        raise UnknownCodecError(f"unknown chunk coding {coding!r}")
     try:
         params = zstandard.get_frame_parameters(payload)
     except zstandard.ZstdError as exc:
@@ -73,7 +76,7 @@ def decode(coding: str, payload: bytes, size: int) -> bytes:
     if params.content_size != size:
         raise CorruptError(f"zstd frame declares {params.content_size} bytes, index says {size}")
     try:
-        out = _decompressor().decompress(payload, max_output_size=size)
+        out = _decompressor().decompress(payload, max_output_size=size, allow_extra_data=False)
     except zstandard.ZstdError as exc:
         raise CorruptError(f"corrupt zstd frame: {exc}") from None
     if len(out) != size:

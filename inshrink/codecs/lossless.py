@@ -69,11 +69,9 @@ def encode_chunk(chunk: np.ndarray, stage: ByteGroup, level: int | None) -> list
 def decode_chunk(payloads: list[tuple[str, bytes]], stage: ByteGroup, out: np.ndarray) -> None:
     """Decode the planes of one chunk into ``out`` (uint8, ``word`` × plane size bytes)."""
     n = out.size // stage.word
+    planes = tuple(np.frombuffer(entropy.decode(coding, payload, n), np.uint8)
+                   for coding, payload in payloads)
     if stage.word == 1:
-        coding, payload = payloads[0]
-        out[:] = np.frombuffer(entropy.decode(coding, payload, n), np.uint8)
-        return
-    planes = np.empty((stage.word, n), np.uint8)
-    for k, (coding, payload) in enumerate(payloads):
-        planes[k] = np.frombuffer(entropy.decode(coding, payload, n), np.uint8)
-    _JOIN[stage.word](planes, stage.rotate, out.view(_WORD_TYPES[stage.word]))
+        out[:] = planes[0]
+    else:
+        _JOIN[stage.word](planes, stage.rotate, out.view(_WORD_TYPES[stage.word]))

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from .. import dtypes
-from ..errors import CorruptError, LimitExceededError
+from ..errors import CorruptError, LimitExceededError, UnknownCodecError
 from . import layout
 
 
@@ -94,27 +94,46 @@ def _reject_duplicate_keys(pairs):
     return dict(pairs)
 
 
+def _is_unicode(text) -> bool:
+    """A str that is valid Unicode (no lone surrogates), so it encodes to UTF-8."""
+    if not isinstance(text, str):
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _reject_constant(name: str):
+    _fail(f"{name} is not valid JSON")
+
+
 def check_name(name) -> None:
-    """Names are non-empty strings of at most MAX_NAME_BYTES UTF-8 bytes."""
-    if not isinstance(name, str) or not name:
-        _fail(f"tensor name {name!r} is not a non-empty string")
-    if len(name.encode("utf-8", "surrogatepass")) > layout.MAX_NAME_BYTES:
+    """Names are non-empty Unicode strings of at most MAX_NAME_BYTES UTF-8 bytes."""
+    if not _is_unicode(name) or not name:
+        _fail(f"tensor name {name!r} is not a non-empty Unicode string")
+    if len(name.encode("utf-8")) > layout.MAX_NAME_BYTES:
         raise LimitExceededError(f"tensor name longer than {layout.MAX_NAME_BYTES} bytes")
 
 
 def check_metadata(metadata) -> None:
     if not isinstance(metadata, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
-        _fail("metadata must map strings to strings")
+            _is_unicode(k) and _is_unicode(v) for k, v in metadata.items()):
+        _fail("metadata must map Unicode strings to Unicode strings")
     if len(metadata) > layout.MAX_METADATA_ENTRIES:
         raise LimitExceededError(f"more than {layout.MAX_METADATA_ENTRIES} metadata entries")
 
 
-def check_shape(shape) -> tuple[int, ...]:
+def check_shape(shape, itemsize: int = 1) -> tuple[int, ...]:
+    """Dimensions are integers in [0, 2^48]; the product of the non-zero ones times the
+    item size is at most MAX_TENSOR_BYTES (so even an empty tensor has a sane shape)."""
     if not isinstance(shape, list) or not all(_is_int(d) for d in shape):
         _fail(f"shape {shape!r} is not a list of non-negative integers")
     if len(shape) > layout.MAX_NDIM:
         raise LimitExceededError(f"tensor has {len(shape)} dimensions (limit {layout.MAX_NDIM})")
+    if math.prod(d for d in shape if d) * itemsize > layout.MAX_TENSOR_BYTES:
+        raise LimitExceededError(f"shape {shape} exceeds {layout.MAX_TENSOR_BYTES} bytes")
     return tuple(shape)
 
 
@@ -126,7 +145,7 @@ def _parse_chunk(raw, data_end: int) -> Chunk:
             and _is_int(size)):
         _fail(f"chunk fields must be non-negative integers: {raw!r}")
     if coding not in ("zstd", "raw"):
-        _fail(f"unknown chunk coding {coding!r}")
+        raise UnknownCodecError(f"invalid index: unknown chunk coding {coding!r}")
     if size > layout.MAX_CHUNK_BYTES:
         raise LimitExceededError(f"chunk decodes to {size} bytes (limit {layout.MAX_CHUNK_BYTES})")
     if offset % layout.ALIGNMENT or offset < layout.HEADER_SIZE:
@@ -144,13 +163,13 @@ def _parse_tensor(raw, data_end: int) -> TensorEntry:
             _fail(f"tensor entry lacks {key!r}")
     check_name(raw["name"])
     dtype = dtypes.by_name(raw["dtype"])
-    shape = check_shape(raw["shape"])
-    if math.prod(shape) * dtype.itemsize > layout.MAX_TENSOR_BYTES:
-        raise LimitExceededError(f"tensor {raw['name']!r} declares more than "
-                                 f"{layout.MAX_TENSOR_BYTES} bytes")
+    shape = check_shape(raw["shape"], dtype.itemsize)
     per_chunk = raw["chunk_elements"]
-    if not _is_int(per_chunk, 1) or per_chunk * dtype.itemsize > layout.MAX_CHUNK_BYTES:
-        _fail(f"chunk_elements {per_chunk!r} is not in [1, MAX_CHUNK_BYTES / itemsize]")
+    if not _is_int(per_chunk, 1):
+        _fail(f"chunk_elements {per_chunk!r} is not a positive integer")
+    if per_chunk * dtype.itemsize > layout.MAX_CHUNK_BYTES:
+        raise LimitExceededError(f"chunks of {per_chunk} elements exceed "
+                                 f"{layout.MAX_CHUNK_BYTES} bytes")
     codec = raw["codec"]
     if not isinstance(codec, list) or not codec or not all(
             isinstance(s, dict) and isinstance(s.get("id"), str) for s in codec):
@@ -168,7 +187,8 @@ def _parse_tensor(raw, data_end: int) -> TensorEntry:
 def parse(payload: bytes, data_end: int) -> Index:
     """Parse and validate an index payload; ``data_end`` is the offset of the index record."""
     try:
-        doc = json.loads(payload.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys)
+        doc = json.loads(payload.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys,
+                         parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:  # bad UTF-8, bad JSON, huge ints
         _fail(f"not valid UTF-8 JSON ({exc})")
     if not isinstance(doc, dict) or not isinstance(doc.get("tensors"), list):

@@ -62,12 +62,12 @@ def check_header(data: bytes) -> None:
     magic, major, minor, size, required, _optional, reserved, crc = _HEADER.unpack(data[:HEADER_SIZE])
     if magic != MAGIC:
         raise CorruptError("not an .ink file (bad magic)")
-    if crc32(data[:HEADER_SIZE - 4]) != crc:
-        raise ChecksumError("header checksum mismatch")
-    if major != VERSION_MAJOR:
+    if major != VERSION_MAJOR:  # before the CRC: another major may lay the header out anew
         raise UnsupportedVersionError(
             f"format version {major}.{minor} is not supported (this reader implements "
             f"{VERSION_MAJOR}.x)")
+    if crc32(data[:HEADER_SIZE - 4]) != crc:
+        raise ChecksumError("header checksum mismatch")
     if size != HEADER_SIZE or reserved != bytes(28):
         raise CorruptError("header reserved fields are not zero")
     unknown = required & ~KNOWN_REQUIRED_FEATURES

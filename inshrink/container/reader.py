@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import ChecksumError, CorruptError, TruncatedError
+from ..errors import ChecksumError, CorruptError, LimitExceededError, TruncatedError
 from . import layout
 from .index import Chunk, Index, parse
 
@@ -46,7 +46,8 @@ class ContainerReader:
         index_offset, length, index_crc = layout.parse_tail(
             self._pread(layout.TAIL_SIZE, self.size - layout.TAIL_SIZE))
         if length > layout.MAX_INDEX_BYTES:
-            raise CorruptError(f"index of {length} bytes exceeds the limit")
+            raise LimitExceededError(f"index of {length} bytes exceeds the "
+                                     f"{layout.MAX_INDEX_BYTES}-byte limit")
         expected_end = index_offset + layout.RECORD_HEADER_SIZE + length + layout.TAIL_SIZE
         if (index_offset % layout.ALIGNMENT or index_offset < layout.HEADER_SIZE
                 or expected_end != self.size):

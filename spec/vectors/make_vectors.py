@@ -1,0 +1,932 @@
+"""Generate the test vectors of the .ink container format 1.0 (spec/FORMAT.md, "Test vectors").
+
+Usage (from the repository root)::
+
+    PYTHONPATH=. python spec/vectors/make_vectors.py [--out DIR]
+
+Output is deterministic: every input is a fixed bit pattern or comes from a SHA-256 counter
+stream, every file is written with ``threads=1``, and negative vectors are byte patches of
+positive ones. The only outside influence is the zstd library, whose compressed output may
+differ between zstd releases; ``manifest.json`` records the version the vectors were made with.
+
+For every positive vector ``NAME.ink`` the script writes ``NAME.expected.json``: per tensor the
+dtype, shape, and the raw little-endian bytes (hex and SHA-256) a reader must return. Negative
+vectors are listed in ``manifest.json`` with the error class a reader must raise.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import struct
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import ml_dtypes
+import numpy as np
+import zstandard
+
+import inshrink
+from inshrink import dtypes
+from inshrink.codecs import lossless
+from inshrink.container import layout
+from inshrink.container.index import TensorEntry
+from inshrink.container.writer import ContainerWriter
+from inshrink.convert import compress_safetensors
+
+HERE = Path(__file__).resolve().parent
+FORMAT_VERSION = f"{layout.VERSION_MAJOR}.{layout.VERSION_MINOR}"
+ZSTD_VERSION = ".".join(map(str, zstandard.ZSTD_VERSION))
+
+
+# --------------------------------------------------------------------------------------------
+# Deterministic inputs
+# --------------------------------------------------------------------------------------------
+
+def prng_bytes(seed: str, n: int) -> bytes:
+    """``n`` pseudo-random bytes: SHA-256 of ``seed:counter``, concatenated."""
+    out = bytearray()
+    counter = 0
+    while len(out) < n:
+        out += hashlib.sha256(f"{seed}:{counter}".encode()).digest()
+        counter += 1
+    return bytes(out[:n])
+
+
+def bits(pattern: list[int], word: str, dtype) -> np.ndarray:
+    """An array of ``dtype`` whose elements have exactly the given bit patterns."""
+    return np.array(pattern, dtype=word).view(dtype)
+
+
+F32_SPECIAL = [
+    0x00000000,  # +0.0
+    0x80000000,  # -0.0
+    0x7F800000,  # +inf
+    0xFF800000,  # -inf
+    0x7FC00000,  # quiet NaN
+    0xFFC00000,  # negative quiet NaN
+    0x7F800001,  # signalling NaN, smallest payload
+    0x7FBFFFFF,  # signalling NaN, largest payload
+    0x7FC12345,  # quiet NaN with payload
+    0xFFFFFFFF,  # NaN, all bits set
+    0x00000001,  # smallest subnormal
+    0x807FFFFF,  # negative largest subnormal
+    0x00800000,  # smallest normal
+    0x7F7FFFFF,  # largest finite
+    0xFF7FFFFF,  # most negative finite
+    0x3F800000,  # 1.0
+    0xBF800000,  # -1.0
+    0x3EAAAAAB,  # 1/3
+    0x40490FDB,  # pi
+    0x00400000,  # subnormal, half of the smallest normal
+]
+
+F64_SPECIAL = [
+    0x0000000000000000, 0x8000000000000000,  # +-0.0
+    0x7FF0000000000000, 0xFFF0000000000000,  # +-inf
+    0x7FF8000000000000, 0xFFF8000000000000,  # quiet NaNs
+    0x7FF0000000000001, 0x7FF7FFFFFFFFFFFF,  # signalling NaNs
+    0x7FF8DEADBEEF0001, 0xFFFFFFFFFFFFFFFF,  # NaN payloads
+    0x0000000000000001, 0x800FFFFFFFFFFFFF,  # subnormals
+    0x0010000000000000,                      # smallest normal
+    0x7FEFFFFFFFFFFFFF, 0xFFEFFFFFFFFFFFFF,  # largest / most negative finite
+    0x3FF0000000000000, 0xBFF0000000000000,  # +-1.0
+    0x3FD5555555555555, 0x400921FB54442D18,  # 1/3, pi
+]
+
+F16_SPECIAL = [
+    0x0000, 0x8000, 0x7C00, 0xFC00,  # +-0, +-inf
+    0x7E00, 0xFE00, 0x7C01, 0x7DFF,  # quiet / signalling NaNs
+    0x7E5A, 0xFFFF,                  # NaN payloads
+    0x0001, 0x83FF, 0x0400,          # subnormals, smallest normal
+    0x7BFF, 0xFBFF,                  # largest / most negative finite
+    0x3C00, 0xBC00, 0x3555, 0x4248,  # 1, -1, 1/3, pi
+]
+
+BF16_SPECIAL = [
+    0x0000, 0x8000, 0x7F80, 0xFF80,  # +-0, +-inf
+    0x7FC0, 0xFFC0, 0x7F81, 0x7FBF,  # quiet / signalling NaNs
+    0x7FD5, 0xFFFF,                  # NaN payloads
+    0x0001, 0x807F, 0x0080,          # subnormals, smallest normal
+    0x7F7F, 0xFF7F,                  # largest / most negative finite
+    0x3F80, 0xBF80, 0x3EAB, 0x4049,  # 1, -1, 1/3, pi
+]
+
+
+def int_extremes(np_type) -> np.ndarray:
+    info = np.iinfo(np_type)
+    lo, hi = int(info.min), int(info.max)
+    values = [lo, lo + 1, lo + 2, 0, 1, 2, (lo + hi) // 2, hi - 2, hi - 1, hi]
+    if lo < 0:
+        values += [-1, -2, 0x5A, -0x5B]
+    else:
+        values += [0x5A, 0xA5, hi // 3, hi // 5]
+    return np.array(values, dtype=np.dtype(np_type).newbyteorder("<"))
+
+
+def mantissa_noise_f32(seed: str, n: int) -> np.ndarray:
+    """Floats in [1, 2): constant exponent byte, pseudo-random mantissa bytes."""
+    noise = np.frombuffer(prng_bytes(seed, 4 * n), "<u4") & np.uint32(0x007FFFFF)
+    return (noise | np.uint32(0x3F800000)).astype("<u4").view("<f4")
+
+
+# --------------------------------------------------------------------------------------------
+# Writers
+# --------------------------------------------------------------------------------------------
+
+Tensors = dict[str, np.ndarray]
+
+
+def write_plain(path: Path, tensors: Tensors, metadata: dict[str, str] | None = None,
+                **kwargs) -> None:
+    """Write with the library's Writer: the stages and chunking any default writer uses."""
+    with inshrink.Writer(path, metadata, threads=1, **kwargs) as w:
+        for name, arr in tensors.items():
+            w.add(name, arr)
+
+
+def write_custom(path: Path, specs: list[tuple[str, np.ndarray, lossless.ByteGroup, int]],
+                 metadata: dict[str, str] | None = None) -> None:
+    """Write tensors with explicit bytegroup parameters and chunk_elements.
+
+    ``specs`` holds (name, array, stage, chunk_elements); used for layouts a default writer
+    never chooses but every reader must accept.
+    """
+    cw = ContainerWriter(path)
+    try:
+        for name, arr, stage, per_chunk in specs:
+            dt = dtypes.of_numpy(arr.dtype)
+            entry = TensorEntry(name, dt, tuple(arr.shape), [stage.to_dict()], per_chunk,
+                                [[] for _ in range(stage.streams)])
+            cw.tensors.append(entry)
+            flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+            for c in range(entry.chunk_count):
+                start, stop = entry.chunk_range(c)
+                raw = flat[start * dt.itemsize:stop * dt.itemsize]
+                planes = lossless.encode_chunk(raw, stage, None)
+                for stream, (coding, payload) in zip(entry.streams, planes):
+                    stream.append(cw.write_chunk(coding, payload, raw.size // stage.word))
+        cw.commit(dict(metadata or {}))
+    except BaseException:
+        cw.abort()
+        raise
+
+
+# --------------------------------------------------------------------------------------------
+# Byte-level helpers (used by the patched vectors)
+# --------------------------------------------------------------------------------------------
+
+HEADER = struct.Struct("<8sHHIQQ28sI")  # the 64-byte header, as in layout.py
+
+
+def patch_header(data: bytes, *, fix_crc: bool = True, **fields) -> bytes:
+    """Change header fields (magic, major, minor, size, required, optional, reserved, crc)."""
+    names = ["magic", "major", "minor", "size", "required", "optional", "reserved", "crc"]
+    values = dict(zip(names, HEADER.unpack(data[:layout.HEADER_SIZE])))
+    values.update(fields)
+    head = HEADER.pack(*(values[n] for n in names))
+    if fix_crc:
+        head = head[:60] + struct.pack("<I", layout.crc32(head[:60]))
+    return head + data[layout.HEADER_SIZE:]
+
+
+def index_location(data: bytes) -> tuple[int, bytes]:
+    """(index record offset, index payload) of a valid file."""
+    offset, length, _ = layout.parse_tail(data[-layout.TAIL_SIZE:])
+    start = offset + layout.RECORD_HEADER_SIZE
+    return offset, data[start:start + length]
+
+
+def replace_index_payload(data: bytes, payload: bytes) -> bytes:
+    """Rewrite the index record and tail around a new payload, with consistent CRCs."""
+    offset, _ = index_location(data)
+    return (data[:offset] + layout.pack_record_header(layout.KIND_INDEX, payload) + payload
+            + layout.pack_tail(offset, payload))
+
+
+def dump_index(doc: dict) -> bytes:
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def edit_index(data: bytes, edit: Callable[[dict], None]) -> bytes:
+    """Apply ``edit`` to the parsed index document and write it back with fixed CRCs."""
+    _, payload = index_location(data)
+    doc = json.loads(payload)
+    edit(doc)
+    return replace_index_payload(data, dump_index(doc))
+
+
+def replace_chunk_payload(data: bytes, offset: int, payload: bytes) -> bytes:
+    """Overwrite the payload of the chunk record at ``offset`` (it must fit its old slot)."""
+    _, old_length, _ = layout.parse_record_header(
+        data[offset:offset + layout.RECORD_HEADER_SIZE], offset)
+    slot = layout.RECORD_HEADER_SIZE + old_length
+    slot += layout.padding(offset + slot)
+    record = layout.pack_record_header(layout.KIND_CHUNK, payload) + payload
+    if len(record) > slot:
+        raise ValueError("replacement payload does not fit the record's slot")
+    record += bytes(slot - len(record))
+    return data[:offset] + record + data[offset + slot:]
+
+
+# --------------------------------------------------------------------------------------------
+# Positive vectors
+# --------------------------------------------------------------------------------------------
+
+class Positive:
+    """A positive vector: ``build(path)`` writes the file and returns what it must decode to."""
+
+    def __init__(self, name: str, covers: str, build: Callable[[Path], dict]) -> None:
+        self.name, self.covers, self.build = name, covers, build
+
+
+POSITIVE: list[Positive] = []
+
+
+def positive(name: str, covers: str):
+    def register(fn):
+        POSITIVE.append(Positive(name, covers, fn))
+        return fn
+    return register
+
+
+def contents(tensors: Tensors, metadata: dict[str, str] | None = None,
+             safetensors_header: str | None = None) -> dict:
+    return {"tensors": tensors, "metadata": dict(metadata or {}),
+            "safetensors_header": safetensors_header}
+
+
+@positive("minimal", "smallest useful file: one F32 tensor of two elements, four raw plane "
+                     "chunks; annotated in minimal.hexdump.md")
+def build_minimal(path: Path) -> dict:
+    tensors = {"x": np.array([1.0, -2.0], "<f4")}
+    write_plain(path, tensors)
+    return contents(tensors)
+
+
+@positive("f32", "F32: signed zeros, infinities, quiet/signalling NaNs with payloads, "
+                 "subnormals, extremes; a 2-d tensor")
+def build_f32(path: Path) -> dict:
+    tensors = {"special": bits(F32_SPECIAL, "<u4", "<f4"),
+               "matrix": np.arange(-6, 6, dtype="<f4").reshape(3, 4) / np.float32(4)}
+    write_plain(path, tensors)
+    return contents(tensors)
+
+
+@positive("f64", "F64: signed zeros, infinities, NaN payloads, subnormals, extremes")
+def build_f64(path: Path) -> dict:
+    tensors = {"special": bits(F64_SPECIAL, "<u8", "<f8")}
+    write_plain(path, tensors)
+    return contents(tensors)
+
+
+@positive("f16", "F16: signed zeros, infinities, NaN payloads, subnormals, extremes")
+def build_f16(path: Path) -> dict:
+    tensors = {"special": bits(F16_SPECIAL, "<u2", "<f2")}
+    write_plain(path, tensors)
+    return contents(tensors)
+
+
+@positive("bf16", "BF16: signed zeros, infinities, NaN payloads, subnormals, extremes")
+def build_bf16(path: Path) -> dict:
+    tensors = {"special": bits(BF16_SPECIAL, "<u2", ml_dtypes.bfloat16)}
+    write_plain(path, tensors)
+    return contents(tensors)
+
+
+@positive("f8", "F8_E4M3 and F8_E5M2: all 256 bit patterns of each (bytegroup word 1)")
+def build_f8(path: Path) -> dict:
+    every = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    tensors = {"e4m3": every.view(ml_dtypes.float8_e4m3fn),
+               "e5m2": every[::-1].copy().view(ml_dtypes.float8_e5m2)}
+    write_plain(path, tensors)
+    return contents(tensors)
+
+
+@positive("ints", "I8, I16, I32, I64, U8, U16, U32, U64 including their extremes "
+                  "(no rotation, word = itemsize)")
+def build_ints(path: Path) -> dict:
+    tensors = {np.dtype(t).name: int_extremes(t)
+               for t in (np.int8, np.int16, np.int32, np.int64,
+                         np.uint8, np.uint16, np.uint32, np.uint64)}
+    write_plain(path, tensors)
+    return contents(tensors)
+
+
+@positive("bool", "BOOL (bytes 0x00 and 0x01), a 2-d tensor")
+def build_bool(path: Path) -> dict:
+    pattern = np.frombuffer(prng_bytes("bool", 14), np.uint8) & 1
+    tensors = {"mask": pattern.astype(np.bool_).reshape(2, 7)}
+    write_plain(path, tensors)
+    return contents(tensors)
+
+
+@positive("complex", "C64 and C128: special values in real and imaginary parts "
+                     "(bytegroup word = half the itemsize)")
+def build_complex(path: Path) -> dict:
+    c64 = bits([0x3F800000, 0x40000000,   # 1 + 2j
+                0x80000000, 0x7F800000,   # -0 + inf j
+                0x7FC12345, 0xFF800000,   # nan(payload) - inf j
+                0x00000001, 0x807FFFFF,   # subnormals
+                0x7F7FFFFF, 0xFFFFFFFF],  # max + nan j
+               "<u4", "<c8")
+    c128 = bits([0x3FF0000000000000, 0xC000000000000000,
+                 0x8000000000000000, 0x7FF0000000000000,
+                 0x7FF8DEADBEEF0001, 0xFFF0000000000000,
+                 0x0000000000000001, 0x800FFFFFFFFFFFFF],
+                "<u8", "<c16")
+    tensors = {"c64": c64, "c128": c128.reshape(2, 2)}
+    write_plain(path, tensors)
+    return contents(tensors)
+
+
+@positive("scalar", "0-d tensors (shape [], one element, one chunk)")
+def build_scalar(path: Path) -> dict:
+    tensors = {"f32": np.array(3.5, "<f4"), "i64": np.array(-7, "<i8"),
+               "bf16": np.array(0x3FC0, "<u2").view(ml_dtypes.bfloat16)}
+    write_plain(path, tensors)
+    return contents(tensors)
+
+
+@positive("empty", "tensors with zero elements: chunk count 0, one empty chunk list per stream")
+def build_empty(path: Path) -> dict:
+    tensors = {"f32": np.zeros(0, "<f4"), "bf16": np.zeros((2, 0, 3), ml_dtypes.bfloat16),
+               "u8": np.zeros(0, np.uint8), "c128": np.zeros((0, 4), "<c16")}
+    write_plain(path, tensors)
+    return contents(tensors)
+
+
+@positive("multichunk", "several chunks per stream with a partial last chunk (chunk_bytes=256): "
+                        "F32 (16 chunks, 4 streams, exponent planes zstd), BF16, U8")
+def build_multichunk(path: Path) -> dict:
+    u8 = np.frombuffer(prng_bytes("multichunk-u8", 600), np.uint8) % np.uint8(7)
+    bf16 = mantissa_noise_f32("multichunk-bf16", 400).astype(ml_dtypes.bfloat16)
+    tensors = {"f32": mantissa_noise_f32("multichunk-f32", 1000).reshape(10, 100),
+               "bf16": bf16.reshape(4, 100),
+               "u8": u8.copy()}
+    write_plain(path, tensors, chunk_bytes=256)
+    return contents(tensors)
+
+
+@positive("codings", "both chunk codings: an F32 tensor whose exponent plane is zstd and whose "
+                     "other planes are raw; a zstd U8 stream and a raw U8 stream")
+def build_codings(path: Path) -> dict:
+    tensors = {"mixed": mantissa_noise_f32("codings", 256),
+               "zeros": np.zeros(200, np.uint8),
+               "noise": np.frombuffer(prng_bytes("codings-noise", 200), np.uint8).copy()}
+    write_plain(path, tensors)
+    return contents(tensors)
+
+
+@positive("metadata", "user metadata (Unicode, empty value, escapes) and Unicode tensor names")
+def build_metadata(path: Path) -> dict:
+    metadata = {"format": "pt", "note": "h\u00e9llo \u2713 \u65e5\u672c", "empty": "",
+                "quote\"key": "line\nbreak\ttab\\"}
+    tensors = {"layer.0.w\u00e9ight": np.array([0.5, -0.25, 8.0], "<f2"),
+               "\u043a\u043b\u044e\u0447": np.array([1, 2, 3], "<i4"),
+               "\U0001f642": np.array([True, False])}
+    write_plain(path, tensors, metadata)
+    return contents(tensors, metadata)
+
+
+SAFETENSORS_TEXT = ('{"__metadata__":{"format":"pt","source":"hand-made"},'
+                    '"b":{"dtype":"BF16","shape":[2,3],"data_offsets":[8,20]},'
+                    '"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}')
+
+
+def safetensors_bytes() -> tuple[bytes, Tensors, dict[str, str], str]:
+    """A small safetensors file whose header order differs from its data order."""
+    text = SAFETENSORS_TEXT + " " * (-(8 + len(SAFETENSORS_TEXT)) % 8)
+    a = np.array([1.5, -0.0], "<f4")
+    b = bits([0x3F80, 0xBF80, 0x7FC0, 0x0001, 0xFF80, 0x4049], "<u2",
+             ml_dtypes.bfloat16).reshape(2, 3)
+    raw = len(text).to_bytes(8, "little") + text.encode() + a.tobytes() + b.tobytes()
+    metadata = {"format": "pt", "source": "hand-made"}
+    return raw, {"b": b, "a": a}, metadata, text
+
+
+@positive("safetensors", "converted from safetensors: the original header text kept in "
+                         "safetensors_header; converting back must reproduce "
+                         "safetensors.safetensors byte for byte")
+def build_safetensors(path: Path) -> dict:
+    raw, tensors, metadata, text = safetensors_bytes()
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "src.safetensors"
+        src.write_bytes(raw)
+        compress_safetensors(src, path, threads=1)
+    # The Writer adds tensors in data order; report them in that order.
+    ordered = {"a": tensors["a"], "b": tensors["b"]}
+    return contents(ordered, metadata, text)
+
+
+@positive("alt_bytegroup", "bytegroup parameters a default writer never chooses (word smaller "
+                           "than the float word, rotation off for floats and on for integers, "
+                           "word 8 across a C64 element, word 1 for wide types) and "
+                           "chunk_elements=5 with a partial last chunk")
+def build_alt_bytegroup(path: Path) -> dict:
+    bg = lossless.ByteGroup
+    f32 = bits(F32_SPECIAL[:12], "<u4", "<f4")
+    f64 = bits(F64_SPECIAL[:12], "<u8", "<f8")
+    i64 = int_extremes(np.int64)[:12]
+    u32 = int_extremes(np.uint32)[:12]
+    bf16 = bits(BF16_SPECIAL[:12], "<u2", ml_dtypes.bfloat16)
+    c64 = mantissa_noise_f32("alt-c64", 24).view("<c8")
+    specs = [("f32_w2_rotate", f32, bg(2, True), 5),
+             ("f64_w4", f64, bg(4, False), 5),
+             ("i64_w1", i64, bg(1, False), 5),
+             ("u32_w4_rotate", u32, bg(4, True), 5),
+             ("bf16_w1", bf16, bg(1, False), 5),
+             ("c64_w8_rotate", c64, bg(8, True), 5)]
+    write_custom(path, specs, {"layout": "non-default"})
+    return contents({name: arr for name, arr, _, _ in specs}, {"layout": "non-default"})
+
+
+@positive("forward_compat", "what a later 1.x writer may add and a 1.0 reader must accept: "
+                            "minor version 7, optional feature bits set, unknown keys at the "
+                            "top level and in a tensor entry (same data as minimal)")
+def build_forward_compat(path: Path) -> dict:
+    tensors = {"x": np.array([1.0, -2.0], "<f4")}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base.ink"
+        write_plain(base, tensors)
+        data = base.read_bytes()
+
+    def add_keys(doc: dict) -> None:
+        doc["tensors"][0]["x_future_hint"] = {"any": ["json", 1, None, True]}
+        doc["x_future_section"] = [{"nested": {"deeper": []}}, 2.5, "text"]
+
+    data = edit_index(data, add_keys)
+    data = patch_header(data, minor=7, optional=(1 << 63) | 1)
+    path.write_bytes(data)
+    return contents(tensors)
+
+
+# --------------------------------------------------------------------------------------------
+# Negative vectors
+# --------------------------------------------------------------------------------------------
+
+class Negative:
+    """A negative vector: ``patch(base bytes)`` returns the bad file."""
+
+    def __init__(self, name, base, error, raised_by, description, patch) -> None:
+        self.name, self.base, self.error = name, base, error
+        self.raised_by, self.description, self.patch = raised_by, description, patch
+
+
+NEGATIVE: list[Negative] = []
+
+
+def negative(name: str, base: str, error: str, raised_by: str, description: str):
+    assert hasattr(inshrink.errors, error), error
+    assert raised_by in ("open", "read")
+
+    def register(fn):
+        NEGATIVE.append(Negative(name, base, error, raised_by, description, fn))
+        return fn
+    return register
+
+
+def first_chunk(data: bytes, tensor: int = 0, stream: int = 0, chunk: int = 0) -> list:
+    _, payload = index_location(data)
+    return json.loads(payload)["tensors"][tensor]["streams"][stream][chunk]
+
+
+@negative("bad_magic", "minimal", "CorruptError", "open",
+          "first byte of the magic changed from 0x89 to 0x88")
+def neg_bad_magic(data: bytes) -> bytes:
+    return b"\x88" + data[1:]
+
+
+@negative("truncated_tail", "minimal", "TruncatedError", "open",
+          "last byte removed: the file no longer ends with the magic")
+def neg_truncated_tail(data: bytes) -> bytes:
+    return data[:-1]
+
+
+@negative("truncated_short", "minimal", "TruncatedError", "open",
+          "only the first 100 bytes (less than header + record header + tail)")
+def neg_truncated_short(data: bytes) -> bytes:
+    return data[:100]
+
+
+@negative("bad_header_crc", "minimal", "ChecksumError", "open",
+          "header CRC field (offset 60) incremented")
+def neg_bad_header_crc(data: bytes) -> bytes:
+    crc = struct.unpack_from("<I", data, 60)[0]
+    return patch_header(data, fix_crc=False, crc=(crc + 1) & 0xFFFFFFFF)
+
+
+@negative("unsupported_major", "minimal", "UnsupportedVersionError", "open",
+          "major version 2, header CRC fixed")
+def neg_unsupported_major(data: bytes) -> bytes:
+    return patch_header(data, major=2)
+
+
+@negative("unknown_required_feature", "minimal", "UnsupportedFeatureError", "open",
+          "required feature bit 0 set, header CRC fixed")
+def neg_unknown_required_feature(data: bytes) -> bytes:
+    return patch_header(data, required=1)
+
+
+@negative("reserved_nonzero", "minimal", "CorruptError", "open",
+          "a reserved header byte (offset 40) set to 1, header CRC fixed")
+def neg_reserved_nonzero(data: bytes) -> bytes:
+    return patch_header(data, reserved=bytes(8) + b"\x01" + bytes(19))
+
+
+@negative("bad_tail_crc", "minimal", "ChecksumError", "open",
+          "tail CRC field incremented")
+def neg_bad_tail_crc(data: bytes) -> bytes:
+    at = len(data) - layout.TAIL_SIZE + 20
+    crc = struct.unpack_from("<I", data, at)[0]
+    return data[:at] + struct.pack("<I", (crc + 1) & 0xFFFFFFFF) + data[at + 4:]
+
+
+@negative("tail_pointer", "minimal", "CorruptError", "open",
+          "tail points 64 bytes before the index record (an aligned chunk record); tail CRC fixed")
+def neg_tail_pointer(data: bytes) -> bytes:
+    offset, payload = index_location(data)
+    tail = layout.pack_tail(offset - layout.ALIGNMENT, payload)
+    return data[:-layout.TAIL_SIZE] + tail
+
+
+@negative("index_crc_mismatch", "minimal", "ChecksumError", "open",
+          "one byte of the index JSON changed ('\"x\"' -> '\"y\"'); CRCs left as they were")
+def neg_index_crc_mismatch(data: bytes) -> bytes:
+    offset, payload = index_location(data)
+    start = offset + layout.RECORD_HEADER_SIZE
+    new = payload.replace(b'"name":"x"', b'"name":"y"', 1)
+    assert new != payload
+    return data[:start] + new + data[start + len(payload):]
+
+
+@negative("index_not_json", "minimal", "CorruptError", "open",
+          "index payload is not JSON; record header and tail CRCs fixed")
+def neg_index_not_json(data: bytes) -> bytes:
+    return replace_index_payload(data, b"{\"tensors\":[}")
+
+
+@negative("duplicate_key", "minimal", "CorruptError", "open",
+          "the tensor entry has two 'dtype' keys; CRCs fixed")
+def neg_duplicate_key(data: bytes) -> bytes:
+    _, payload = index_location(data)
+    new = payload.replace(b'"dtype":"F32",', b'"dtype":"F32","dtype":"F32",', 1)
+    assert new != payload
+    return replace_index_payload(data, new)
+
+
+@negative("unknown_codec_id", "minimal", "UnknownCodecError", "open",
+          "codec stage id 'bytegroup' replaced by 'bytegroup2'; CRCs fixed")
+def neg_unknown_codec_id(data: bytes) -> bytes:
+    def edit(doc):
+        doc["tensors"][0]["codec"][0]["id"] = "bytegroup2"
+    return edit_index(data, edit)
+
+
+@negative("unknown_dtype", "minimal", "UnknownCodecError", "open",
+          "dtype 'F32' replaced by 'F24'; CRCs fixed")
+def neg_unknown_dtype(data: bytes) -> bytes:
+    def edit(doc):
+        doc["tensors"][0]["dtype"] = "F24"
+    return edit_index(data, edit)
+
+
+@negative("unknown_coding", "minimal", "UnknownCodecError", "open",
+          "chunk coding 'raw' replaced by 'lz4'; CRCs fixed")
+def neg_unknown_coding(data: bytes) -> bytes:
+    def edit(doc):
+        doc["tensors"][0]["streams"][0][0][4] = "lz4"
+    return edit_index(data, edit)
+
+
+@negative("ndim_limit", "scalar", "LimitExceededError", "open",
+          "a 0-d tensor's shape replaced by 33 ones (one element, so chunking stays valid); "
+          "CRCs fixed")
+def neg_ndim_limit(data: bytes) -> bytes:
+    def edit(doc):
+        doc["tensors"][0]["shape"] = [1] * 33
+    return edit_index(data, edit)
+
+
+@negative("overlapping_records", "codings", "CorruptError", "open",
+          "stream 2's chunk offset moved 64 bytes into stream 1's 288-byte record; CRCs fixed")
+def neg_overlapping_records(data: bytes) -> bytes:
+    def edit(doc):
+        streams = doc["tensors"][0]["streams"]
+        assert streams[1][0][1] > layout.ALIGNMENT  # record spans past the next aligned offset
+        streams[2][0][0] = streams[1][0][0] + layout.ALIGNMENT
+    return edit_index(data, edit)
+
+
+@negative("misaligned_chunk", "minimal", "CorruptError", "open",
+          "a chunk offset moved by 8 bytes (not a multiple of 64); CRCs fixed")
+def neg_misaligned_chunk(data: bytes) -> bytes:
+    def edit(doc):
+        doc["tensors"][0]["streams"][3][0][0] += 8
+    return edit_index(data, edit)
+
+
+@negative("chunk_past_data", "minimal", "CorruptError", "open",
+          "a chunk offset points at the index record (outside the data section); CRCs fixed")
+def neg_chunk_past_data(data: bytes) -> bytes:
+    offset, _ = index_location(data)
+
+    def edit(doc):
+        doc["tensors"][0]["streams"][3][0][0] = offset
+    return edit_index(data, edit)
+
+
+@negative("stream_count", "minimal", "CorruptError", "open",
+          "an F32 tensor with bytegroup word 4 lists only 3 streams; CRCs fixed")
+def neg_stream_count(data: bytes) -> bytes:
+    def edit(doc):
+        del doc["tensors"][0]["streams"][3]
+    return edit_index(data, edit)
+
+
+@negative("record_mismatch", "minimal", "CorruptError", "read",
+          "index says a chunk payload is 1 byte, its record header says 2; CRCs fixed")
+def neg_record_mismatch(data: bytes) -> bytes:
+    def edit(doc):
+        doc["tensors"][0]["streams"][1][0][1] = 1
+    return edit_index(data, edit)
+
+
+@negative("record_header_crc", "minimal", "ChecksumError", "read",
+          "a reserved byte of a chunk record header set to 1; that header's CRC left as it was")
+def neg_record_header_crc(data: bytes) -> bytes:
+    at = first_chunk(data, stream=2)[0] + 20
+    return data[:at] + b"\x01" + data[at + 1:]
+
+
+@negative("chunk_crc_mismatch", "minimal", "ChecksumError", "read",
+          "one byte of a chunk payload changed; CRCs left as they were")
+def neg_chunk_crc_mismatch(data: bytes) -> bytes:
+    at = first_chunk(data, stream=0)[0] + layout.RECORD_HEADER_SIZE
+    return data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1:]
+
+
+@negative("raw_size_mismatch", "minimal", "CorruptError", "read",
+          "a raw chunk's payload shortened to 1 byte while its decoded size stays 2; record "
+          "header, index entry and CRCs fixed")
+def neg_raw_size_mismatch(data: bytes) -> bytes:
+    chunk = first_chunk(data, stream=0)
+    offset = chunk[0]
+    new_payload = data[offset + 32:offset + 33]
+    data = replace_chunk_payload(data, offset, new_payload)
+
+    def edit(doc):
+        doc["tensors"][0]["streams"][0][0][1:3] = [len(new_payload), layout.crc32(new_payload)]
+    return edit_index(data, edit)
+
+
+@negative("zstd_size_mismatch", "codings", "CorruptError", "read",
+          "a zstd chunk replaced by a valid frame whose content size is one byte more than the "
+          "index's decoded size; record header, index entry and CRCs fixed")
+def neg_zstd_size_mismatch(data: bytes) -> bytes:
+    chunk = first_chunk(data, stream=0)
+    assert chunk[4] == "zstd"
+    offset, size = chunk[0], chunk[3]
+    frame = zstandard.ZstdCompressor(level=3, write_content_size=True).compress(
+        b"\x7f" * (size + 1))
+    data = replace_chunk_payload(data, offset, frame)
+
+    def edit(doc):
+        doc["tensors"][0]["streams"][0][0][1:3] = [len(frame), layout.crc32(frame)]
+    return edit_index(data, edit)
+
+
+@negative("zstd_trailing_bytes", "codings", "CorruptError", "read",
+          "four bytes appended after a valid zstd frame; record header, index entry and CRCs "
+          "fixed")
+def neg_zstd_trailing_bytes(data: bytes) -> bytes:
+    chunk = first_chunk(data, stream=0)
+    assert chunk[4] == "zstd"
+    offset, length = chunk[0], chunk[1]
+    start = offset + layout.RECORD_HEADER_SIZE
+    payload = data[start:start + length] + b"JUNK"
+    data = replace_chunk_payload(data, offset, payload)
+
+    def edit(doc):
+        doc["tensors"][0]["streams"][0][0][1:3] = [len(payload), layout.crc32(payload)]
+    return edit_index(data, edit)
+
+
+# --------------------------------------------------------------------------------------------
+# Expected values, hexdump, manifest
+# --------------------------------------------------------------------------------------------
+
+def expected_json(vector: Positive, result: dict) -> dict:
+    tensors = []
+    for name, arr in result["tensors"].items():
+        dt = dtypes.of_numpy(arr.dtype)
+        raw = np.ascontiguousarray(arr).astype(dt.numpy, copy=False).tobytes()
+        tensors.append({"name": name, "dtype": dt.name, "shape": list(arr.shape),
+                        "nbytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest(),
+                        "hex": raw.hex()})
+    return {"format_version": FORMAT_VERSION, "vector": vector.name,
+            "description": vector.covers, "metadata": result["metadata"],
+            "safetensors_header": result["safetensors_header"], "tensors": tensors}
+
+
+def _hex_lines(data: bytes, base: int, width: int = 16) -> list[str]:
+    lines = []
+    for i in range(0, len(data), width):
+        part = data[i:i + width]
+        text = "".join(chr(b) if 0x20 <= b < 0x7F else "." for b in part)
+        lines.append(f"{base + i:08x}  {part.hex(' '):<{3 * width - 1}}  |{text}|")
+    return lines
+
+
+def pretty_json(value, indent: str = "") -> str:
+    """Indented JSON that keeps arrays of scalars (shapes, chunk entries) on one line."""
+    inner = indent + "  "
+    if isinstance(value, dict) and value:
+        items = [f"{inner}{json.dumps(k, ensure_ascii=False)}: {pretty_json(v, inner)}"
+                 for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+    if isinstance(value, list) and any(isinstance(v, (list, dict)) for v in value):
+        items = [inner + pretty_json(v, inner) for v in value]
+        return "[\n" + ",\n".join(items) + "\n" + indent + "]"
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+
+
+def hexdump_markdown(data: bytes) -> str:
+    """An annotated dump of the minimal vector, one structure at a time."""
+    out: list[str] = []
+
+    def field(offset: int, size: int, label: str) -> None:
+        part = data[offset:offset + size]
+        for i in range(0, max(size, 1), 16):
+            out.append(f"{offset + i:08x}  {part[i:i + 16].hex(' '):<47}  "
+                       f"{label if i == 0 else '(continued)'}")
+
+    def pad(start: int, stop: int) -> None:
+        if stop > start:
+            assert data[start:stop] == bytes(stop - start)
+            out.append(f"{start:08x}  {'00 .. 00':<47}  padding: {stop - start} zero bytes "
+                       f"up to offset {stop:#x}")
+
+    magic, major, minor, size, req, opt, _, hcrc = HEADER.unpack(data[:64])
+    index_offset, index_length, index_crc = layout.parse_tail(data[-32:])
+    index_payload = data[index_offset + 32:index_offset + 32 + index_length]
+    doc = json.loads(index_payload)
+    tensor = doc["tensors"][0]
+
+    out.append("# Annotated hex dump of `minimal.ink`")
+    out.append("")
+    out.append("Generated by `make_vectors.py`; normative definitions are in "
+               "[`../FORMAT.md`](../FORMAT.md). All integers are little-endian; offsets are "
+               "absolute. The file holds one tensor `x`, dtype `F32`, shape `[2]`, values "
+               "`[1.0, -2.0]`.")
+    out.append("")
+    out.append(f"File size: {len(data)} bytes = index record offset {index_offset} + 32 + "
+               f"index length {index_length} + 32.")
+    out.append("")
+    out.append("## Byte planes")
+    out.append("")
+    out.append("The `bytegroup` stage (word 4, rotate true) turns each element into a 32-bit "
+               "little-endian word, rotates it left by one bit, and sends byte `3-k` of the "
+               "rotated word to plane `k`:")
+    out.append("")
+    out.append("| element | bits | rotated left by 1 | plane 0 | plane 1 | plane 2 | plane 3 |")
+    out.append("|---|---|---|---|---|---|---|")
+    for value in np.array([1.0, -2.0], "<f4"):
+        v = int(value.view("<u4"))
+        r = ((v << 1) | (v >> 31)) & 0xFFFFFFFF
+        planes = " | ".join(f"`{(r >> (8 * (3 - k))) & 0xFF:02x}`" for k in range(4))
+        out.append(f"| {float(value)} | `{v:08x}` | `{r:08x}` | {planes} |")
+    out.append("")
+    out.append("Each plane holds 2 bytes; zstd cannot shrink 2 bytes, so every chunk is stored "
+               "`raw`.")
+    out.append("")
+    out.append("## Dump")
+    out.append("")
+    out.append("```")
+    out.append("offset    bytes                                            meaning")
+    out.append("--- header (64 bytes) ---")
+    field(0, 8, f"magic {magic!r}")
+    field(8, 2, f"major version = {major}")
+    field(10, 2, f"minor version = {minor}")
+    field(12, 4, f"header size = {size}")
+    field(16, 8, f"required features = {req:#x}")
+    field(24, 8, f"optional features = {opt:#x}")
+    field(32, 28, "reserved, zero")
+    field(60, 4, f"header CRC-32 of bytes 0..59 = {hcrc:#010x}")
+    previous_end = 64
+    per_chunk = tensor["chunk_elements"]
+    numel = int(np.prod(tensor["shape"]))
+    records = sorted((c[0], k, i, c) for k, s in enumerate(tensor["streams"])
+                     for i, c in enumerate(s))
+    for offset, k, i, chunk in records:
+        start, stop = i * per_chunk, min((i + 1) * per_chunk, numel)
+        label = f"stream {k} (plane {k}), chunk {i}"
+        pad(previous_end, offset)
+        tag, kind, _, length, pcrc, _, rcrc = struct.unpack_from("<4sB3sQI8sI", data, offset)
+        out.append(f"--- chunk record: {label}, coding {chunk[4]}, decoded size {chunk[3]} ---")
+        field(offset, 4, f"record tag {tag!r}")
+        field(offset + 4, 1, f"kind = {kind} (chunk)")
+        field(offset + 5, 3, "reserved, zero")
+        field(offset + 8, 8, f"payload length = {length}")
+        field(offset + 16, 4, f"payload CRC-32 = {pcrc:#010x} (index: {pcrc})")
+        field(offset + 20, 8, "reserved, zero")
+        field(offset + 28, 4, f"record header CRC-32 of bytes 0..27 = {rcrc:#010x}")
+        field(offset + 32, length, f"payload ({chunk[4]}): plane {k} bytes of elements "
+                                   f"[{start}, {stop})")
+        previous_end = offset + 32 + length
+    pad(previous_end, index_offset)
+    tag, kind, _, length, pcrc, _, rcrc = struct.unpack_from("<4sB3sQI8sI", data, index_offset)
+    out.append("--- index record ---")
+    field(index_offset, 4, f"record tag {tag!r}")
+    field(index_offset + 4, 1, f"kind = {kind} (index)")
+    field(index_offset + 5, 3, "reserved, zero")
+    field(index_offset + 8, 8, f"payload length = {length}")
+    field(index_offset + 16, 4, f"payload CRC-32 = {pcrc:#010x}")
+    field(index_offset + 20, 8, "reserved, zero")
+    field(index_offset + 28, 4, f"record header CRC-32 of bytes 0..27 = {rcrc:#010x}")
+    out.append(f"--- index payload: {index_length} bytes of UTF-8 JSON ---")
+    out.extend(_hex_lines(index_payload, index_offset + 32))
+    tail = len(data) - 32
+    out.append("--- tail (32 bytes, immediately after the index payload, not aligned) ---")
+    field(tail, 8, f"index record offset = {index_offset}")
+    field(tail + 8, 8, f"index payload length = {index_length}")
+    field(tail + 16, 4, f"index payload CRC-32 = {index_crc:#010x}")
+    field(tail + 20, 4, f"tail CRC-32 of tail bytes 0..19 = "
+                        f"{struct.unpack_from('<I', data, tail + 20)[0]:#010x}")
+    field(tail + 24, 8, "magic again")
+    out.append("```")
+    out.append("")
+    out.append("## The index, pretty-printed")
+    out.append("")
+    out.append("```json")
+    out.append(pretty_json(doc))
+    out.append("```")
+    out.append("")
+    out.append("Each chunk is `[offset, length, crc, size, coding]`: record offset, payload "
+               "bytes, payload CRC-32, decoded bytes, and `raw` or `zstd`.")
+    out.append("")
+    return "\n".join(out)
+
+
+def build_positive(vector: Positive, out_dir: Path) -> tuple[Path, dict]:
+    """Write ``NAME.ink`` into ``out_dir`` and return its path and expected JSON."""
+    path = out_dir / f"{vector.name}.ink"
+    result = vector.build(path)
+    return path, expected_json(vector, result)
+
+
+def build_negative(vector: Negative, base_dir: Path, out_dir: Path) -> Path:
+    path = out_dir / f"{vector.name}.ink"
+    path.write_bytes(vector.patch((base_dir / f"{vector.base}.ink").read_bytes()))
+    return path
+
+
+def write_json(path: Path, doc) -> None:
+    path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def manifest() -> dict:
+    return {
+        "format_version": FORMAT_VERSION,
+        "generator": {"script": "make_vectors.py", "zstd": ZSTD_VERSION,
+                      "python-zstandard": zstandard.__version__},
+        "positive": [{"name": v.name, "file": f"{v.name}.ink",
+                      "expected": f"{v.name}.expected.json", "covers": v.covers}
+                     for v in POSITIVE],
+        "negative": [{"name": v.name, "file": f"{v.name}.ink", "base": v.base,
+                      "error": v.error, "raised_by": v.raised_by,
+                      "description": v.description}
+                     for v in NEGATIVE],
+        "extra_files": {"safetensors.safetensors": "original of safetensors.ink",
+                        "minimal.hexdump.md": "annotated dump of minimal.ink"},
+    }
+
+
+def generate(out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for vector in POSITIVE:
+        _, expected = build_positive(vector, out_dir)
+        write_json(out_dir / f"{vector.name}.expected.json", expected)
+    for vector in NEGATIVE:
+        build_negative(vector, out_dir, out_dir)
+    (out_dir / "safetensors.safetensors").write_bytes(safetensors_bytes()[0])
+    (out_dir / "minimal.hexdump.md").write_text(
+        hexdump_markdown((out_dir / "minimal.ink").read_bytes()), encoding="utf-8")
+    write_json(out_dir / "manifest.json", manifest())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=HERE, help="output directory")
+    args = parser.parse_args(argv)
+    generate(args.out)
+    total = sum(p.stat().st_size for p in args.out.iterdir() if p.is_file())
+    print(f"wrote {len(POSITIVE)} positive and {len(NEGATIVE)} negative vectors to "
+          f"{args.out} ({total} bytes in the directory)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

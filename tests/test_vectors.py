@@ -1,0 +1,122 @@
+"""Conformance of the reader and writer against the committed test vectors (spec/vectors/)."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+import inshrink
+from inshrink import errors
+from inshrink.convert import decompress_to_safetensors
+
+VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
+MANIFEST = json.loads((VECTORS / "manifest.json").read_text(encoding="utf-8"))
+POSITIVE = MANIFEST["positive"]
+NEGATIVE = MANIFEST["negative"]
+
+
+def _load_generator():
+    spec = importlib.util.spec_from_file_location("make_vectors", VECTORS / "make_vectors.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_vectors = _load_generator()
+
+
+def _ids(entries):
+    return [e["name"] for e in entries]
+
+
+def test_manifest_lists_every_file():
+    listed = {e["file"] for e in POSITIVE + NEGATIVE}
+    listed |= {e["expected"] for e in POSITIVE}
+    listed |= set(MANIFEST["extra_files"]) | {"manifest.json", "make_vectors.py"}
+    present = {p.name for p in VECTORS.iterdir() if p.is_file()}
+    assert present == listed
+    assert _ids(POSITIVE) == [v.name for v in make_vectors.POSITIVE]
+    assert _ids(NEGATIVE) == [v.name for v in make_vectors.NEGATIVE]
+
+
+def test_vectors_are_small():
+    assert sum(p.stat().st_size for p in VECTORS.iterdir()
+               if p.suffix in (".ink", ".json", ".safetensors", ".md")) < 200_000
+
+
+@pytest.mark.parametrize("entry", POSITIVE, ids=_ids(POSITIVE))
+def test_positive_decodes_bit_exactly(entry):
+    expected = json.loads((VECTORS / entry["expected"]).read_text(encoding="utf-8"))
+    assert expected["format_version"] == MANIFEST["format_version"] == "1.0"
+    with inshrink.File(VECTORS / entry["file"], threads=1) as f:
+        f.verify()
+        assert f.keys() == [t["name"] for t in expected["tensors"]]
+        assert f.metadata == expected["metadata"]
+        assert f.safetensors_header == expected["safetensors_header"]
+        for t in expected["tensors"]:
+            info = f.info(t["name"])
+            assert info.dtype == t["dtype"]
+            assert list(info.shape) == t["shape"]
+            assert info.nbytes == t["nbytes"]
+            array = f[t["name"]]
+            assert list(array.shape) == t["shape"]
+            assert array.dtype == make_vectors.dtypes.BY_NAME[t["dtype"]].numpy
+            raw = array.tobytes()
+            assert len(raw) == t["nbytes"]
+            assert hashlib.sha256(raw).hexdigest() == t["sha256"]
+            assert raw.hex() == t["hex"]
+
+
+@pytest.mark.parametrize("entry", POSITIVE, ids=_ids(POSITIVE))
+def test_positive_regenerates_byte_for_byte(entry, tmp_path):
+    vector = next(v for v in make_vectors.POSITIVE if v.name == entry["name"])
+    path, expected = make_vectors.build_positive(vector, tmp_path)
+    committed = (VECTORS / entry["file"]).read_bytes()
+    regenerated = path.read_bytes()
+    if regenerated != committed and make_vectors.ZSTD_VERSION != MANIFEST["generator"]["zstd"]:
+        pytest.skip(f"zstd {make_vectors.ZSTD_VERSION} here, vectors made with "
+                    f"{MANIFEST['generator']['zstd']}: compressed bytes may legitimately differ")
+    assert regenerated == committed
+    committed_expected = json.loads((VECTORS / entry["expected"]).read_text(encoding="utf-8"))
+    assert expected == committed_expected
+
+
+@pytest.mark.parametrize("entry", NEGATIVE, ids=_ids(NEGATIVE))
+def test_negative_regenerates_byte_for_byte(entry):
+    vector = next(v for v in make_vectors.NEGATIVE if v.name == entry["name"])
+    base = (VECTORS / f"{vector.base}.ink").read_bytes()
+    assert vector.patch(base) == (VECTORS / entry["file"]).read_bytes()
+
+
+@pytest.mark.parametrize("entry", NEGATIVE, ids=_ids(NEGATIVE))
+def test_negative_raises_exact_error(entry):
+    expected = getattr(errors, entry["error"])
+    stage = "open"
+    with pytest.raises(errors.InshrinkError) as caught:
+        with inshrink.File(VECTORS / entry["file"], threads=1) as f:
+            stage = "read"
+            f.verify()
+            f.load()
+    assert type(caught.value) is expected, (entry["name"], caught.value)
+    assert stage == entry["raised_by"], (entry["name"], caught.value)
+
+
+def test_hexdump_is_current():
+    text = make_vectors.hexdump_markdown((VECTORS / "minimal.ink").read_bytes())
+    assert (VECTORS / "minimal.hexdump.md").read_text(encoding="utf-8") == text
+
+
+def test_manifest_is_current():
+    assert make_vectors.manifest()["positive"] == POSITIVE
+    assert make_vectors.manifest()["negative"] == NEGATIVE
+
+
+def test_safetensors_round_trip_is_byte_identical(tmp_path):
+    out = tmp_path / "back.safetensors"
+    decompress_to_safetensors(VECTORS / "safetensors.ink", out, threads=1)
+    original = (VECTORS / "safetensors.safetensors").read_bytes()
+    assert out.read_bytes() == original
+    assert original == make_vectors.safetensors_bytes()[0]
