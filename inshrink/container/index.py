@@ -126,7 +126,7 @@ def check_metadata(metadata) -> None:
 
 
 def check_shape(shape, itemsize: int = 1) -> tuple[int, ...]:
-    """Dimensions are integers in [0, 2^48]; the product of the non-zero ones times the
+    """Dimensions are integers in [0, 2^63]; the product of the non-zero ones times the
     item size is at most MAX_TENSOR_BYTES (so even an empty tensor has a sane shape)."""
     if not isinstance(shape, list) or not all(_is_int(d) for d in shape):
         _fail(f"shape {shape!r} is not a list of non-negative integers")
