@@ -46,7 +46,7 @@ def save(path: str | os.PathLike, tensors: Mapping[str, Any],
     with Writer(path, dict(metadata or {}), level=level, threads=threads,
                 progress=progress) as writer:
         for name, value in tensors.items():
-            writer.add(name, value)
+            writer.add(name, value, wait=False)  # the mapping is ours until save returns
         return writer.close()
 
 

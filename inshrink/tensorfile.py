@@ -107,16 +107,18 @@ class Writer:
         self._pool = _executor(self._threads)
         self._closed = False
 
-    def add(self, name: str, array: Any) -> None:
+    def add(self, name: str, array: Any, *, wait: bool = True) -> None:
         """Add one tensor (anything array-like; see :func:`inshrink.dtypes.as_numpy`).
 
-        Returns once the tensor is encoded, so the caller may then modify the array.
+        With ``wait=True`` this returns once the tensor is encoded, so the caller may then
+        modify the array. ``wait=False`` lets encoding overlap the next tensors (faster with
+        many small tensors); the array must then stay unmodified until :meth:`close`.
         """
         arr = dtypes.as_numpy(array)
         flat = arr.reshape(-1).view(np.uint8)
         self.add_source(name, dtypes.of_numpy(arr.dtype), arr.shape,
                         lambda start, stop: flat[start:stop])
-        while self._pending:  # the chunks are views of the caller's array: finish with them
+        while wait and self._pending:  # the chunks are views of the caller's array
             self._write_oldest()
 
     def add_source(self, name: str, dtype: dtypes.DType, shape: tuple[int, ...],
@@ -281,24 +283,32 @@ class File:
 
     def read(self, name: str, progress: Progress | None = None) -> np.ndarray:
         """Decode one tensor into a new array (raises for a corrupt or truncated file)."""
-        entry, stage = self._entry(name), self._stages[name]
-        try:
-            out = np.empty(entry.nbytes, np.uint8)
-        except MemoryError:
-            raise LimitExceededError(f"tensor {name!r} of {entry.nbytes} bytes does not fit in "
-                                     f"memory; stream it with read_into()") from None
-        itemsize = entry.dtype.itemsize
-
-        def decode(c: int) -> int:
-            start, stop = entry.chunk_range(c)
-            view = out[start * itemsize:stop * itemsize]
-            self._decode_chunk(entry, stage, c, view)
-            return view.size
-
-        for size in self._in_order(decode, range(entry.chunk_count)):
+        entry = self._entry(name)
+        out = self._allocate(entry)
+        for size in self._in_order(self._decode_job, self._jobs(entry, out)):
             if progress is not None:
                 progress(size)
         return out.view(entry.dtype.numpy).reshape(entry.shape)
+
+    @staticmethod
+    def _allocate(entry: TensorEntry) -> np.ndarray:
+        try:
+            return np.empty(entry.nbytes, np.uint8)
+        except MemoryError:
+            raise LimitExceededError(f"tensor {entry.name!r} of {entry.nbytes} bytes does not "
+                                     f"fit in memory; stream it with read_into()") from None
+
+    def _jobs(self, entry: TensorEntry, out: np.ndarray) -> Iterator[tuple]:
+        """One decode job per chunk: (entry, chunk index, the output bytes it fills)."""
+        itemsize = entry.dtype.itemsize
+        for c in range(entry.chunk_count):
+            start, stop = entry.chunk_range(c)
+            yield entry, c, out[start * itemsize:stop * itemsize]
+
+    def _decode_job(self, job: tuple) -> int:
+        entry, c, view = job
+        self._decode_chunk(entry, c, view)
+        return view.size
 
     def read_into(self, name: str, sink: Callable[[int, np.ndarray], None],
                   progress: Progress | None = None) -> None:
@@ -306,13 +316,13 @@ class File:
 
         Memory stays near a few chunks, so huge tensors can be streamed to another file.
         """
-        entry, stage = self._entry(name), self._stages[name]
+        entry = self._entry(name)
         itemsize = entry.dtype.itemsize
 
         def decode(c: int) -> tuple[int, np.ndarray]:
             start, stop = entry.chunk_range(c)
             chunk = np.empty((stop - start) * itemsize, np.uint8)
-            self._decode_chunk(entry, stage, c, chunk)
+            self._decode_chunk(entry, c, chunk)
             return start * itemsize, chunk
 
         for offset, chunk in self._in_order(decode, range(entry.chunk_count)):
@@ -333,13 +343,22 @@ class File:
         while window:
             yield window.popleft().result()
 
-    def _decode_chunk(self, entry: TensorEntry, stage, c: int, out: np.ndarray) -> None:
-        payloads = [(s[c].coding, self._reader.read_chunk(s[c])) for s in entry.streams]
-        lossless.decode_chunk(payloads, stage, out)
+    def _decode_chunk(self, entry: TensorEntry, c: int, out: np.ndarray) -> None:
+        chunks = [stream[c] for stream in entry.streams]
+        payloads = self._reader.read_chunks(chunks)
+        lossless.decode_chunk([(chunk.coding, payload) for chunk, payload in zip(chunks, payloads)],
+                              self._stages[entry.name], out)
 
     def load(self, progress: Progress | None = None) -> dict[str, np.ndarray]:
-        """Decode every tensor."""
-        return {name: self.read(name, progress) for name in self._entries}
+        """Decode every tensor (chunks of all tensors share the thread pool)."""
+        outs = {name: self._allocate(entry) for name, entry in self._entries.items()}
+        jobs = (job for name, entry in self._entries.items()
+                for job in self._jobs(entry, outs[name]))
+        for size in self._in_order(self._decode_job, jobs):
+            if progress is not None:
+                progress(size)
+        return {name: outs[name].view(e.dtype.numpy).reshape(e.shape)
+                for name, e in self._entries.items()}
 
     def verify(self) -> None:
         """Read and decode every record, checking every checksum and size; raise on a problem."""

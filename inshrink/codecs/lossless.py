@@ -7,6 +7,7 @@ each per element range. See spec/FORMAT.md, "Stage bytegroup".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -56,6 +57,13 @@ def plan(dtype: DType) -> ByteGroup:
     return ByteGroup(dtype.itemsize if dtype.word == 0 else 1, False)  # integers, bool, fp8
 
 
+def _readonly(plane: np.ndarray) -> np.ndarray:
+    # Raw planes are views of a read buffer, decoded ones of immutable bytes: marking all
+    # read-only gives the join kernel one type signature instead of one per mixture.
+    plane.flags.writeable = False
+    return plane
+
+
 def encode_chunk(chunk: np.ndarray, stage: ByteGroup, level: int | None) -> list[tuple[str, bytes]]:
     """Encode one chunk (uint8, a whole number of words) into one (coding, payload) per plane."""
     if stage.word == 1:
@@ -66,10 +74,10 @@ def encode_chunk(chunk: np.ndarray, stage: ByteGroup, level: int | None) -> list
     return [entropy.encode(plane, level) for plane in planes]
 
 
-def decode_chunk(payloads: list[tuple[str, bytes]], stage: ByteGroup, out: np.ndarray) -> None:
+def decode_chunk(payloads: list[tuple[str, Any]], stage: ByteGroup, out: np.ndarray) -> None:
     """Decode the planes of one chunk into ``out`` (uint8, ``word`` × plane size bytes)."""
     n = out.size // stage.word
-    planes = tuple(np.frombuffer(entropy.decode(coding, payload, n), np.uint8)
+    planes = tuple(_readonly(np.frombuffer(entropy.decode(coding, payload, n), np.uint8))
                    for coding, payload in payloads)
     if stage.word == 1:
         out[:] = planes[0]

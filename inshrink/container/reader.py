@@ -3,6 +3,7 @@ record is checked against its header and the index before its payload is handed 
 from __future__ import annotations
 
 import os
+import threading
 
 from ..errors import ChecksumError, CorruptError, LimitExceededError, TruncatedError
 from . import layout
@@ -21,6 +22,7 @@ class ContainerReader:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
+        self._local = threading.local()
         self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         try:
             self.size = os.fstat(self._fd).st_size
@@ -55,19 +57,60 @@ class ContainerReader:
         payload = self.read_record(index_offset, length, index_crc, layout.KIND_INDEX)
         return parse(payload, index_offset)
 
-    def read_record(self, offset: int, length: int, crc: int, kind: int) -> bytes:
-        """Read a record's payload after checking its header, length and checksums."""
-        head = self._pread(layout.RECORD_HEADER_SIZE, offset)
+    def _check_record(self, head, offset: int, kind: int, length: int, crc: int) -> None:
         got_kind, got_length, got_crc = layout.parse_record_header(head, offset)
         if got_kind != kind or got_length != length or got_crc != crc:
             raise CorruptError(f"record at offset {offset} does not match the index")
-        payload = self._pread(length, offset + layout.RECORD_HEADER_SIZE)
+
+    def _check_payload(self, payload, offset: int, crc: int) -> None:
         if layout.crc32(payload) != crc:
             raise ChecksumError(f"{self.path}: checksum mismatch in record at offset {offset}")
+
+    def read_record(self, offset: int, length: int, crc: int, kind: int) -> bytes:
+        """Read a record's payload after checking its header, length and checksums."""
+        self._check_record(self._pread(layout.RECORD_HEADER_SIZE, offset), offset, kind,
+                           length, crc)
+        payload = self._pread(length, offset + layout.RECORD_HEADER_SIZE)
+        self._check_payload(payload, offset, crc)
         return payload
 
     def read_chunk(self, chunk: Chunk) -> bytes:
         return self.read_record(chunk.offset, chunk.length, chunk.crc, layout.KIND_CHUNK)
+
+    def read_chunks(self, chunks: list[Chunk]) -> list:
+        """Read and check several chunk records, with one read when they lie back to back.
+
+        Back-to-back records (the writer's layout for the planes of one chunk) are read into a
+        buffer owned by the calling thread; the returned payload views are valid until that
+        thread's next call.
+        """
+        first, last = chunks[0], chunks[-1]
+        start, end = first.offset, last.offset + layout.RECORD_HEADER_SIZE + last.length
+        for a, b in zip(chunks, chunks[1:]):
+            a_end = a.offset + layout.RECORD_HEADER_SIZE + a.length
+            if b.offset != a_end + layout.padding(a_end):
+                return [self.read_chunk(c) for c in chunks]
+        view = self._buffer(end - start)
+        if os.preadv(self._fd, [view], start) != end - start:
+            raise TruncatedError(f"{self.path}: file ends inside a record at offset {start}")
+        payloads = []
+        for c in chunks:
+            at = c.offset - start
+            self._check_record(view[at:at + layout.RECORD_HEADER_SIZE], c.offset,
+                               layout.KIND_CHUNK, c.length, c.crc)
+            payload = view[at + layout.RECORD_HEADER_SIZE:at + layout.RECORD_HEADER_SIZE
+                           + c.length]
+            self._check_payload(payload, c.offset, c.crc)
+            payloads.append(payload)
+        return payloads
+
+    def _buffer(self, size: int) -> memoryview:
+        """This thread's read buffer, grown to at least ``size`` bytes (sizes are bounded by
+        records already proven to lie inside the file)."""
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is None or len(buffer) < size:
+            buffer = self._local.buffer = bytearray(size)
+        return memoryview(buffer)[:size]
 
     def close(self) -> None:
         if self._fd >= 0:
