@@ -129,6 +129,14 @@ def _pread(fd: int, n: int, offset: int) -> bytes:
     return data
 
 
+def _pwrite(fd: int, data, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` (os.pwrite may write less than asked)."""
+    view = memoryview(data).cast("B")
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
 def _header_for(f: File) -> SafetensorsHeader:
     """The stored original header if it still describes the file's tensors, else a new one."""
     infos = {i.name: i for i in f.infos()}
@@ -169,8 +177,8 @@ def decompress_to_safetensors(src: str | os.PathLike, dst: str | os.PathLike, *,
             fd = out.file.fileno()
             for e in header.entries:
                 base = header.data_start + e.begin
-                f.read_into(e.name, lambda start, chunk, base=base: os.pwrite(
-                    fd, chunk, base + start), progress)
+                f.read_into(e.name, lambda start, chunk, base=base: _pwrite(
+                    fd, chunk, base + start), progress, in_order=False)
             out.commit()
         except BaseException:
             out.abort()

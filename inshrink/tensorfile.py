@@ -143,29 +143,36 @@ class Writer:
                             [[] for _ in range(stage.streams)])
         self._container.tensors.append(entry)
         for c in range(entry.chunk_count):
-            start, stop = entry.chunk_range(c)
-            raw = np.frombuffer(read(start * dtype.itemsize, stop * dtype.itemsize), np.uint8)
-            if raw.size != (stop - start) * dtype.itemsize:
-                raise InvalidArgumentError(f"tensor {name!r}: source returned too few bytes")
-            self._submit(entry, stage, raw)
+            self._submit(entry, stage, read, c)
 
-    def _submit(self, entry: TensorEntry, stage: lossless.ByteGroup, raw: np.ndarray) -> None:
+    def _encode(self, entry: TensorEntry, stage: lossless.ByteGroup,
+                read: Callable[[int, int], Any], c: int) -> tuple[int, list[tuple]]:
+        """Read, encode and checksum one chunk (runs on a pool thread)."""
+        start, stop = (i * entry.dtype.itemsize for i in entry.chunk_range(c))
+        raw = np.frombuffer(read(start, stop), np.uint8)
+        if raw.size != stop - start:
+            raise InvalidArgumentError(f"tensor {entry.name!r}: source returned "
+                                       f"{raw.size} bytes instead of {stop - start}")
+        planes = lossless.encode_chunk(raw, stage, self._level)
+        return raw.size, [(coding, payload, layout.crc32(payload)) for coding, payload in planes]
+
+    def _submit(self, entry: TensorEntry, stage: lossless.ByteGroup,
+                read: Callable[[int, int], Any], c: int) -> None:
         if self._pool is None:
-            self._write(entry, raw.size, lossless.encode_chunk(raw, stage, self._level))
+            self._write(entry, *self._encode(entry, stage, read, c))
             return
-        future = self._pool.submit(lossless.encode_chunk, raw, stage, self._level)
-        self._pending.append((entry, raw.size, future))
+        self._pending.append((entry, self._pool.submit(self._encode, entry, stage, read, c)))
         while len(self._pending) > 2 * self._threads:
             self._write_oldest()
 
     def _write_oldest(self) -> None:
-        entry, size, future = self._pending.popleft()
-        self._write(entry, size, future.result())
+        entry, future = self._pending.popleft()
+        self._write(entry, *future.result())
 
-    def _write(self, entry: TensorEntry, size: int, planes: list[tuple[str, bytes]]) -> None:
+    def _write(self, entry: TensorEntry, size: int, planes: list[tuple]) -> None:
         plane_size = size // len(planes)
-        for stream, (coding, payload) in zip(entry.streams, planes):
-            stream.append(self._container.write_chunk(coding, payload, plane_size))
+        for stream, (coding, payload, crc) in zip(entry.streams, planes):
+            stream.append(self._container.write_chunk(coding, payload, plane_size, crc))
         if self._progress is not None:
             self._progress(size)
 
@@ -190,7 +197,7 @@ class Writer:
         """Discard the file being written; any previous file at the path is kept."""
         if self._closed:
             return
-        for _, _, future in self._pending:
+        for _, future in self._pending:
             future.cancel()
         self._pending.clear()
         self._shutdown()
@@ -311,10 +318,12 @@ class File:
         return view.size
 
     def read_into(self, name: str, sink: Callable[[int, np.ndarray], None],
-                  progress: Progress | None = None) -> None:
-        """Decode a tensor chunk by chunk, in order: ``sink(byte_offset, uint8 chunk)``.
+                  progress: Progress | None = None, *, in_order: bool = True) -> None:
+        """Decode a tensor chunk by chunk: ``sink(byte_offset, uint8 chunk)`` for each chunk.
 
-        Memory stays near a few chunks, so huge tensors can be streamed to another file.
+        Memory stays near a few chunks, so huge tensors can be streamed to another file. With
+        ``in_order=False`` the sink runs on the decoding threads, in any order (it must be
+        thread-safe, e.g. ``os.pwrite``), which lets the writing scale with the threads too.
         """
         entry = self._entry(name)
         itemsize = entry.dtype.itemsize
@@ -323,10 +332,13 @@ class File:
             start, stop = entry.chunk_range(c)
             chunk = np.empty((stop - start) * itemsize, np.uint8)
             self._decode_chunk(entry, c, chunk)
+            if not in_order:
+                sink(start * itemsize, chunk)
             return start * itemsize, chunk
 
         for offset, chunk in self._in_order(decode, range(entry.chunk_count)):
-            sink(offset, chunk)
+            if in_order:
+                sink(offset, chunk)
             if progress is not None:
                 progress(chunk.size)
 

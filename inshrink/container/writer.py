@@ -33,17 +33,20 @@ class ContainerWriter:
         self._file.write(data)
         self._offset += len(memoryview(data))
 
-    def _record(self, kind: int, payload) -> tuple[int, int]:
+    def _record(self, kind: int, payload, crc: int | None = None) -> tuple[int, int]:
         """Write one record (aligned); return its offset and the payload's CRC."""
         self._write(bytes(layout.padding(self._offset)))
-        offset, crc = self._offset, layout.crc32(payload)
+        offset = self._offset
+        if crc is None:
+            crc = layout.crc32(payload)
         self._write(layout.pack_record_header(kind, payload, crc))
         self._write(payload)
         return offset, crc
 
-    def write_chunk(self, coding: str, payload: bytes, size: int) -> Chunk:
-        """Append one chunk record and return its index entry."""
-        offset, crc = self._record(layout.KIND_CHUNK, payload)
+    def write_chunk(self, coding: str, payload, size: int, crc: int | None = None) -> Chunk:
+        """Append one chunk record and return its index entry (``crc``: the payload's CRC-32,
+        if the caller computed it already)."""
+        offset, crc = self._record(layout.KIND_CHUNK, payload, crc)
         return Chunk(offset, len(payload), crc, size, coding)
 
     @property
