@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -244,6 +245,7 @@ class File:
             self._reader.close()
             raise
         self._pool = _executor(self._threads)
+        self._local = threading.local()
 
     @property
     def path(self) -> str:
@@ -330,7 +332,9 @@ class File:
 
         def decode(c: int) -> tuple[int, np.ndarray]:
             start, stop = entry.chunk_range(c)
-            chunk = np.empty((stop - start) * itemsize, np.uint8)
+            size = (stop - start) * itemsize
+            # an unordered sink is done with the chunk before this thread decodes the next
+            chunk = np.empty(size, np.uint8) if in_order else self._scratch(size)
             self._decode_chunk(entry, c, chunk)
             if not in_order:
                 sink(start * itemsize, chunk)
@@ -341,6 +345,13 @@ class File:
                 sink(offset, chunk)
             if progress is not None:
                 progress(chunk.size)
+
+    def _scratch(self, size: int) -> np.ndarray:
+        """A decode buffer owned by the calling thread, reused from chunk to chunk."""
+        buffer = getattr(self._local, "scratch", None)
+        if buffer is None or buffer.size < size:
+            buffer = self._local.scratch = np.empty(size, np.uint8)
+        return buffer[:size]
 
     def _in_order(self, fn: Callable[[int], Any], items) -> Iterator[Any]:
         """``map(fn, items)`` on the thread pool, in order, with a bounded window in flight."""
