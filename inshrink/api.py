@@ -51,12 +51,16 @@ def save(path: str | os.PathLike, tensors: Mapping[str, Any],
 
 
 def load(path: str | os.PathLike, *, threads: int | None = None,
-         progress: Progress | None = None) -> dict[str, np.ndarray]:
-    """Read every tensor of an .ink file into a dict of numpy arrays (bf16/fp8 as ml_dtypes)."""
-    with File(path, threads=threads) as f:
+         progress: Progress | None = None, mmap: bool = True) -> dict[str, np.ndarray]:
+    """Read every tensor of an .ink file into a dict of numpy arrays (bf16/fp8 as ml_dtypes).
+
+    See :class:`File` for ``threads`` and ``mmap``.
+    """
+    with File(path, threads=threads, mmap=mmap) as f:
         return f.load(progress)
 
 
-def open(path: str | os.PathLike, *, threads: int | None = None) -> File:  # noqa: A001
+def open(path: str | os.PathLike, *, threads: int | None = None,  # noqa: A001
+         mmap: bool = True) -> File:
     """Open an .ink file for random access: ``f[name]``, ``f.keys()``, ``f.metadata``."""
-    return File(path, threads=threads)
+    return File(path, threads=threads, mmap=mmap)

@@ -232,12 +232,16 @@ class File:
     path : str or os.PathLike
         The file to open.
     threads : int, optional
-        Decoder threads per tensor; ``None`` uses every core.
+        Decoder threads; ``None`` uses every core.
+    mmap : bool
+        Read through a read-only memory map (default; fastest). The file must then not be
+        truncated in place by another program while open. ``False`` reads with ``pread``.
     """
 
-    def __init__(self, path: str | os.PathLike, *, threads: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, *, threads: int | None = None,
+                 mmap: bool = True) -> None:
         self._threads = resolve_threads(threads)
-        self._reader = ContainerReader(path)
+        self._reader = ContainerReader(path, use_mmap=mmap)
         try:
             self._entries = {e.name: e for e in self._reader.index.tensors}
             self._stages = {name: chain.for_entry(e) for name, e in self._entries.items()}
@@ -293,19 +297,22 @@ class File:
     def read(self, name: str, progress: Progress | None = None) -> np.ndarray:
         """Decode one tensor into a new array (raises for a corrupt or truncated file)."""
         entry = self._entry(name)
-        out = self._allocate(entry)
+        out = self._allocate(entry.nbytes, f"tensor {name!r}")
         for size in self._in_order(self._decode_job, self._jobs(entry, out)):
             if progress is not None:
                 progress(size)
         return out.view(entry.dtype.numpy).reshape(entry.shape)
 
     @staticmethod
-    def _allocate(entry: TensorEntry) -> np.ndarray:
+    def _allocate(nbytes: int, what: str) -> np.ndarray:
+        """A 64-byte aligned buffer; a size the system refuses is a typed error."""
         try:
-            return np.empty(entry.nbytes, np.uint8)
+            raw = np.empty(nbytes + layout.ALIGNMENT, np.uint8)
         except MemoryError:
-            raise LimitExceededError(f"tensor {entry.name!r} of {entry.nbytes} bytes does not "
-                                     f"fit in memory; stream it with read_into()") from None
+            raise LimitExceededError(f"{what} of {nbytes} bytes does not fit in memory; "
+                                     f"stream tensors with read_into()") from None
+        skip = -raw.ctypes.data % layout.ALIGNMENT
+        return raw[skip:skip + nbytes]
 
     def _jobs(self, entry: TensorEntry, out: np.ndarray) -> Iterator[tuple]:
         """One decode job per chunk: (entry, chunk index, the output bytes it fills)."""
@@ -373,8 +380,18 @@ class File:
                               self._stages[entry.name], out)
 
     def load(self, progress: Progress | None = None) -> dict[str, np.ndarray]:
-        """Decode every tensor (chunks of all tensors share the thread pool)."""
-        outs = {name: self._allocate(entry) for name, entry in self._entries.items()}
+        """Decode every tensor (chunks of all tensors share the thread pool).
+
+        The arrays are views of one allocation (each 64-byte aligned): one large block is much
+        cheaper for the OS to provide than hundreds of small ones.
+        """
+        offsets, total = {}, 0
+        for name, entry in self._entries.items():
+            offsets[name] = total
+            total += entry.nbytes + layout.padding(entry.nbytes)
+        block = self._allocate(total, "the checkpoint")
+        outs = {name: block[offsets[name]:offsets[name] + e.nbytes]
+                for name, e in self._entries.items()}
         jobs = (job for name, entry in self._entries.items()
                 for job in self._jobs(entry, outs[name]))
         for size in self._in_order(self._decode_job, jobs):

@@ -94,11 +94,11 @@ def sample(workdir) -> Sample:
     return Sample(data, tensors, metadata, covered, chunk_records)
 
 
-def read_all(path, threads: int = 1):
+def read_all(path, threads: int = 1, use_mmap: bool = True):
     """("ok", metadata, {name: array}) or ("error", exception type, where it was raised)."""
     stage = "open"
     try:
-        with inshrink.open(path, threads=threads) as f:
+        with inshrink.open(path, threads=threads, mmap=use_mmap) as f:
             stage = "read"
             arrays = {name: f[name] for name in f.keys()}
             stage = "verify"
@@ -127,9 +127,9 @@ class Scratch:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def read(self, data: bytes, threads: int = 1):
+    def read(self, data: bytes, threads: int = 1, use_mmap: bool = True):
         self.path.write_bytes(data)
-        return read_all(self.path, threads)
+        return read_all(self.path, threads, use_mmap)
 
 
 @pytest.fixture(scope="module")
@@ -185,14 +185,15 @@ def test_truncation_with_thread_pool(sample, scratch):
 
 # --- bit flips --------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("use_mmap", [True, False], ids=["mmap", "pread"])
 @pytest.mark.parametrize("mask", [0x01, 0x80])
-def test_bit_flip_at_every_byte(sample, scratch, mask):
+def test_bit_flip_at_every_byte(sample, scratch, mask, use_mmap):
     failures, silent_changes, undetected = [], [], []
     for i in range(len(sample.data)):
         damaged = bytearray(sample.data)
         damaged[i] ^= mask
         try:
-            result = scratch.read(bytes(damaged))
+            result = scratch.read(bytes(damaged), use_mmap=use_mmap)
         except Exception as exc:  # noqa: BLE001
             failures.append((i, exc))
             continue

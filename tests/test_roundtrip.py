@@ -152,3 +152,27 @@ def test_property_random_bytes_round_trip(tmp_path_factory, data, dtype):
     path = tmp_path_factory.mktemp("b") / "b.ink"
     inshrink.save(path, {"x": x}, threads=1)
     assert_bit_exact(x, inshrink.load(path)["x"])
+
+
+@pytest.mark.parametrize("use_mmap", [True, False])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_read_paths_agree(tmp_path, use_mmap, threads):
+    tensors = {"a": random_bits(np.float32, (3000,), 1), "b": random_bits(np.int64, (5,), 2),
+               "c": random_bits(ml_dtypes.bfloat16, (0,), 3)}
+    with inshrink.Writer(tmp_path / "p.ink", chunk_bytes=1000) as w:
+        for k, v in tensors.items():
+            w.add(k, v)
+    loaded = inshrink.load(tmp_path / "p.ink", threads=threads, mmap=use_mmap)
+    with inshrink.open(tmp_path / "p.ink", threads=threads, mmap=use_mmap) as f:
+        for k, v in tensors.items():
+            assert_bit_exact(v, loaded[k])
+            assert_bit_exact(v, f[k])
+            assert loaded[k].ctypes.data % 64 == 0
+            out = bytearray(v.nbytes)
+            lock = __import__("threading").Lock()
+
+            def sink(offset, chunk):
+                with lock:
+                    out[offset:offset + chunk.size] = chunk.tobytes()
+            f.read_into(k, sink, in_order=False)
+            assert bytes(out) == v.tobytes()

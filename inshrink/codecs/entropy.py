@@ -18,7 +18,7 @@ CODINGS = (ZSTD, RAW)
 # gain comes from Huffman-coded literals. A small hash table and the longest minimum match keep
 # the match finder from wasting time (and bits) on short chance matches: measured about 2x
 # faster than level 1 with a slightly better ratio on exponent planes (docs/decisions.md).
-_FAST_PARAMS = dict(window_log=17, hash_log=8, chain_log=6, search_log=1, min_match=7,
+_FAST_PARAMS = dict(window_log=17, hash_log=6, chain_log=6, search_log=1, min_match=7,
                     target_length=0, strategy=zstandard.STRATEGY_FAST)
 
 _local = threading.local()

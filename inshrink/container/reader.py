@@ -2,6 +2,7 @@
 record is checked against its header and the index before its payload is handed out."""
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 
@@ -18,15 +19,23 @@ class ContainerReader:
     path : str or os.PathLike
         The file to open. Raises a typed :class:`~inshrink.errors.InshrinkError` if the file is
         not a valid .ink file; ``OSError`` if it cannot be read at all.
+    use_mmap : bool
+        Read chunk payloads through a read-only memory map (no copy; the default) instead of
+        ``pread`` into a buffer. A mapped file must not be truncated by another program while
+        it is open (inshrink itself never modifies a file in place: it writes a new one and
+        renames it), or the process receives SIGBUS.
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, use_mmap: bool = True) -> None:
         self.path = os.fspath(path)
         self._local = threading.local()
+        self._map: mmap.mmap | None = None
         self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         try:
             self.size = os.fstat(self._fd).st_size
             self.index = self._read_index()
+            if use_mmap:
+                self._map = mmap.mmap(self._fd, self.size, access=mmap.ACCESS_READ)
         except BaseException:
             os.close(self._fd)
             raise
@@ -78,12 +87,14 @@ class ContainerReader:
         return self.read_record(chunk.offset, chunk.length, chunk.crc, layout.KIND_CHUNK)
 
     def read_chunks(self, chunks: list[Chunk]) -> list:
-        """Read and check several chunk records, with one read when they lie back to back.
+        """Read and check several chunk records; return views of their payloads.
 
-        Back-to-back records (the writer's layout for the planes of one chunk) are read into a
-        buffer owned by the calling thread; the returned payload views are valid until that
-        thread's next call.
+        Memory-mapped: the views are slices of the map. Otherwise back-to-back records (the
+        writer's layout for the planes of one chunk) are read at once into a buffer owned by the
+        calling thread, and the views are valid until that thread's next call.
         """
+        if self._map is not None:
+            return [self._mapped_payload(c) for c in chunks]
         first, last = chunks[0], chunks[-1]
         start, end = first.offset, last.offset + layout.RECORD_HEADER_SIZE + last.length
         for a, b in zip(chunks, chunks[1:]):
@@ -104,6 +115,17 @@ class ContainerReader:
             payloads.append(payload)
         return payloads
 
+    def _mapped_payload(self, c: Chunk) -> memoryview:
+        end = c.offset + layout.RECORD_HEADER_SIZE + c.length
+        if end > len(self._map):  # the index parser already guarantees this
+            raise TruncatedError(f"{self.path}: record at offset {c.offset} passes the end")
+        view = memoryview(self._map)[c.offset:end]
+        self._check_record(view[:layout.RECORD_HEADER_SIZE], c.offset, layout.KIND_CHUNK,
+                           c.length, c.crc)
+        payload = view[layout.RECORD_HEADER_SIZE:]
+        self._check_payload(payload, c.offset, c.crc)
+        return payload
+
     def _buffer(self, size: int) -> memoryview:
         """This thread's read buffer, grown to at least ``size`` bytes (sizes are bounded by
         records already proven to lie inside the file)."""
@@ -113,6 +135,12 @@ class ContainerReader:
         return memoryview(buffer)[:size]
 
     def close(self) -> None:
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a view is still alive (e.g. in a traceback): unmap on GC
+                pass
+            self._map = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
