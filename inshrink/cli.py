@@ -180,7 +180,7 @@ def cmd_verify(args) -> int:
     for target in args.input:
         for path in _ink_files(target):
             try:
-                with File(path, threads=args.threads) as f:
+                with File(path, threads=args.threads, mmap=False) as f:
                     f.verify()
                     results.append({"path": path, "ok": True, "tensors": len(f)})
             except (InshrinkError, OSError) as exc:

@@ -167,7 +167,7 @@ def decompress_to_safetensors(src: str | os.PathLike, dst: str | os.PathLike, *,
 
     The result is byte-identical to the original when the .ink file was made from one.
     """
-    with File(src, threads=threads) as f:
+    with File(src, threads=threads, mmap=False) as f:  # streamed: keep the RSS bounded
         header = _header_for(f)
         out = AtomicFile(dst)
         try:
