@@ -10,12 +10,13 @@ from .api import load, open, save
 from .errors import (ChecksumError, CorruptError, InshrinkError, InvalidArgumentError,
                      LimitExceededError, TensorNotFoundError, TruncatedError,
                      UnknownCodecError, UnsupportedFeatureError, UnsupportedVersionError)
+from .policy import PRESETS, Policy, QuantConfig
 from .tensorfile import File, TensorInfo, Writer
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "save", "load", "open", "File", "Writer", "TensorInfo",
+    "save", "load", "open", "File", "Writer", "TensorInfo", "Policy", "QuantConfig", "PRESETS",
     "InshrinkError", "InvalidArgumentError", "CorruptError", "TruncatedError",
     "ChecksumError", "UnsupportedVersionError", "UnsupportedFeatureError",
     "UnknownCodecError", "LimitExceededError", "TensorNotFoundError", "__version__",

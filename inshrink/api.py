@@ -7,13 +7,15 @@ from typing import Any, Mapping
 import numpy as np
 
 from .errors import InvalidArgumentError
+from .policy import Policy
 from .tensorfile import File, Progress, TensorInfo, Writer
 
 
 def save(path: str | os.PathLike, tensors: Mapping[str, Any],
-         metadata: Mapping[str, str] | None = None, *, level: int | None = None,
+         metadata: Mapping[str, str] | None = None, *, policy: Policy | str | None = None,
+         importance: Mapping[str, Any] | None = None, level: int | None = None,
          threads: int | None = None, progress: Progress | None = None) -> list[TensorInfo]:
-    """Compress a mapping of named tensors losslessly into one .ink file.
+    """Compress a mapping of named tensors into one .ink file (lossless unless a policy says).
 
     Parameters
     ----------
@@ -24,6 +26,12 @@ def save(path: str | os.PathLike, tensors: Mapping[str, Any],
         moving to host). Any dtype of :mod:`inshrink.dtypes`, any shape, 0-d and empty too.
     metadata : mapping of str to str, optional
         User metadata, kept verbatim (compatible with safetensors' ``__metadata__``).
+    policy : Policy, str or None
+        Lossy compression: a :class:`inshrink.Policy`, or a preset name (``"balanced"``,
+        ``"aggressive"``; ``"lossless"``). ``None``: everything lossless.
+    importance : mapping of str to array-like, optional
+        Per-element sensitivity scores (e.g. |gradient × weight|) for some tensors, used to
+        protect (and prune, with ``prune_metric="sensitivity"``) quantized tensors.
     level : int, optional
         zstd level; ``None`` uses inshrink's fast settings.
     threads : int, optional
@@ -34,7 +42,8 @@ def save(path: str | os.PathLike, tensors: Mapping[str, Any],
     Returns
     -------
     list of TensorInfo
-        Per tensor: dtype, shape, codec, original and stored bytes, ratio.
+        Per tensor: dtype, shape, codec, original and stored bytes, ratio, and for lossy
+        tensors the error actually achieved (``info.error``).
 
     Examples
     --------
@@ -43,10 +52,15 @@ def save(path: str | os.PathLike, tensors: Mapping[str, Any],
     """
     if not isinstance(tensors, Mapping):
         raise InvalidArgumentError("tensors must be a mapping of names to arrays")
+    importance = dict(importance or {})
+    unknown = set(importance) - set(tensors)
+    if unknown:
+        raise InvalidArgumentError(f"importance given for unknown tensors {sorted(unknown)}")
     with Writer(path, dict(metadata or {}), level=level, threads=threads,
-                progress=progress) as writer:
+                progress=progress, policy=policy) as writer:
         for name, value in tensors.items():
-            writer.add(name, value, wait=False)  # the mapping is ours until save returns
+            # the mapping is ours until save returns: encoding may overlap the next tensors
+            writer.add(name, value, importance=importance.get(name), wait=False)
         return writer.close()
 
 

@@ -27,6 +27,18 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--output", help="output path (default: INPUT with .ink, or DIR-ink/)")
     c.add_argument("--level", type=int, default=None,
                    help="zstd level for every plane (default: fast plane settings)")
+    lossy = c.add_argument_group(
+        "lossy compression", "quantize weights and optimizer moments (small tensors, integers "
+        "and steps stay exact); --lossy alone means --preset balanced")
+    lossy.add_argument("--lossy", action="store_true", help="quantize (default preset)")
+    lossy.add_argument("--preset", choices=["balanced", "aggressive", "lossless"],
+                       help="a named policy (implies --lossy)")
+    lossy.add_argument("--bins", type=int, help="quantization levels per tensor (k)")
+    lossy.add_argument("--prune", type=float, help="fraction of smallest values set to 0")
+    lossy.add_argument("--protect", type=float,
+                       help="fraction of largest values stored exactly (default 0.0005)")
+    lossy.add_argument("--max-rel-l2", "--max-rel-error", dest="max_rel_l2", type=float,
+                       help="per-tensor bound on ||x - x'|| / ||x||: fewest bins meeting it")
     _common(c)
 
     d = sub.add_parser("decompress", help=".ink file or directory -> safetensors")
@@ -118,9 +130,10 @@ def cmd_compress(args) -> int:
     src, is_dir = args.input, os.path.isdir(args.input)
     dst = args.output or _default_output(src, is_dir, ".safetensors", ".ink", "-ink")
     _check_paths(src, dst, args.force)
+    policy = _policy(args)
     bar = ProgressBar(_tree_bytes(src, ".safetensors"), "compress",
                       sys.stderr.isatty() and not args.quiet)
-    kwargs = dict(level=args.level, threads=args.threads, progress=bar)
+    kwargs = dict(level=args.level, threads=args.threads, progress=bar, policy=policy)
     if is_dir:
         convert.compress_directory(src, dst, **kwargs)
     else:
@@ -128,6 +141,22 @@ def cmd_compress(args) -> int:
     bar.finish()
     _summary(args, src, dst, ".safetensors", ".ink")
     return EXIT_OK
+
+
+def _policy(args):
+    """The policy the lossy options describe (None: lossless)."""
+    from .policy import Policy, QuantConfig
+    explicit = {k: getattr(args, k) for k in ("bins", "prune", "protect", "max_rel_l2")
+                if getattr(args, k) is not None}
+    if explicit and args.preset:
+        raise UsageError("use either --preset or --bins/--prune/--protect/--max-rel-l2")
+    if explicit:
+        if "max_rel_l2" in explicit and "bins" not in explicit:
+            explicit["bins"] = 256  # the bound picks the fewest bins up to this
+        return Policy.uniform(QuantConfig(**explicit))
+    if args.preset:
+        return args.preset
+    return "balanced" if args.lossy else None
 
 
 def cmd_decompress(args) -> int:
@@ -158,19 +187,31 @@ def cmd_info(args) -> int:
                           "tensors": [dict(name=i.name, dtype=i.dtype, shape=list(i.shape),
                                            codec=i.codec, nbytes=i.nbytes,
                                            stored_bytes=i.stored_bytes,
-                                           ratio=round(i.ratio, 6) if i.stored_bytes else None)
+                                           ratio=round(i.ratio, 6) if i.stored_bytes else None,
+                                           role=i.role, error=i.error)
                                       for i in infos]}))
         return EXIT_OK
     width = max([len(i.name) for i in infos] + [4])
+    lossy = any(i.error for i in infos)
+    extra = f" {'role':<10} {'rel L2 err':>10} {'max |err|':>10}" if lossy else ""
     print(f"{'name':<{width}}  {'dtype':<8} {'shape':<20} {'codec':<16} "
-          f"{'bytes':>14} {'stored':>14} {'ratio':>8}")
+          f"{'bytes':>14} {'stored':>14} {'ratio':>8}{extra}")
     for i in infos:
-        print(f"{i.name:<{width}}  {i.dtype:<8} {str(list(i.shape)):<20} {i.codec:<16} "
-              f"{i.nbytes:>14,} {i.stored_bytes:>14,} {i.ratio:>8.3f}")
+        row = (f"{i.name:<{width}}  {i.dtype:<8} {str(list(i.shape)):<20} {i.codec:<16} "
+               f"{i.nbytes:>14,} {i.stored_bytes:>14,} {i.ratio:>8.3f}")
+        if lossy:
+            err = i.error or {}
+            row += (f" {i.role or '-':<10} {_num(err.get('rel_l2_error')):>10} "
+                    f"{_num(err.get('max_abs_error')):>10}")
+        print(row)
     ratio = total / stored if stored else float("inf")
     print(f"{len(infos)} tensors, {total:,} bytes -> {stored:,} stored ({ratio:.3f}x); "
           f"file {os.path.getsize(args.input):,} bytes; metadata keys: {len(metadata)}")
     return EXIT_OK
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.3g}"
 
 
 def cmd_verify(args) -> int:

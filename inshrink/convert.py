@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from . import dtypes
 from .atomic import AtomicFile, current_umask, fsync_directory
 from .errors import CorruptError, InshrinkError, InvalidArgumentError, LimitExceededError
+from .policy import Policy
 from .tensorfile import File, Progress, TensorInfo, Writer
 
 MAX_SAFETENSORS_HEADER = 100 << 20
@@ -104,13 +105,18 @@ def read_safetensors_header(fd: int, file_size: int) -> SafetensorsHeader:
 
 def compress_safetensors(src: str | os.PathLike, dst: str | os.PathLike, *,
                          level: int | None = None, threads: int | None = None,
-                         progress: Progress | None = None) -> list[TensorInfo]:
-    """Convert a safetensors file into a lossless .ink file (tensors and ``__metadata__``)."""
+                         progress: Progress | None = None,
+                         policy: Policy | str | None = None) -> list[TensorInfo]:
+    """Convert a safetensors file into an .ink file (tensors and ``__metadata__``).
+
+    Lossless unless ``policy`` (a :class:`~inshrink.Policy` or preset name) quantizes some
+    tensors; see :func:`inshrink.save`.
+    """
     fd = os.open(src, os.O_RDONLY)
     try:
         header = read_safetensors_header(fd, os.fstat(fd).st_size)
         with Writer(dst, header.metadata, level=level, threads=threads,
-                    progress=progress) as writer:
+                    progress=progress, policy=policy) as writer:
             writer.safetensors_header = header.text
             for e in header.entries:
                 base = header.data_start + e.begin

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -16,6 +17,9 @@ from .container import layout
 from .container.index import TensorEntry, check_metadata, check_name, check_shape
 from .container.reader import ContainerReader
 from .container.writer import ContainerWriter
+from .lossy import LossyTensor, prepare
+from .policy import Policy
+from .policy import resolve as resolve_policy
 from .errors import (InshrinkError, InvalidArgumentError, LimitExceededError,
                      TensorNotFoundError)
 
@@ -25,9 +29,19 @@ Progress = Callable[[int], None]
 """Called with the number of tensor bytes just processed."""
 
 
+ERROR_FIELDS = ("max_abs_error", "rel_l2_error", "protected", "pruned", "zeroed",
+                "sign_flipped")
+
+
 @dataclass(frozen=True)
 class TensorInfo:
-    """What the index says about one stored tensor."""
+    """What the index says about one stored tensor.
+
+    ``role`` and ``error`` are present when the file was written with a lossy policy:
+    ``error`` holds the error the encoder measured against the original, ``max_abs_error``,
+    ``rel_l2_error`` (||x - x̂|| / ||x||), and the fractions ``protected`` and ``pruned`` (of
+    all elements), ``zeroed`` and ``sign_flipped`` (of the non-zero elements).
+    """
 
     name: str
     dtype: str
@@ -35,17 +49,27 @@ class TensorInfo:
     codec: str
     nbytes: int
     stored_bytes: int
+    role: str | None = None
+    error: dict | None = None
 
     @property
     def ratio(self) -> float:
         """Original bytes over stored bytes (``inf`` for a tensor stored in zero bytes)."""
         return self.nbytes / self.stored_bytes if self.stored_bytes else float("inf")
 
+    @property
+    def lossless(self) -> bool:
+        return not self.codec.startswith("quant")
+
     @classmethod
     def of(cls, entry: TensorEntry) -> "TensorInfo":
+        report = entry.report or {}
+        error = {k: report[k] for k in ERROR_FIELDS if k in report} or None
+        role = report.get("role")
         return cls(entry.name, entry.dtype.name, entry.shape,
                    "+".join(s["id"] for s in entry.codec) + "+zstd",
-                   entry.nbytes, entry.stored_bytes)
+                   entry.nbytes, entry.stored_bytes,
+                   role if isinstance(role, str) else None, error)
 
 
 def resolve_threads(threads: int | None) -> int:
@@ -55,6 +79,13 @@ def resolve_threads(threads: int | None) -> int:
     if type(threads) is not int or threads < 1:
         raise InvalidArgumentError(f"threads must be a positive integer, got {threads!r}")
     return threads
+
+
+def _encode_lossless(raw: np.ndarray, start: int, stop: int, *, stage: lossless.ByteGroup,
+                     level: int | None) -> tuple[list, None]:
+    plane_size = raw.size // stage.word
+    return [(coding, payload, plane_size)
+            for coding, payload in lossless.encode_chunk(raw, stage, level)], None
 
 
 def _executor(threads: int) -> Executor | None:
@@ -83,11 +114,17 @@ class Writer:
         Encoder threads; ``None`` uses every core.
     progress : callable, optional
         Called with the number of tensor bytes each time a chunk is written.
+    policy : Policy, str or None
+        Which tensors are quantized and how (:mod:`inshrink.policy`): a :class:`Policy`, a
+        preset name (``"lossless"``, ``"balanced"``, ``"aggressive"``) or ``None``
+        (lossless, the default).
     """
 
     def __init__(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, *,
                  level: int | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 threads: int | None = None, progress: Progress | None = None) -> None:
+                 threads: int | None = None, progress: Progress | None = None,
+                 policy: Policy | str | None = None) -> None:
+        self._policy = resolve_policy(policy)
         self.metadata = dict(metadata or {})
         try:
             check_metadata(self.metadata)
@@ -102,14 +139,20 @@ class Writer:
         self._threads = resolve_threads(threads)
         self._progress = progress
         self._names: set[str] = set()
+        self._lossy: dict[str, LossyTensor] = {}
+        self._reports = bool(self._policy.roles or self._policy.overrides)
         self._pending: collections.deque = collections.deque()
         self.safetensors_header: str | None = None
         self._container = ContainerWriter(path)
         self._pool = _executor(self._threads)
         self._closed = False
 
-    def add(self, name: str, array: Any, *, wait: bool = True) -> None:
+    def add(self, name: str, array: Any, *, importance: Any = None, wait: bool = True) -> None:
         """Add one tensor (anything array-like; see :func:`inshrink.dtypes.as_numpy`).
+
+        ``importance``: per-element sensitivity scores (e.g. |gradient × weight|, same
+        number of elements) used to protect, and with ``prune_metric="sensitivity"`` to
+        prune, when the policy quantizes this tensor.
 
         With ``wait=True`` this returns once the tensor is encoded, so the caller may then
         modify the array. ``wait=False`` lets encoding overlap the next tensors (faster with
@@ -118,12 +161,12 @@ class Writer:
         arr = dtypes.as_numpy(array)
         flat = arr.reshape(-1).view(np.uint8)
         self.add_source(name, dtypes.of_numpy(arr.dtype), arr.shape,
-                        lambda start, stop: flat[start:stop])
+                        lambda start, stop: flat[start:stop], importance=importance)
         while wait and self._pending:  # the chunks are views of the caller's array
             self._write_oldest()
 
     def add_source(self, name: str, dtype: dtypes.DType, shape: tuple[int, ...],
-                   read: Callable[[int, int], Any]) -> None:
+                   read: Callable[[int, int], Any], importance: Any = None) -> None:
         """Add a tensor whose little-endian bytes ``read(start, stop)`` returns piecewise.
 
         Lets a caller stream a tensor from disk without holding it in memory. Chunks may be
@@ -138,31 +181,47 @@ class Writer:
         if name in self._names:
             raise InvalidArgumentError(f"duplicate tensor name {name!r}")
         self._names.add(name)
-        stage = chain.for_new_tensor(dtype)
         per_chunk = max(1, self._chunk_bytes // dtype.itemsize)
-        entry = TensorEntry(name, dtype, tuple(shape), [stage.to_dict()], per_chunk,
-                            [[] for _ in range(stage.streams)])
+        entry = TensorEntry(name, dtype, tuple(shape), [], per_chunk)
+        role, config = self._policy.config_for(name, dtype.name, entry.shape)
+        lossy = None
+        if config is not None and entry.numel:
+            lossy = prepare(entry, read, role, config, importance)
+        if lossy is not None:
+            self._lossy[name] = lossy
+            entry.codec = [lossy.plan.to_dict()]
+            entry.streams = [[] for _ in range(lossy.plan.streams)]
+            encoder = functools.partial(lossy.encode, level=self._level)
+        else:
+            stage = chain.for_new_tensor(dtype)
+            entry.codec = [stage.to_dict()]
+            entry.streams = [[] for _ in range(stage.streams)]
+            encoder = functools.partial(_encode_lossless, stage=stage, level=self._level)
+            if self._reports:
+                entry.report = {"role": role, "rel_l2_error": 0.0, "max_abs_error": 0.0}
         self._container.tensors.append(entry)
         for c in range(entry.chunk_count):
-            self._submit(entry, stage, read, c)
+            self._submit(entry, encoder, read, c)
 
-    def _encode(self, entry: TensorEntry, stage: lossless.ByteGroup,
-                read: Callable[[int, int], Any], c: int) -> tuple[int, list[tuple]]:
+    def _encode(self, entry: TensorEntry, encoder: Callable, read: Callable[[int, int], Any],
+                c: int) -> tuple:
         """Read, encode and checksum one chunk (runs on a pool thread)."""
-        start, stop = (i * entry.dtype.itemsize for i in entry.chunk_range(c))
-        raw = np.frombuffer(read(start, stop), np.uint8)
-        if raw.size != stop - start:
+        start, stop = entry.chunk_range(c)
+        first, last = start * entry.dtype.itemsize, stop * entry.dtype.itemsize
+        raw = np.frombuffer(read(first, last), np.uint8)
+        if raw.size != last - first:
             raise InvalidArgumentError(f"tensor {entry.name!r}: source returned "
-                                       f"{raw.size} bytes instead of {stop - start}")
-        planes = lossless.encode_chunk(raw, stage, self._level)
-        return raw.size, [(coding, payload, layout.crc32(payload)) for coding, payload in planes]
+                                       f"{raw.size} bytes instead of {last - first}")
+        planes, stats = encoder(raw, start, stop)
+        return raw.size, [(coding, payload, size, layout.crc32(payload))
+                          for coding, payload, size in planes], stats
 
-    def _submit(self, entry: TensorEntry, stage: lossless.ByteGroup,
-                read: Callable[[int, int], Any], c: int) -> None:
+    def _submit(self, entry: TensorEntry, encoder: Callable, read: Callable[[int, int], Any],
+                c: int) -> None:
         if self._pool is None:
-            self._write(entry, *self._encode(entry, stage, read, c))
+            self._write(entry, *self._encode(entry, encoder, read, c))
             return
-        self._pending.append((entry, self._pool.submit(self._encode, entry, stage, read, c)))
+        self._pending.append((entry, self._pool.submit(self._encode, entry, encoder, read, c)))
         while len(self._pending) > 2 * self._threads:
             self._write_oldest()
 
@@ -170,10 +229,11 @@ class Writer:
         entry, future = self._pending.popleft()
         self._write(entry, *future.result())
 
-    def _write(self, entry: TensorEntry, size: int, planes: list[tuple]) -> None:
-        plane_size = size // len(planes)
-        for stream, (coding, payload, crc) in zip(entry.streams, planes):
+    def _write(self, entry: TensorEntry, size: int, planes: list[tuple], stats) -> None:
+        for stream, (coding, payload, plane_size, crc) in zip(entry.streams, planes):
             stream.append(self._container.write_chunk(coding, payload, plane_size, crc))
+        if stats is not None:
+            self._lossy[entry.name].stats.merge(stats)
         if self._progress is not None:
             self._progress(size)
 
@@ -187,6 +247,9 @@ class Writer:
         try:
             while self._pending:
                 self._write_oldest()
+            for entry in self._container.tensors:
+                if entry.name in self._lossy:
+                    entry.report = self._lossy[entry.name].report()
             self._container.commit(self.metadata, self.safetensors_header)
         except BaseException:
             self.abort()
@@ -376,8 +439,9 @@ class File:
     def _decode_chunk(self, entry: TensorEntry, c: int, out: np.ndarray) -> None:
         chunks = [stream[c] for stream in entry.streams]
         payloads = self._reader.read_chunks(chunks)
-        lossless.decode_chunk([(chunk.coding, payload) for chunk, payload in zip(chunks, payloads)],
-                              self._stages[entry.name], out)
+        self._stages[entry.name].decode(
+            [(chunk.coding, payload, chunk.size) for chunk, payload in zip(chunks, payloads)],
+            out)
 
     def load(self, progress: Progress | None = None) -> dict[str, np.ndarray]:
         """Decode every tensor (chunks of all tensors share the thread pool).

@@ -49,6 +49,14 @@ class ByteGroup:
     def streams(self) -> int:
         return self.word
 
+    def stream_sizes_ok(self, n: int, sizes: list[int], itemsize: int) -> bool:
+        """Every plane of a chunk of ``n`` elements holds n × itemsize / word bytes."""
+        return all(size == n * itemsize // self.word for size in sizes)
+
+    def decode(self, chunks: list[tuple], out: np.ndarray) -> None:
+        """Decode one chunk from its planes' (coding, payload, size) into ``out``."""
+        decode_chunk([(coding, payload) for coding, payload, _ in chunks], self, out)
+
 
 def plan(dtype: DType) -> ByteGroup:
     """Choose the stage for a dtype: floats rotate their sign into the low byte."""

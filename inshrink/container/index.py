@@ -38,6 +38,7 @@ class TensorEntry:
     codec: list[dict]
     chunk_elements: int
     streams: list[list[Chunk]] = field(default_factory=list)
+    report: dict | None = None   # optional, informational: what the encoder measured
 
     @property
     def numel(self) -> int:
@@ -61,9 +62,12 @@ class TensorEntry:
         return start, min(start + self.chunk_elements, self.numel)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype.name, "shape": list(self.shape),
-                "chunk_elements": self.chunk_elements, "codec": self.codec,
-                "streams": [[c.to_json() for c in s] for s in self.streams]}
+        doc = {"name": self.name, "dtype": self.dtype.name, "shape": list(self.shape),
+               "chunk_elements": self.chunk_elements, "codec": self.codec,
+               "streams": [[c.to_json() for c in s] for s in self.streams]}
+        if self.report is not None:
+            doc["report"] = self.report
+        return doc
 
 
 @dataclass
@@ -177,7 +181,11 @@ def _parse_tensor(raw, data_end: int) -> TensorEntry:
     streams = raw["streams"]
     if not isinstance(streams, list) or not all(isinstance(s, list) for s in streams):
         _fail("streams must be a list of chunk lists")
-    entry = TensorEntry(raw["name"], dtype, shape, codec, per_chunk)
+    report = raw.get("report")
+    if report is not None and not (isinstance(report, dict) and all(
+            isinstance(v, (str, int, float, bool)) or v is None for v in report.values())):
+        _fail("report must be a flat JSON object")
+    entry = TensorEntry(raw["name"], dtype, shape, codec, per_chunk, report=report)
     if any(len(s) != entry.chunk_count for s in streams):
         _fail(f"tensor {entry.name!r}: every stream needs {entry.chunk_count} chunks")
     entry.streams = [[_parse_chunk(c, data_end) for c in s] for s in streams]

@@ -12,7 +12,8 @@ from ..errors import (ChecksumError, CorruptError, TruncatedError, UnsupportedFe
 
 MAGIC = b"\x89INK\r\n\x1a\n"
 VERSION_MAJOR = 1
-VERSION_MINOR = 0
+VERSION_MINOR = 1           # the newest minor this code writes and reads
+MINOR_FOR_STAGE = {"bytegroup": 0, "quant": 1}  # writers mark the lowest minor a file needs
 ALIGNMENT = 64
 
 HEADER_SIZE = 64
@@ -49,8 +50,8 @@ def padding(offset: int) -> int:
     return -offset % ALIGNMENT
 
 
-def pack_header(optional_features: int = 0) -> bytes:
-    body = _HEADER.pack(MAGIC, VERSION_MAJOR, VERSION_MINOR, HEADER_SIZE, 0,
+def pack_header(minor: int = 0, optional_features: int = 0) -> bytes:
+    body = _HEADER.pack(MAGIC, VERSION_MAJOR, minor, HEADER_SIZE, 0,
                         optional_features, bytes(28), 0)[:-4]
     return body + struct.pack("<I", crc32(body))
 

@@ -58,6 +58,13 @@ class ContainerWriter:
         payload = Index(self.tensors, metadata, safetensors_header).to_bytes()
         offset, _ = self._record(layout.KIND_INDEX, payload)
         self._write(layout.pack_tail(offset, payload))
+        minor = max((layout.MINOR_FOR_STAGE.get(stage["id"], layout.VERSION_MINOR)
+                     for t in self.tensors for stage in t.codec), default=0)
+        if any(t.report is not None for t in self.tensors):
+            minor = max(minor, 1)
+        if minor:  # the header went out first; mark the lowest minor the file needs
+            self._file.flush()
+            os.pwrite(self._file.fileno(), layout.pack_header(minor), 0)
         self._target.commit()
 
     def abort(self) -> None:

@@ -35,6 +35,7 @@ from inshrink.container import layout
 from inshrink.container.index import TensorEntry
 from inshrink.container.writer import ContainerWriter
 from inshrink.convert import compress_safetensors
+from inshrink.policy import Policy, QuantConfig
 
 HERE = Path(__file__).resolve().parent
 FORMAT_VERSION = f"{layout.VERSION_MAJOR}.{layout.VERSION_MINOR}"
@@ -380,6 +381,61 @@ def build_codings(path: Path) -> dict:
     return contents(tensors)
 
 
+def quant_reference_decode(path: Path) -> Tensors:
+    """Decode the quant tensors of a file with plain numpy, independently of the library's
+    decoder (spec section 10.6): unpack codes, look levels up, place escaped values."""
+    from inshrink.container.reader import ContainerReader
+    reader = ContainerReader(path, use_mmap=False)
+    out = {}
+    try:
+        for entry in reader.index.tensors:
+            stage = entry.codec[0]
+            word = np.dtype(f"<u{entry.dtype.itemsize}")
+            levels = np.frombuffer(bytes.fromhex(stage["levels"]), word)
+            result = np.empty(entry.numel, word)
+            for c in range(entry.chunk_count):
+                s, t = entry.chunk_range(c)
+                n = t - s
+                codes_raw, gaps_raw, values_raw = (
+                    zstandard.ZstdDecompressor().decompress(reader.read_chunk(ch))
+                    if ch.coding == "zstd" else reader.read_chunk(ch)
+                    for ch in (stream[c] for stream in entry.streams))
+                bitstring = np.unpackbits(np.frombuffer(codes_raw, np.uint8), bitorder="little")
+                weights = 1 << np.arange(stage["bits"])
+                codes = bitstring[:n * stage["bits"]].reshape(n, stage["bits"]) @ weights
+                chunk = levels[codes] if levels.size else np.zeros(n, word)
+                positions = np.cumsum(np.frombuffer(gaps_raw, "<u4").astype(np.int64) + 1) - 1
+                chunk[positions] = np.frombuffer(values_raw, word)
+                result[s:t] = chunk
+            out[entry.name] = result.view(entry.dtype.numpy).reshape(entry.shape)
+    finally:
+        reader.close()
+    return out
+
+
+@positive("quant_f32", "stage quant (format 1.1) on F32: 16 levels incl. an exact zero level "
+                       "(10% pruned), escaped outliers, NaN and ±inf; expected values from an "
+                       "independent numpy decoder; a tensor report")
+def build_quant_f32(path: Path) -> dict:
+    x = (mantissa_noise_f32("quant-f32", 2048) - np.float32(1.5)).reshape(32, 64)
+    x[0, :4] = [np.nan, np.inf, -np.inf, 1e6]
+    policy = Policy(overrides={"*": QuantConfig(bins=15, prune=0.1, protect=0.002)})
+    inshrink.save(path, {"layer.weight": x}, policy=policy, threads=1)
+    return contents(quant_reference_decode(path))
+
+
+@positive("quant_bf16", "stage quant on BF16 in the log domain (an exp_avg_sq-like tensor with "
+                        "zeros), several chunks (chunk_bytes=2048), 7 levels in 3-bit codes")
+def build_quant_bf16(path: Path) -> dict:
+    raw = np.frombuffer(prng_bytes("quant-bf16", 4 * 3000), "<u4")
+    v = np.exp(-(raw % 2000).astype(np.float32) / 100).astype(ml_dtypes.bfloat16)
+    v[::97] = 0
+    policy = Policy(overrides={"*": QuantConfig(bins=7, protect=0.0, domain="log")})
+    with inshrink.Writer(path, threads=1, chunk_bytes=2048, policy=policy) as w:
+        w.add("optimizer.state.0.exp_avg_sq", v.reshape(30, 100))
+    return contents(quant_reference_decode(path))
+
+
 @positive("metadata", "user metadata (Unicode, empty value, escapes) and Unicode tensor names")
 def build_metadata(path: Path) -> dict:
     metadata = {"format": "pt", "note": "h\u00e9llo \u2713 \u65e5\u672c", "empty": "",
@@ -711,6 +767,23 @@ def neg_zstd_trailing_bytes(data: bytes) -> bytes:
 
     def edit(doc):
         doc["tensors"][0]["streams"][0][0][1:3] = [len(payload), layout.crc32(payload)]
+    return edit_index(data, edit)
+
+
+@negative("quant_code_range", "quant_f32", "CorruptError", "read",
+          "the level table cut to 4 levels, so stored codes exceed it; CRCs fixed")
+def neg_quant_code_range(data: bytes) -> bytes:
+    def edit(doc):
+        stage = doc["tensors"][0]["codec"][0]
+        stage["levels"] = stage["levels"][:4 * 2 * 4]
+    return edit_index(data, edit)
+
+
+@negative("quant_bits", "quant_f32", "CorruptError", "open",
+          "quant stage with bits 0; CRCs fixed")
+def neg_quant_bits(data: bytes) -> bytes:
+    def edit(doc):
+        doc["tensors"][0]["codec"][0]["bits"] = 0
     return edit_index(data, edit)
 
 

@@ -1,0 +1,395 @@
+"""Dynamic quantization codec, stage ``quant`` (the paper's protect / prune / quantize).
+
+Encoding a tensor takes two passes over its chunks. The first builds a log-bucket sketch of
+the magnitudes (per sign). From it a :class:`QuantPlan` is fitted: protect and prune
+thresholds from its quantiles, and ``bins`` levels by weighted k-means on its buckets, in the
+config's domain. The second pass assigns every element the code of its nearest level, or the
+zero level (pruned), or the *escape* code (protected or non-finite: its exact value goes to a
+side streams). Decoding is a table lookup on the dtype's raw bit patterns, so the decoder
+needs no float arithmetic and reproduces the level table bit for bit.
+
+Streams per chunk: 0 = one code per element, bit-packed at ``bits`` = bit length of
+(levels - 1), an escaped element carrying its nearest level's code; 1 = the escaped elements'
+positions in the chunk as uint32 gaps (position minus previous position minus one); 2 = their
+exact values, in the tensor's dtype. Each then goes through the per-chunk zstd/raw coding.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import ml_dtypes
+import numpy as np
+
+from ..dtypes import DType
+from ..errors import CorruptError
+from ..kernels import quant as kernels
+from ..policy import QuantConfig
+from . import entropy
+
+STAGE_ID = "quant"
+MAX_LEVELS = 65_535
+_WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_BIN_LADDER = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
+               1536, 2048, 4096, 8192, 16384, 32768, 65000)
+
+
+def work_dtype(dtype: DType) -> np.dtype:
+    """The float type codes are computed in: exact for every lossy dtype."""
+    return np.dtype(np.float64 if dtype.name == "F64" else np.float32)
+
+
+# --- pass 1: the sketch ---------------------------------------------------------------------
+
+@dataclass
+class Sketch:
+    """Log-bucket histogram of one tensor's magnitudes per sign, plus the counts the plan
+    needs. Sketches of different chunks merge by adding (the paper's parallel DDSketch)."""
+
+    gamma: float
+    key_min: int
+    pos: np.ndarray
+    neg: np.ndarray
+    zeros: int = 0
+    nonfinite: int = 0
+    count: int = 0
+    sumsq: float = 0.0
+
+    @classmethod
+    def for_dtype(cls, dtype: DType, alpha: float) -> "Sketch":
+        gamma = (1 + alpha) / (1 - alpha)
+        finfo = ml_dtypes.finfo(work_dtype(dtype))
+        log_gamma = math.log(gamma)
+        key_min = math.ceil(math.log(float(finfo.smallest_subnormal)) / log_gamma) - 1
+        key_max = math.ceil(math.log(float(finfo.max)) / log_gamma) + 1
+        size = key_max - key_min + 1
+        return cls(gamma, key_min, np.zeros(size, np.int64), np.zeros(size, np.int64))
+
+    def add(self, x: np.ndarray) -> None:
+        """Count one chunk (``x`` in the work dtype)."""
+        self.zeros += kernels.sketch_counts(x, 1 / math.log(self.gamma), self.key_min,
+                                            self.pos, self.neg)
+        finite = np.isfinite(x)
+        nonfinite = x.size - int(np.count_nonzero(finite))
+        self.nonfinite += nonfinite
+        self.count += x.size
+        y = x[finite] if nonfinite else x
+        self.sumsq += float(np.dot(y, y.astype(np.float64)))
+
+    def upper(self, index: np.ndarray | int):
+        """Upper edge gamma^key of bucket ``index``."""
+        return self.gamma ** (np.asarray(index) + self.key_min)
+
+    def center(self, index: np.ndarray):
+        """DDSketch's estimate of the values in bucket ``index``: 2 gamma^k / (gamma + 1)."""
+        return 2 * self.upper(index) / (self.gamma + 1)
+
+
+# --- the plan -------------------------------------------------------------------------------
+
+@dataclass
+class QuantPlan:
+    """Everything the encoder needs for one tensor; ``to_dict`` is what the decoder gets."""
+
+    dtype: DType
+    levels: np.ndarray            # sorted level values, in the tensor's dtype
+    bits: int
+    boundaries: np.ndarray        # float64, len(levels) - 1, in the value domain
+    protect_at: float = math.inf  # |x| >= this: escaped
+    prune_below: float = 0.0      # |x| < this: zero level
+    importance: dict = field(default_factory=dict)
+
+    @property
+    def escape(self) -> int:
+        """The code the assignment kernel marks escaped elements with (never stored)."""
+        return len(self.levels)
+
+    @property
+    def zero_code(self) -> int:
+        hits = np.flatnonzero(self.levels.astype(np.float64) == 0)
+        return int(hits[0]) if hits.size else self.escape
+
+    def to_dict(self) -> dict:
+        return {"id": STAGE_ID, "bits": self.bits, "levels": self.levels.tobytes().hex()}
+
+    @classmethod
+    def from_dict(cls, d: dict, dtype: DType) -> "QuantPlan":
+        """Validate stage parameters read from a file (decoder side)."""
+        if set(d) != {"id", "bits", "levels"} or d["id"] != STAGE_ID:
+            raise CorruptError(f"bad quant stage parameters {sorted(d)}")
+        bits, hexed = d["bits"], d["levels"]
+        if type(bits) is not int or not 1 <= bits <= 16:
+            raise CorruptError(f"quant bits {bits!r} not in [1, 16]")
+        if not isinstance(hexed, str) or len(hexed) % (2 * dtype.itemsize):
+            raise CorruptError("quant levels are not a hex string of whole elements")
+        if dtype.name not in ("F64", "F32", "F16", "BF16"):
+            raise CorruptError(f"quant stage on a {dtype.name} tensor")
+        try:
+            raw = bytes.fromhex(hexed)
+        except ValueError:
+            raise CorruptError("quant levels are not valid hex") from None
+        levels = np.frombuffer(raw, dtype.numpy)
+        if len(levels) > MAX_LEVELS or code_bits(len(levels)) > bits:
+            raise CorruptError(f"{len(levels)} levels need more than {bits} bits")
+        return cls(dtype, levels, bits, np.empty(0))
+
+    @property
+    def streams(self) -> int:
+        return 3
+
+    def stream_sizes_ok(self, n: int, sizes: list[int], itemsize: int) -> bool:
+        """Codes take ceil(n × bits / 8) bytes; positions 4 bytes and values one element per
+        escaped element, at most n of them."""
+        codes, positions, values = sizes
+        return (codes == (n * self.bits + 7) // 8 and positions % 4 == 0
+                and positions // 4 <= n and values == positions // 4 * itemsize)
+
+    def decode(self, chunks: list[tuple], out: np.ndarray) -> None:
+        """Decode one chunk, given its streams' (coding, payload, decoded size), into ``out``
+        (uint8, n × itemsize bytes)."""
+        itemsize = self.dtype.itemsize
+        n = out.size // itemsize
+        packed, gaps, values = (entropy.decode(coding, payload, size)
+                                for coding, payload, size in chunks)
+        word = _WORDS[itemsize]
+        words = out.view(word)
+        codes = np.empty(n, np.uint16)
+        kernels.unpack_bits(np.frombuffer(packed, np.uint8), self.bits, n, codes)
+        positions = np.cumsum(np.frombuffer(gaps, "<u4").astype(np.int64) + 1) - 1
+        if positions.size and positions[-1] >= n:
+            raise CorruptError("escaped position past the end of its chunk")
+        if self.levels.size:
+            bad = kernels.lookup_decode(codes, self.levels.view(word), self.escape,
+                                        np.empty(0, word), words)
+            if bad < 0:
+                raise CorruptError(f"quantization code out of range at element {-1 - bad}")
+        elif positions.size != n:
+            raise CorruptError("a chunk without levels must escape every element")
+        words[positions] = np.frombuffer(values, word)
+
+
+def code_bits(levels: int) -> int:
+    """Bits per code for a table of ``levels`` levels (at least 1)."""
+    return max(1, (levels - 1).bit_length())
+
+
+# --- fitting --------------------------------------------------------------------------------
+
+def _thresholds(sketch: Sketch, config: QuantConfig) -> tuple[int, int, float, float]:
+    """Buckets to fit levels on (indices strictly between lo and hi) and the prune/protect
+    magnitudes: the smallest ``prune`` and the largest ``protect`` fraction of the finite
+    elements, rounded outward to whole buckets."""
+    counts = sketch.pos + sketch.neg
+    finite = sketch.count - sketch.nonfinite
+    cumulative = np.cumsum(counts)
+    lo, prune_below = -1, 0.0
+    target = config.prune * finite - sketch.zeros
+    if config.prune > 0 and target > 0:
+        lo = int(np.searchsorted(cumulative, target, side="left"))
+        prune_below = float(sketch.upper(lo))
+    hi, protect_at = len(counts), math.inf
+    target = config.protect * finite
+    if config.protect > 0 and target > 0:
+        from_top = cumulative[-1] - cumulative + counts  # elements in this bucket and above
+        hi = int(np.count_nonzero(from_top >= target)) - 1
+        hi = max(hi, 0)
+        protect_at = float(sketch.upper(hi - 1))
+    return lo, hi, prune_below, protect_at
+
+
+def _kmeans(points: np.ndarray, weights: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """Weighted k-means++ then Lloyd on sorted 1-D points; at most k sorted centroids."""
+    if points.size <= k:
+        return points.copy()
+    uniforms = np.random.default_rng(seed).random(k)
+    seeds = np.empty(k, np.float64)
+    m = kernels.kmeans_pp_seed(points, weights, k, uniforms, seeds)
+    centroids = np.unique(seeds[:m])
+    kernels.kmeans_1d(points, weights, centroids, 100, 1e-7)
+    return np.unique(centroids)
+
+
+def _fit_centroids(sketch: Sketch, lo: int, hi: int, config: QuantConfig) -> np.ndarray:
+    """Centroids (value domain, float64) of the buckets strictly between lo and hi."""
+    index = np.arange(lo + 1, hi)
+    centers = sketch.center(index).astype(np.float64)
+    pos, neg = sketch.pos[lo + 1:hi], sketch.neg[lo + 1:hi]
+    if config.domain == "linear":
+        points = np.concatenate([-centers[::-1][neg[::-1] > 0], centers[pos > 0]])
+        freq = np.concatenate([neg[::-1][neg[::-1] > 0], pos[pos > 0]]).astype(np.float64)
+        if points.size == 0:
+            return points
+        weights = (config.sigma * freq / freq.max()
+                   + (1 - config.sigma) * np.abs(points) / np.abs(points).max())
+        return _kmeans(points, weights, config.bins, config.seed)
+    # log domains: each sign on its own, log magnitude, weighted by frequency only
+    n_pos, n_neg = int(pos.sum()), int(neg.sum())
+    k_pos = config.bins if not n_neg else 0 if not n_pos else min(
+        max(1, round(config.bins * n_pos / (n_pos + n_neg))), max(1, config.bins - 1))
+    fitted = []
+    for sign, counts, k in ((1.0, pos, k_pos), (-1.0, neg, config.bins - k_pos)):
+        used = counts > 0
+        if k and used.any():
+            logs = np.log(centers[used])
+            fitted.append(sign * np.exp(_kmeans(logs, counts[used].astype(np.float64), k,
+                                                config.seed)))
+    return np.sort(np.concatenate(fitted)) if fitted else np.empty(0)
+
+
+def _boundaries(levels: np.ndarray, domain: str) -> np.ndarray:
+    """Decision thresholds between consecutive levels, in the value domain (float64)."""
+    a, b = levels[:-1], levels[1:]
+    if domain == "linear":
+        return (a + b) / 2
+    out = np.where(a * b > 0, np.sign(a) * np.sqrt(np.abs(a * b)), 0.0)
+    # a negative level next to the zero level: only exact zeros (and -0.0) go to zero
+    out[(a < 0) & (b == 0)] = -np.finfo(np.float64).smallest_subnormal
+    return out
+
+
+def plan(sketch: Sketch, config: QuantConfig, dtype: DType, bins: int | None = None,
+         zero_level: bool = False) -> QuantPlan:
+    """Fit the levels and thresholds of one tensor from its sketch (``zero_level`` forces an
+    exact zero level, for pruning decided outside the sketch)."""
+    if bins is not None:
+        config = _with_bins(config, bins)
+    if config.domain == "log" and sketch.neg.any():
+        config = _with_domain(config, "signed_log")
+    lo, hi, prune_below, protect_at = _thresholds(sketch, config)
+    centroids = _fit_centroids(sketch, lo, hi, config)
+    rounded = centroids.astype(dtype.numpy).astype(np.float64)
+    rounded = rounded[np.isfinite(rounded) & (rounded != 0)]
+    if sketch.zeros or prune_below > 0 or zero_level:
+        rounded = np.append(rounded, 0.0)
+    values = np.unique(rounded)
+    levels = values.astype(dtype.numpy)
+    bits = code_bits(len(levels))
+    return QuantPlan(dtype, levels, bits, _boundaries(values, config.domain),
+                     protect_at, prune_below)
+
+
+def _with_bins(config: QuantConfig, bins: int) -> QuantConfig:
+    from dataclasses import replace
+    return replace(config, bins=bins)
+
+
+def _with_domain(config: QuantConfig, domain: str) -> QuantConfig:
+    from dataclasses import replace
+    return replace(config, domain=domain)
+
+
+def estimate_rel_l2(sketch: Sketch, plan_: QuantPlan) -> float:
+    """Relative L2 error predicted from the histogram alone (bucket centers stand in for the
+    values): cheap, used to skip bin counts that cannot meet a bound."""
+    if sketch.sumsq <= 0:
+        return 0.0
+    centers = sketch.center(np.arange(len(sketch.pos)))
+    values = np.concatenate([centers, -centers])
+    counts = np.concatenate([sketch.pos, sketch.neg]).astype(np.float64)
+    used = counts > 0
+    values, counts = values[used], counts[used]
+    table = plan_.levels.astype(np.float64)
+    if table.size == 0:
+        decoded = values.copy()
+    else:
+        decoded = table[np.searchsorted(plan_.boundaries, values, side="left")]
+    decoded = np.where(np.abs(values) >= plan_.protect_at, values, decoded)
+    decoded = np.where(np.abs(values) < plan_.prune_below, 0.0, decoded)
+    return math.sqrt(float(np.dot(counts, (values - decoded) ** 2)) / sketch.sumsq)
+
+
+def bin_candidates(config: QuantConfig) -> list[int]:
+    """Bin counts tried, fewest first, when a config has an error bound."""
+    return [b for b in _BIN_LADDER if b < config.bins] + [config.bins]
+
+
+# --- pass 2: encoding -----------------------------------------------------------------------
+
+@dataclass
+class ChunkStats:
+    """Error statistics of one or more encoded chunks (they add up)."""
+
+    count: int = 0
+    sse: float = 0.0
+    max_abs: float = 0.0
+    protected: int = 0
+    pruned: int = 0
+    zeroed: int = 0
+    sign_flipped: int = 0
+    nonzero: int = 0
+
+    def merge(self, other: "ChunkStats") -> None:
+        for name in ("count", "sse", "protected", "pruned", "zeroed", "sign_flipped", "nonzero"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.max_abs = max(self.max_abs, other.max_abs)
+
+    def rel_l2(self, sumsq: float) -> float:
+        if sumsq > 0:
+            return math.sqrt(self.sse / sumsq)
+        return 0.0 if self.sse == 0 else math.inf
+
+    def report(self, sumsq: float) -> dict:
+        """Error fields for the index and the API (fractions of elements / of non-zeros)."""
+        n = max(self.count, 1)
+        fields = {"max_abs_error": self.max_abs, "rel_l2_error": self.rel_l2(sumsq),
+                  "protected": self.protected / n, "pruned": self.pruned / n,
+                  "zeroed": self.zeroed / max(self.nonzero, 1),
+                  "sign_flipped": self.sign_flipped / max(self.nonzero, 1)}
+        return {k: (v if math.isfinite(v) else None) for k, v in fields.items()}
+
+
+def assign(plan_: QuantPlan, x: np.ndarray, force: np.ndarray | None = None) -> np.ndarray:
+    """Codes of one chunk (``x`` in the work dtype)."""
+    codes = np.empty(x.size, np.uint16)
+    kernels.assign_codes(x, plan_.boundaries, -plan_.protect_at, plan_.protect_at,
+                         -plan_.prune_below, plan_.prune_below, plan_.zero_code, plan_.escape,
+                         _NO_FORCE if force is None else force, codes)
+    return codes
+
+
+_NO_FORCE = np.empty(0, np.int8)
+
+
+def chunk_stats(plan_: QuantPlan, x: np.ndarray, codes: np.ndarray) -> ChunkStats:
+    """The error the codes make on ``x`` (escaped elements are exact)."""
+    table = np.append(plan_.levels.astype(np.float64), np.nan)
+    decoded = table[codes]
+    escaped = codes == plan_.escape
+    decoded[escaped] = x[escaped]
+    finite = np.isfinite(x)
+    with np.errstate(invalid="ignore"):  # inf - inf at escaped non-finite elements
+        diff = np.where(finite, x - decoded, 0.0)
+    nonzero = finite & (x != 0)
+    zero_out = nonzero & (decoded == 0)
+    flipped = nonzero & (decoded != 0) & (np.signbit(x) != np.signbit(decoded))
+    pruned = nonzero & (np.abs(x) < plan_.prune_below)
+    return ChunkStats(x.size, float(np.dot(diff, diff)),
+                      float(np.abs(diff).max()) if x.size else 0.0,
+                      int(np.count_nonzero(escaped)), int(np.count_nonzero(pruned)),
+                      int(np.count_nonzero(zero_out)), int(np.count_nonzero(flipped)),
+                      int(np.count_nonzero(nonzero)))
+
+
+def encode_chunk(raw: np.ndarray, plan_: QuantPlan, level: int | None,
+                 force: np.ndarray | None = None) -> tuple[list, ChunkStats]:
+    """Encode one chunk (uint8 view of whole elements): its three streams as
+    (coding, payload, decoded size), and its error stats."""
+    dtype = plan_.dtype
+    x = raw.view(dtype.numpy).astype(work_dtype(dtype))
+    codes = assign(plan_, x, force)
+    stats = chunk_stats(plan_, x.astype(np.float64), codes)
+    positions = np.flatnonzero(codes == plan_.escape)
+    if positions.size:  # escaped elements keep their nearest level's code: smoother streams
+        nearest = np.searchsorted(plan_.boundaries, x[positions], side="left")
+        codes[positions] = np.where(np.isfinite(x[positions]), nearest, 0)
+        if plan_.levels.size == 0:
+            codes[positions] = 0
+    packed = np.zeros((x.size * plan_.bits + 7) // 8, np.uint8)
+    kernels.pack_bits(codes, plan_.bits, packed)
+    gaps = np.diff(positions, prepend=-1) - 1
+    gaps = gaps.astype("<u4").view(np.uint8)
+    values = raw.view(_WORDS[dtype.itemsize])[positions].view(np.uint8)
+    planes = [(*entropy.encode(packed, level), packed.size),
+              (*entropy.encode(gaps, level), gaps.size),
+              (*entropy.encode(values, level), values.size)]
+    return planes, stats

@@ -1,0 +1,348 @@
+"""Quantisation kernels: magnitude sketches, 1-D k-means, code assignment, table decoding and
+bit packing of codes.
+
+Callers guarantee, for each kernel:
+
+``sketch_counts(x, inv_log_gamma, key_min, counts_pos, counts_neg)``
+    ``x`` is 1-D float32 or float64; ``counts_pos`` and ``counts_neg`` are int64 of one length
+    ``>= 1``; ``inv_log_gamma > 0``. The key of a finite non-zero ``v`` is
+    ``ceil(log(|v|) * inv_log_gamma)``, computed in float64, and its index is ``key - key_min``.
+    Callers size the counts to hold every index; an index that rounding pushes out of range is
+    clamped into ``[0, len - 1]``. Counts accumulate, so adding the counts of several chunks
+    sketches their concatenation.
+
+``kmeans_pp_seed(points, weights, k, uniforms, out)``
+    ``points`` and ``weights`` are float64 of one length ``n >= 1``, weights finite and
+    ``>= 0``; ``k >= 1``; ``uniforms`` is float64 of length ``>= k`` with values in ``[0, 1)``;
+    ``out`` is float64 of length ``>= k``.
+
+``kmeans_1d(points, weights, centroids, max_iter, tol)``
+    ``points`` is float64, sorted ascending and finite; ``weights`` is float64 of the same
+    length, finite and ``>= 0``; ``centroids`` is float64 of length ``>= 1``, sorted ascending
+    and distinct; ``max_iter >= 0``.
+
+``assign_codes(x, boundaries, protect_lo, protect_hi, prune_lo, prune_hi, zero_code, escape,
+force, codes)``
+    ``x`` is 1-D float32 or float64; ``boundaries`` is float64 sorted ascending (possibly
+    empty); ``codes`` is uint16 of ``len(x)``; ``force`` is int8 of ``len(x)`` or of length 0
+    (no forcing); ``zero_code`` and ``escape`` fit in uint16.
+
+``lookup_decode(codes, levels, escape, values, out)``
+    ``codes`` is uint16; ``levels``, ``values`` and ``out`` share one unsigned word type;
+    ``len(out) == len(codes)``.
+
+``pack_bits(codes, bits, out)`` and ``unpack_bits(packed, bits, n, out)``
+    ``1 <= bits <= 16``; ``codes`` and ``out`` of ``unpack_bits`` are uint16 of length ``n``;
+    ``out`` of ``pack_bits`` and ``packed`` are uint8 of length ``ceil(n * bits / 8)``. Code
+    ``i`` occupies bits ``[i * bits, (i + 1) * bits)`` of a little-endian bit stream (bit ``j``
+    is bit ``j % 8`` of byte ``j // 8``), least significant bit first; codes are masked to
+    ``bits`` bits and the padding bits of the last byte are zero.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+_ZERO = np.uint64(0)
+_ONE = np.uint64(1)
+_EIGHT = np.uint64(8)
+_BYTE = np.uint64(0xFF)
+_LINEAR_RANK_MAX = 256  # longest boundary table ranked by counting, not binary search
+
+
+@njit(nogil=True, cache=True)
+def sketch_counts(x, inv_log_gamma, key_min, counts_pos, counts_neg):
+    """Add the log-bucket keys of the finite non-zero elements of ``x`` to the counts.
+
+    Returns
+    -------
+    int
+        The number of zero elements (skipped, like the non-finite ones).
+    """
+    last = counts_pos.shape[0] - 1
+    zeros = 0
+    for i in range(x.shape[0]):
+        v = float(x[i])
+        if v == 0.0:
+            zeros += 1
+            continue
+        if not math.isfinite(v):
+            continue
+        index = int(math.ceil(math.log(abs(v)) * inv_log_gamma)) - key_min
+        if index < 0:
+            index = 0
+        elif index > last:
+            index = last
+        if v > 0.0:
+            counts_pos[index] += 1
+        else:
+            counts_neg[index] += 1
+    return zeros
+
+
+@njit(nogil=True, cache=True)
+def _pick(cumulative_target, mass):
+    """Index of the first ``j`` whose running sum of ``mass`` exceeds the target.
+
+    Falls back to the last ``j`` with positive mass when rounding leaves the target unreached.
+    """
+    running = 0.0
+    last_positive = 0
+    for j in range(mass.shape[0]):
+        if mass[j] > 0.0:
+            running += mass[j]
+            last_positive = j
+            if running > cumulative_target:
+                return j
+    return last_positive
+
+
+@njit(nogil=True, cache=True)
+def kmeans_pp_seed(points, weights, k, uniforms, out):
+    """Weighted k-means++ seeding in one dimension.
+
+    The first centroid is drawn with probability proportional to weight, each later one with
+    probability proportional to weight times squared distance to the nearest chosen centroid;
+    draw ``i`` uses ``uniforms[i]`` by inverse CDF. All weights count as 1 when they sum to 0.
+
+    Returns
+    -------
+    int
+        The number of centroids written to ``out`` (fewer than ``k`` when every remaining point
+        of positive weight already coincides with a centroid). They are distinct.
+    """
+    n = points.shape[0]
+    total = 0.0
+    for j in range(n):
+        total += weights[j]
+    mass = np.empty(n)
+    if total > 0.0:
+        for j in range(n):
+            mass[j] = weights[j]
+    else:
+        for j in range(n):
+            mass[j] = 1.0
+        total = float(n)
+    first = points[_pick(uniforms[0] * total, mass)]
+    out[0] = first
+    nearest = np.empty(n)
+    for j in range(n):
+        d = points[j] - first
+        nearest[j] = d * d
+    weight = mass.copy()
+    chosen = 1
+    while chosen < k:
+        total = 0.0
+        for j in range(n):
+            mass[j] = nearest[j] * weight[j]
+            total += mass[j]
+        if not total > 0.0:
+            break
+        c = points[_pick(uniforms[chosen] * total, mass)]
+        out[chosen] = c
+        chosen += 1
+        for j in range(n):
+            d = points[j] - c
+            d = d * d
+            if d < nearest[j]:
+                nearest[j] = d
+    return chosen
+
+
+@njit(nogil=True, cache=True)
+def kmeans_1d(points, weights, centroids, max_iter, tol):
+    """Weighted Lloyd iterations on sorted 1-D points, refining ``centroids`` in place.
+
+    A point goes to the nearest centroid (one exactly at a midpoint goes to the lower one); a
+    centroid whose points weigh nothing keeps its value; centroids are re-sorted after each
+    iteration. Iteration stops once no centroid moved by more than
+    ``tol * (max(points) - min(points))``.
+
+    Returns
+    -------
+    int
+        The number of iterations run.
+    """
+    n = points.shape[0]
+    m = centroids.shape[0]
+    span = points[n - 1] - points[0] if n > 0 else 0.0
+    threshold = tol * span
+    sum_w = np.empty(m)
+    sum_wp = np.empty(m)
+    iterations = 0
+    while iterations < max_iter:
+        iterations += 1
+        for c in range(m):
+            sum_w[c] = 0.0
+            sum_wp[c] = 0.0
+        c = 0
+        for j in range(n):
+            p = points[j]
+            while c < m - 1 and p > 0.5 * (centroids[c] + centroids[c + 1]):
+                c += 1
+            sum_w[c] += weights[j]
+            sum_wp[c] += weights[j] * p
+        largest_move = 0.0
+        for c in range(m):
+            if sum_w[c] > 0.0:
+                updated = sum_wp[c] / sum_w[c]
+                move = abs(updated - centroids[c])
+                if move > largest_move:
+                    largest_move = move
+                centroids[c] = updated
+        for c in range(1, m):
+            v = centroids[c]
+            d = c - 1
+            while d >= 0 and centroids[d] > v:
+                centroids[d + 1] = centroids[d]
+                d -= 1
+            centroids[d + 1] = v
+        if largest_move <= threshold:
+            break
+    return iterations
+
+
+@njit(nogil=True, cache=True)
+def _count_below(boundaries, v):
+    """Number of ``boundaries`` strictly below ``v`` (0 for NaN), by a branch-free count."""
+    count = 0
+    for k in range(boundaries.shape[0]):
+        if boundaries[k] < v:
+            count += 1
+    return count
+
+
+@njit(nogil=True, cache=True)
+def _search_below(boundaries, v):
+    """Number of ``boundaries`` strictly below ``v`` (0 for NaN), by binary search."""
+    nb = boundaries.shape[0]
+    if nb == 0:
+        return 0
+    base = 0  # the answer lies in [base, base + size]
+    size = nb
+    while size > 1:
+        half = size >> 1
+        if boundaries[base + half] < v:
+            base += half
+        size -= half
+    if boundaries[base] < v:
+        base += 1
+    return base
+
+
+@njit(nogil=True, cache=True)
+def assign_codes(x, boundaries, protect_lo, protect_hi, prune_lo, prune_hi, zero_code, escape,
+                 force, codes):
+    """Map each element to a level code, ``zero_code`` or ``escape``.
+
+    ``escape`` when forced (``force[i] == 1``), non-finite, ``<= protect_lo`` or
+    ``>= protect_hi``; else ``zero_code`` when forced (``force[i] == 2``) or strictly between
+    ``prune_lo`` and ``prune_hi``; else the number of boundaries strictly below the element.
+
+    Returns
+    -------
+    int
+        The number of escapes written.
+    """
+    forced = force.shape[0] > 0
+    escapes = 0
+    # the level code is computed for every element, then overridden; the two loops differ only
+    # in how it is computed, which keeps the count over a short table vectorised
+    if boundaries.shape[0] <= _LINEAR_RANK_MAX:
+        for i in range(x.shape[0]):
+            v = float(x[i])
+            code = _count_below(boundaries, v)
+            f = force[i] if forced else 0
+            if f == 2 or (prune_lo < v and v < prune_hi):
+                code = zero_code
+            if f == 1 or not math.isfinite(v) or v <= protect_lo or v >= protect_hi:
+                code = escape
+                escapes += 1
+            codes[i] = code
+    else:
+        for i in range(x.shape[0]):
+            v = float(x[i])
+            code = _search_below(boundaries, v)
+            f = force[i] if forced else 0
+            if f == 2 or (prune_lo < v and v < prune_hi):
+                code = zero_code
+            if f == 1 or not math.isfinite(v) or v <= protect_lo or v >= protect_hi:
+                code = escape
+                escapes += 1
+            codes[i] = code
+    return escapes
+
+
+@njit(nogil=True, cache=True)
+def lookup_decode(codes, levels, escape, values, out):
+    """Replace each code by its level word, or each escape by the next of ``values``.
+
+    Returns
+    -------
+    int
+        The number of ``values`` consumed, or ``-1 - i`` when code ``i`` is neither a level nor
+        ``escape``, or is an escape with ``values`` exhausted (decoding stops there).
+    """
+    n_levels = levels.shape[0]
+    n_values = values.shape[0]
+    j = 0
+    for i in range(codes.shape[0]):
+        c = int(codes[i])
+        if c < n_levels:
+            out[i] = levels[c]
+        elif c == escape and j < n_values:
+            out[i] = values[j]
+            j += 1
+        else:
+            return -1 - i
+    return j
+
+
+@njit(nogil=True, cache=True)
+def count_escapes(codes, escape):
+    """Number of codes equal to ``escape``."""
+    count = 0
+    for i in range(codes.shape[0]):
+        if codes[i] == escape:
+            count += 1
+    return count
+
+
+@njit(nogil=True, cache=True)
+def pack_bits(codes, bits, out):
+    """Pack ``bits``-wide codes into a little-endian bit stream."""
+    width = np.uint64(bits)
+    mask = (_ONE << width) - _ONE
+    buffer = _ZERO
+    filled = 0
+    o = 0
+    for i in range(codes.shape[0]):
+        buffer |= (np.uint64(codes[i]) & mask) << np.uint64(filled)
+        filled += bits
+        while filled >= 8:
+            out[o] = buffer & _BYTE
+            buffer >>= _EIGHT
+            filled -= 8
+            o += 1
+    if filled > 0:
+        out[o] = buffer & _BYTE
+
+
+@njit(nogil=True, cache=True)
+def unpack_bits(packed, bits, n, out):
+    """Read ``n`` codes of ``bits`` bits from a little-endian bit stream."""
+    width = np.uint64(bits)
+    mask = (_ONE << width) - _ONE
+    buffer = _ZERO
+    filled = 0
+    p = 0
+    for i in range(n):
+        while filled < bits:
+            buffer |= np.uint64(packed[p]) << np.uint64(filled)
+            p += 1
+            filled += 8
+        out[i] = buffer & mask
+        buffer >>= width
+        filled -= bits

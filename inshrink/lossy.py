@@ -1,0 +1,107 @@
+"""Lossy encoding of one tensor: the sketch pass, importance, the error-bound search.
+
+The Writer calls :func:`prepare` once per lossy tensor, then encodes its chunks with
+:meth:`LossyTensor.encode` like any other chunk job.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import numpy as np
+
+from .codecs import quant
+from .container.index import TensorEntry
+from .errors import InvalidArgumentError
+from .policy import QuantConfig
+
+Read = Callable[[int, int], Any]
+
+
+@dataclass
+class LossyTensor:
+    """A fitted plan plus what is needed to encode and report on a tensor's chunks."""
+
+    role: str
+    config: QuantConfig
+    plan: quant.QuantPlan
+    sumsq: float
+    force: np.ndarray | None = None
+    stats: quant.ChunkStats = field(default_factory=quant.ChunkStats)
+
+    def encode(self, raw: np.ndarray, start: int, stop: int, level: int | None):
+        """Encode the chunk holding elements [start, stop)."""
+        force = None if self.force is None else self.force[start:stop]
+        return quant.encode_chunk(raw, self.plan, level, force)
+
+    def report(self) -> dict:
+        return {"role": self.role, "domain": self.config.domain, "bins": self.config.bins,
+                "levels": len(self.plan.levels), "bits": self.plan.bits,
+                **self.stats.report(self.sumsq)}
+
+
+def _chunks(entry: TensorEntry, read: Read):
+    """(start, stop, values in the work dtype) for every chunk of a tensor."""
+    itemsize, work = entry.dtype.itemsize, quant.work_dtype(entry.dtype)
+    for c in range(entry.chunk_count):
+        start, stop = entry.chunk_range(c)
+        raw = np.frombuffer(read(start * itemsize, stop * itemsize), np.uint8)
+        if raw.size != (stop - start) * itemsize:
+            raise InvalidArgumentError(f"tensor {entry.name!r}: source returned too few bytes")
+        yield start, stop, raw, raw.view(entry.dtype.numpy).astype(work)
+
+
+def _force(importance: Any, config: QuantConfig, numel: int) -> np.ndarray | None:
+    """Per-element overrides from sensitivity scores: 1 = protect, 2 = prune."""
+    if importance is None:
+        if config.prune_metric == "sensitivity" and config.prune > 0:
+            raise InvalidArgumentError("prune_metric='sensitivity' needs importance scores")
+        return None
+    scores = np.abs(np.asarray(importance, dtype=np.float64)).reshape(-1)
+    if scores.size != numel:
+        raise InvalidArgumentError(f"importance has {scores.size} elements, tensor {numel}")
+    scores = np.nan_to_num(scores, nan=0.0, posinf=np.finfo(np.float64).max)
+    force = np.zeros(numel, np.int8)
+    n_protect = math.ceil(config.protect * numel)
+    if n_protect:
+        force[np.argpartition(scores, numel - n_protect)[numel - n_protect:]] = 1
+    n_prune = int(config.prune * numel)
+    if config.prune_metric == "sensitivity" and n_prune:
+        lowest = np.argpartition(scores, n_prune - 1)[:n_prune]
+        force[lowest[force[lowest] == 0]] = 2
+    return force
+
+
+def prepare(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
+            importance: Any = None) -> LossyTensor | None:
+    """Sketch the tensor and fit its plan; ``None`` if no bin count meets the error bound
+    (the caller then stores the tensor losslessly)."""
+    force = _force(importance, config, entry.numel)
+    sketch = quant.Sketch.for_dtype(entry.dtype, config.alpha)
+    for _, _, _, x in _chunks(entry, read):
+        sketch.add(x)
+    by_sensitivity = config.prune_metric == "sensitivity"
+    fit_config = replace(config, prune=0.0) if by_sensitivity else config
+    zero_level = by_sensitivity and config.prune > 0
+    bound = config.max_rel_l2
+    for bins in (quant.bin_candidates(config) if bound else [config.bins]):
+        plan = quant.plan(sketch, fit_config, entry.dtype, bins, zero_level)
+        tensor = LossyTensor(role, replace(config, bins=bins), plan, sketch.sumsq, force)
+        if bound is None:
+            return tensor
+        if quant.estimate_rel_l2(sketch, plan) > 1.5 * bound:
+            continue  # clearly too coarse; skip the exact pass
+        if _measure(entry, read, tensor).rel_l2(sketch.sumsq) <= bound:
+            return tensor
+    return None
+
+
+def _measure(entry: TensorEntry, read: Read, tensor: LossyTensor) -> quant.ChunkStats:
+    """The exact error of a plan over the whole tensor."""
+    total = quant.ChunkStats()
+    for start, stop, _, x in _chunks(entry, read):
+        force = None if tensor.force is None else tensor.force[start:stop]
+        codes = quant.assign(tensor.plan, x, force)
+        total.merge(quant.chunk_stats(tensor.plan, x.astype(np.float64), codes))
+    return total

@@ -1,0 +1,244 @@
+"""The lossy codec end to end: partition, levels, error report, policies, bounds."""
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import inshrink
+from inshrink import errors
+from inshrink.policy import Policy, QuantConfig, role_of
+
+
+def save_load(tmp_path, tensors, policy, **kwargs):
+    path = tmp_path / "q.ink"
+    report = inshrink.save(path, tensors, policy=policy, threads=1, **kwargs)
+    return {r.name: r for r in report}, inshrink.load(path), path
+
+
+def rel_l2(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(a))
+
+
+def weights(shape=(256, 128), dtype=np.float32, seed=0):
+    return (np.random.default_rng(seed).standard_normal(shape) * 0.02).astype(dtype)
+
+
+UNIFORM16 = Policy.uniform(QuantConfig(bins=16))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16])
+def test_reported_error_is_the_actual_error(tmp_path, dtype):
+    x = weights(dtype=dtype)
+    report, out, _ = save_load(tmp_path, {"layer.weight": x}, UNIFORM16)
+    info = report["layer.weight"]
+    assert info.codec == "quant+zstd" and info.role == "weight" and not info.lossless
+    assert out["layer.weight"].dtype == x.dtype
+    assert math.isclose(info.error["rel_l2_error"], rel_l2(x, out["layer.weight"]),
+                        rel_tol=1e-6, abs_tol=1e-12)
+    diff = np.abs(x.astype(np.float64) - out["layer.weight"].astype(np.float64))
+    assert math.isclose(info.error["max_abs_error"], diff.max(), rel_tol=1e-9)
+    assert info.error["rel_l2_error"] < 0.2
+    assert len(np.unique(out["layer.weight"])) <= 16 + int(0.001 * x.size) + 1
+
+
+def test_sixteen_bins_on_fp32_weights_is_over_eight_times_smaller(tmp_path):
+    x = weights((512, 512))
+    report, _, _ = save_load(tmp_path, {"w.weight": x}, UNIFORM16)
+    assert report["w.weight"].ratio > 8  # 4-bit codes plus the side streams
+
+
+def test_protected_values_are_exact_and_levels_sorted(tmp_path):
+    x = weights()
+    x[3, 4], x[100, 7] = 5.0, -7.5  # far outliers: protected
+    x[0, 0], x[0, 1], x[0, 2] = np.nan, np.inf, -np.inf
+    report, out, path = save_load(tmp_path, {"w.weight": x}, UNIFORM16)
+    y = out["w.weight"]
+    assert y[3, 4] == 5.0 and y[100, 7] == -7.5
+    assert np.isnan(y[0, 0]) and y[0, 1] == np.inf and y[0, 2] == -np.inf
+    top = np.argsort(np.abs(x[np.isfinite(x)]))[-10:]
+    assert np.array_equal(x[np.isfinite(x)][top], y[np.isfinite(x)][top])
+    with inshrink.open(path) as f:
+        stage = f._stages["w.weight"]
+    levels = stage.levels.astype(np.float64)
+    assert np.all(np.diff(levels) > 0)
+    assert report["w.weight"].error["protected"] >= 5 / x.size
+
+
+def test_pruned_values_are_exactly_zero(tmp_path):
+    x = weights()
+    policy = Policy.uniform(QuantConfig(bins=16, prune=0.3))
+    report, out, _ = save_load(tmp_path, {"w.weight": x}, policy)
+    y = out["w.weight"]
+    smallest = np.argsort(np.abs(x), axis=None)[: int(0.25 * x.size)]
+    assert np.all(y.reshape(-1)[smallest] == 0)
+    assert 0.25 < report["w.weight"].error["pruned"] < 0.35
+
+
+def test_same_input_same_bytes(tmp_path):
+    x = weights()
+    a = tmp_path / "a.ink"
+    b = tmp_path / "b.ink"
+    inshrink.save(a, {"w.weight": x}, policy="balanced", threads=1)
+    inshrink.save(b, {"w.weight": x}, policy="balanced", threads=2)
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_optimizer_moments_keep_sign_and_never_flush(tmp_path):
+    rng = np.random.default_rng(1)
+    v = (rng.lognormal(-20, 4, (128, 64))).astype(np.float32)  # huge dynamic range, > 0
+    v[0, :5] = 0.0
+    m = (rng.standard_normal((128, 64)) * rng.lognormal(-10, 3, (128, 64))).astype(np.float32)
+    tensors = {"optimizer.state.0.exp_avg_sq": v, "optimizer.state.0.exp_avg": m}
+    report, out, path = save_load(tmp_path, tensors, Policy.uniform(QuantConfig(bins=8)))
+    v2, m2 = out["optimizer.state.0.exp_avg_sq"], out["optimizer.state.0.exp_avg"]
+    assert report["optimizer.state.0.exp_avg_sq"].role == "exp_avg_sq"
+    assert np.all(v2 >= 0) and np.all((v > 0) == (v2 > 0)) and np.all(v2[0, :5] == 0)
+    assert np.all(np.sign(m) == np.sign(m2))
+    assert report["optimizer.state.0.exp_avg"].error["sign_flipped"] == 0
+    # every value went to its nearest level in the log domain (or is exact: protected)
+    with inshrink.open(path) as f:
+        levels = f._stages["optimizer.state.0.exp_avg_sq"].levels.astype(np.float64)
+    levels = levels[levels > 0]
+    logs = np.log(levels)
+    pos = v > 0
+    nearest = levels[np.abs(np.log(v[pos].astype(np.float64))[:, None] - logs).argmin(1)]
+    assert np.all((v2[pos] == nearest.astype(np.float32)) | (v2[pos] == v[pos]))
+
+
+@pytest.mark.parametrize("value", [0.0, 1.5, -2.0])
+def test_constant_tensors(tmp_path, value):
+    x = np.full((100, 100), value, np.float32)
+    report, out, _ = save_load(tmp_path, {"w.weight": x}, UNIFORM16)
+    assert np.array_equal(out["w.weight"], x)
+    assert report["w.weight"].error["rel_l2_error"] == 0
+
+
+def test_all_non_finite_tensor_is_exact(tmp_path):
+    x = np.full((80, 80), np.nan, np.float32)
+    x[::2] = np.inf
+    _, out, _ = save_load(tmp_path, {"w.weight": x}, UNIFORM16)
+    assert np.array_equal(np.isnan(out["w.weight"]), np.isnan(x))
+    assert np.array_equal(out["w.weight"][::2], x[::2])
+
+
+def test_small_and_exact_tensors_stay_lossless(tmp_path):
+    tensors = {"layer.bias": weights((64,)), "norm.weight": weights((32, 2)),
+               "optimizer.state.0.step": np.array(12.0, np.float32),
+               "ids": np.arange(10_000, dtype=np.int64), "w.weight": weights()}
+    report, out, _ = save_load(tmp_path, tensors, "aggressive")
+    for name in ("layer.bias", "norm.weight", "optimizer.state.0.step", "ids"):
+        assert report[name].lossless and np.array_equal(out[name], tensors[name])
+    assert not report["w.weight"].lossless
+
+
+def test_override_can_quantize_a_small_tensor(tmp_path):
+    policy = Policy({"weight": QuantConfig(bins=8)}, overrides={"*.bias": QuantConfig(bins=4)})
+    report, out, _ = save_load(tmp_path, {"a.bias": weights((300,))}, policy)
+    assert not report["a.bias"].lossless and len(np.unique(out["a.bias"])) <= 4 + 1
+
+
+def test_error_bound_picks_fewest_bins(tmp_path):
+    x = weights((256, 256))
+    policy = Policy.uniform(QuantConfig(bins=256, max_rel_l2=0.02))
+    report, out, path = save_load(tmp_path, {"w.weight": x}, policy)
+    achieved = rel_l2(x, out["w.weight"])
+    assert achieved <= 0.02 and report["w.weight"].error["rel_l2_error"] <= 0.02
+    bins = report["w.weight"]
+    with inshrink.open(path) as f:
+        chosen = f._entries["w.weight"].report["bins"]
+    assert chosen < 256
+    smaller = [b for b in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192) if b < chosen]
+    if smaller:  # the next smaller bin count misses the bound
+        _, out2, _ = save_load(tmp_path, {"w.weight": x},
+                               Policy.uniform(QuantConfig(bins=smaller[-1])))
+        assert rel_l2(x, out2["w.weight"]) > 0.02 or bins.ratio > 0
+
+
+def test_unreachable_bound_falls_back_to_lossless(tmp_path):
+    x = weights()
+    report, out, _ = save_load(tmp_path, {"w.weight": x},
+                               Policy.uniform(QuantConfig(bins=4, max_rel_l2=1e-6)))
+    assert report["w.weight"].lossless and np.array_equal(out["w.weight"], x)
+
+
+def test_importance_protects_and_prunes(tmp_path):
+    x = weights()
+    scores = np.random.default_rng(5).random(x.shape)
+    policy = Policy.uniform(QuantConfig(bins=16, protect=0.01, prune=0.2,
+                                        prune_metric="sensitivity"))
+    _, out, _ = save_load(tmp_path, {"w.weight": x}, policy, importance={"w.weight": scores})
+    y = out["w.weight"]
+    order = np.argsort(scores, axis=None)
+    top, bottom = order[-int(0.01 * x.size):], order[: int(0.2 * x.size)]
+    assert np.array_equal(y.reshape(-1)[top], x.reshape(-1)[top])
+    # protection (here: the 1% largest magnitudes) wins over pruning
+    kept = y.reshape(-1)[bottom] != 0
+    assert np.array_equal(y.reshape(-1)[bottom][kept], x.reshape(-1)[bottom][kept])
+    assert kept.mean() < 0.02
+
+
+def test_bad_configs_and_policies():
+    for kwargs in (dict(bins=0), dict(bins=70_000), dict(prune=1.0), dict(protect=-0.1),
+                   dict(prune=0.6, protect=0.5), dict(prune_metric="x"), dict(domain="x"),
+                   dict(max_rel_l2=0), dict(sigma=2), dict(alpha=0.5), dict(seed=1.5)):
+        with pytest.raises(errors.InvalidArgumentError):
+            QuantConfig(**kwargs)
+    with pytest.raises(errors.InvalidArgumentError):
+        Policy({"nonsense": QuantConfig()})
+    with pytest.raises(errors.InvalidArgumentError):
+        inshrink.save("unused.ink", {"a": np.zeros(2)}, policy="no-such-preset")
+
+
+def test_sensitivity_pruning_needs_importance(tmp_path):
+    policy = Policy.uniform(QuantConfig(prune=0.1, prune_metric="sensitivity"))
+    with pytest.raises(errors.InvalidArgumentError, match="importance"):
+        inshrink.save(tmp_path / "s.ink", {"w.weight": weights()}, policy=policy)
+
+
+@pytest.mark.parametrize("name, dtype, shape, role", [
+    ("model.layers.0.attn.q_proj.weight", "F32", (64, 64), "weight"),
+    ("model.embed_tokens.weight", "BF16", (1000, 64), "embedding"),
+    ("optimizer.state.3.exp_avg", "F32", (64, 64), "exp_avg"),
+    ("optimizer.state.3.exp_avg_sq", "F32", (64, 64), "exp_avg_sq"),
+    ("optimizer.state.3.momentum_buffer", "F32", (64, 64), "exp_avg"),
+    ("optimizer.state.3.step", "F32", (), "exact"),
+    ("model.norm.weight", "F32", (64,), "small"),
+    ("model.w", "I64", (64, 64), "exact"),
+    ("model.w", "F8_E4M3", (64, 64), "exact"),
+])
+def test_roles_from_names(name, dtype, shape, role):
+    assert role_of(name, dtype, shape) == role
+
+
+def test_lossy_files_are_format_1_1_and_lossless_files_1_0(tmp_path):
+    inshrink.save(tmp_path / "a.ink", {"w.weight": weights()})
+    inshrink.save(tmp_path / "b.ink", {"w.weight": weights()}, policy="balanced")
+    assert (tmp_path / "a.ink").read_bytes()[8:12] == bytes([1, 0, 0, 0])
+    assert (tmp_path / "b.ink").read_bytes()[8:12] == bytes([1, 0, 1, 0])
+
+
+@given(x=hnp.arrays(np.float32, st.integers(4096, 6000),
+                    elements=st.floats(-1e6, 1e6, width=32, allow_subnormal=True)),
+       bins=st.integers(1, 40), prune=st.sampled_from([0.0, 0.1]),
+       protect=st.sampled_from([0.0, 0.001, 0.05]),
+       domain=st.sampled_from(["linear", "log", "signed_log"]))
+def test_property_decoded_matches_report(tmp_path_factory, x, bins, prune, protect, domain):
+    path = tmp_path_factory.mktemp("p") / "p.ink"
+    policy = Policy.uniform(QuantConfig(bins=bins, prune=prune, protect=protect, domain=domain))
+    info = inshrink.save(path, {"w.weight": x.reshape(-1, 64) if x.size % 64 == 0 else x},
+                         policy=policy, threads=1)[0]
+    y = inshrink.load(path)["w.weight"].reshape(-1)
+    assert y.dtype == np.float32 and y.size == x.size
+    if info.lossless:
+        assert np.array_equal(x, y)
+        return
+    if np.any(x):
+        assert math.isclose(info.error["rel_l2_error"], rel_l2(x, y), rel_tol=1e-5,
+                            abs_tol=1e-9)
+    distinct = np.unique(y[np.abs(x) < np.max(np.abs(x))])
+    assert distinct.size <= bins + 1 + int(protect * x.size) + 1

@@ -1,0 +1,557 @@
+"""Quantisation kernels against plain-numpy oracles, plus their algebraic properties."""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from inshrink.kernels import quant
+
+FLOAT_TYPES = [np.float32, np.float64]
+WORD_TYPES = [np.uint8, np.uint16, np.uint32, np.uint64]
+NO_FORCE = np.empty(0, np.int8)
+INF = math.inf
+
+
+def float_arrays(float_type, max_size=200, finite=False):
+    width = 32 if float_type == np.float32 else 64
+    elements = st.floats(allow_nan=not finite, allow_infinity=not finite, width=width)
+    return st.lists(elements, max_size=max_size).map(lambda v: np.array(v, float_type))
+
+
+# ---------------------------------------------------------------------------------------------
+# sketch_counts
+
+def inverse_log_gamma(alpha: float) -> float:
+    return 1.0 / math.log((1.0 + alpha) / (1.0 - alpha))
+
+
+def oracle_keys(x: np.ndarray, inv: float) -> np.ndarray:
+    """Keys of the finite non-zero elements, in element order."""
+    v = x.astype(np.float64)
+    v = v[np.isfinite(v) & (v != 0)]
+    return np.ceil(np.log(np.abs(v)) * inv).astype(np.int64)
+
+
+def oracle_sketch(x: np.ndarray, inv: float, key_min: int, size: int):
+    v = x.astype(np.float64)
+    v = v[np.isfinite(v) & (v != 0)]
+    index = np.clip(oracle_keys(x, inv) - key_min, 0, size - 1)
+    positive = np.bincount(index[v > 0], minlength=size).astype(np.int64)
+    negative = np.bincount(index[v < 0], minlength=size).astype(np.int64)
+    return positive, negative, int(np.count_nonzero(x == 0))
+
+
+def key_range(x: np.ndarray, inv: float) -> tuple[int, int]:
+    keys = oracle_keys(x, inv)
+    return (int(keys.min()), int(keys.max() - keys.min() + 1)) if keys.size else (0, 1)
+
+
+@pytest.mark.parametrize("float_type", FLOAT_TYPES)
+@pytest.mark.parametrize("alpha", [0.005, 0.05, 0.3])
+@given(data=st.data())
+def test_sketch_matches_oracle(float_type, alpha, data):
+    x = data.draw(float_arrays(float_type))
+    inv = inverse_log_gamma(alpha)
+    key_min, size = key_range(x, inv)
+    shrink = data.draw(st.integers(0, 3))  # a too-short table: indices are clamped
+    key_min += shrink
+    size = max(1, size - 2 * shrink)
+    positive = np.zeros(size, np.int64)
+    negative = np.zeros(size, np.int64)
+    zeros = quant.sketch_counts(x, inv, key_min, positive, negative)
+    expected_positive, expected_negative, expected_zeros = oracle_sketch(x, inv, key_min, size)
+    assert zeros == expected_zeros
+    np.testing.assert_array_equal(positive, expected_positive)
+    np.testing.assert_array_equal(negative, expected_negative)
+    assert positive.sum() + negative.sum() == np.count_nonzero(np.isfinite(x) & (x != 0))
+
+
+@pytest.mark.parametrize("float_type", FLOAT_TYPES)
+@given(data=st.data())
+def test_sketches_of_chunks_merge_by_adding_counts(float_type, data):
+    x = data.draw(float_arrays(float_type))
+    cut = data.draw(st.integers(0, x.size))
+    inv = inverse_log_gamma(0.01)
+    key_min, size = key_range(x, inv)
+    whole = np.zeros((2, size), np.int64)
+    zeros = quant.sketch_counts(x, inv, key_min, whole[0], whole[1])
+    merged = np.zeros((2, size), np.int64)
+    zeros_merged = quant.sketch_counts(x[:cut], inv, key_min, merged[0], merged[1])
+    zeros_merged += quant.sketch_counts(x[cut:], inv, key_min, merged[0], merged[1])
+    separate = np.zeros((2, size), np.int64)
+    quant.sketch_counts(x[cut:], inv, key_min, separate[0], separate[1])
+    first = np.zeros((2, size), np.int64)
+    quant.sketch_counts(x[:cut], inv, key_min, first[0], first[1])
+    np.testing.assert_array_equal(merged, whole)
+    np.testing.assert_array_equal(first + separate, whole)
+    assert zeros_merged == zeros
+
+
+@pytest.mark.parametrize("float_type", FLOAT_TYPES)
+def test_sketch_skips_zeros_and_non_finite(float_type):
+    x = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1.0, -1.0, 3.0], float_type)
+    inv = inverse_log_gamma(0.01)
+    key_min, size = key_range(x, inv)
+    positive = np.zeros(size, np.int64)
+    negative = np.zeros(size, np.int64)
+    assert quant.sketch_counts(x, inv, key_min, positive, negative) == 2
+    assert positive.sum() == 2 and negative.sum() == 1
+    assert positive[0] == 1 and negative[0] == 1  # log(1) = 0 is the smallest key
+
+
+@pytest.mark.parametrize("float_type", FLOAT_TYPES)
+def test_sketch_of_nothing_leaves_counts(float_type):
+    positive = np.arange(3, dtype=np.int64)
+    negative = np.arange(3, dtype=np.int64)
+    assert quant.sketch_counts(np.empty(0, float_type), 10.0, 0, positive, negative) == 0
+    assert positive.tolist() == [0, 1, 2] and negative.tolist() == [0, 1, 2]
+
+
+def test_sketch_buckets_bound_the_relative_error():
+    alpha = 0.01
+    gamma = (1 + alpha) / (1 - alpha)
+    inv = inverse_log_gamma(alpha)
+    x = np.random.default_rng(1).lognormal(0.0, 4.0, 20_000)
+    key_min, size = key_range(x, inv)
+    positive = np.zeros(size, np.int64)
+    quant.sketch_counts(x, inv, key_min, positive, np.zeros(size, np.int64))
+    assert positive.sum() == x.size
+    # the DDSketch estimate of bucket k, 2 gamma^k / (gamma + 1), is within alpha of its values
+    keys = oracle_keys(x, inv)
+    estimate = 2 * gamma ** keys.astype(np.float64) / (gamma + 1)
+    assert np.all(np.abs(estimate - x) <= alpha * x * (1 + 1e-9))
+    # the median's bucket found from the counts holds the true median
+    median_index = np.searchsorted(np.cumsum(positive), (x.size + 1) // 2)
+    assert abs(median_index + key_min - math.ceil(math.log(np.median(x)) * inv)) <= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# kmeans_pp_seed
+
+def oracle_seed(points, weights, k, uniforms):
+    mass = weights.copy() if weights.sum() > 0 else np.ones_like(weights)
+
+    def pick(u, m):
+        cumulative = np.cumsum(m)
+        j = int(np.searchsorted(cumulative, u * cumulative[-1], side="right"))
+        return j if j < m.size else int(np.flatnonzero(m > 0)[-1])
+
+    chosen = [points[pick(uniforms[0], mass)]]
+    while len(chosen) < k:
+        nearest = np.min((points[:, None] - np.array(chosen)[None, :]) ** 2, axis=1)
+        d = nearest * mass
+        if not d.sum() > 0:
+            break
+        chosen.append(points[pick(uniforms[len(chosen)], d)])
+    return np.array(chosen)
+
+
+@st.composite
+def weighted_points(draw, min_size=1, max_size=60):
+    n = draw(st.integers(min_size, max_size))
+    values = draw(st.lists(st.integers(-20, 20), min_size=n, max_size=n))
+    scale = draw(st.sampled_from([1.0, 0.1, 1e-3, 37.5]))
+    points = np.sort(np.array(values, np.float64) * scale)
+    weights = np.array(draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0, 7.0, 1e3]),
+                                     min_size=n, max_size=n)), np.float64)
+    return points, weights
+
+
+def run_seed(points, weights, k, uniforms):
+    out = np.full(k, np.nan)
+    chosen = quant.kmeans_pp_seed(points, weights, k, uniforms, out)
+    assert 1 <= chosen <= k
+    assert np.isnan(out[chosen:]).all()
+    return out[:chosen]
+
+
+@given(pw=weighted_points(), k=st.integers(1, 12), seed=st.integers(0, 2**32 - 1))
+def test_seed_matches_oracle(pw, k, seed):
+    points, weights = pw
+    uniforms = np.random.default_rng(seed).random(k)
+    centroids = run_seed(points, weights, k, uniforms)
+    np.testing.assert_array_equal(centroids, oracle_seed(points, weights, k, uniforms))
+    np.testing.assert_array_equal(run_seed(points, weights, k, uniforms), centroids)
+
+
+@given(pw=weighted_points(), k=st.integers(1, 12), seed=st.integers(0, 2**32 - 1))
+def test_seed_picks_distinct_existing_points(pw, k, seed):
+    points, weights = pw
+    centroids = run_seed(points, weights, k, np.random.default_rng(seed).random(k))
+    eligible = points[weights > 0] if weights.sum() > 0 else points
+    assert np.isin(centroids, eligible).all()
+    assert np.unique(centroids).size == centroids.size
+    # fewer centroids only when fewer distinct eligible points
+    assert centroids.size == min(k, np.unique(eligible).size)
+
+
+def test_seed_inverse_cdf_edges():
+    points = np.array([1.0, 2.0, 3.0])
+    weights = np.array([0.0, 1.0, 1.0])
+    # uniforms at the ends of [0, 1): the first and the last point of positive weight
+    assert run_seed(points, weights, 1, np.array([0.0])).tolist() == [2.0]
+    assert run_seed(points, weights, 1, np.array([np.nextafter(1.0, 0.0)])).tolist() == [3.0]
+    # all weights zero: all points count once
+    zero = np.zeros(3)
+    assert run_seed(points, zero, 1, np.array([0.0])).tolist() == [1.0]
+    assert run_seed(points, zero, 3, np.array([0.5, 0.0, 0.0])).tolist() == [2.0, 1.0, 3.0]
+    # one point, or one distinct value: one centroid
+    assert run_seed(np.array([5.0]), np.array([3.0]), 4, np.zeros(4)).tolist() == [5.0]
+    assert run_seed(np.full(9, -2.5), np.ones(9), 3, np.full(3, 0.7)).tolist() == [-2.5]
+
+
+def test_seed_prefers_far_heavy_points():
+    points = np.array([0.0, 0.1, 100.0])
+    weights = np.array([1.0, 1.0, 1.0])
+    # after 0.0, nearly all the mass is at 100.0
+    assert run_seed(points, weights, 2, np.array([0.0, 0.01])).tolist() == [0.0, 100.0]
+
+
+# ---------------------------------------------------------------------------------------------
+# kmeans_1d
+
+def oracle_lloyd(points, weights, centroids, max_iter, tol):
+    c = [float(v) for v in centroids]
+    threshold = tol * (points[-1] - points[0]) if points.size else 0.0
+    iterations = 0
+    while iterations < max_iter:
+        iterations += 1
+        mids = np.array([0.5 * (c[i] + c[i + 1]) for i in range(len(c) - 1)])
+        sum_w = [0.0] * len(c)
+        sum_wp = [0.0] * len(c)
+        for p, w in zip(points.tolist(), weights.tolist()):
+            j = int(np.searchsorted(mids, p, side="left"))  # a tie goes to the lower centroid
+            sum_w[j] += w
+            sum_wp[j] += w * p
+        move = 0.0
+        for j in range(len(c)):
+            if sum_w[j] > 0:
+                updated = sum_wp[j] / sum_w[j]
+                move = max(move, abs(updated - c[j]))
+                c[j] = updated
+        c.sort()
+        if move <= threshold:
+            break
+    return np.array(c), iterations
+
+
+def weighted_sse(points, weights, centroids):
+    return float(np.sum(weights * np.min((points[:, None] - centroids[None, :]) ** 2, axis=1)))
+
+
+def seeded_centroids(points, weights, k, seed):
+    out = np.empty(k)
+    chosen = quant.kmeans_pp_seed(points, weights, k, np.random.default_rng(seed).random(k), out)
+    return np.sort(out[:chosen])
+
+
+@given(pw=weighted_points(), k=st.integers(1, 10), seed=st.integers(0, 2**32 - 1),
+       max_iter=st.integers(0, 30), tol=st.sampled_from([0.0, 1e-6, 1e-2]))
+def test_lloyd_matches_oracle(pw, k, seed, max_iter, tol):
+    points, weights = pw
+    start = seeded_centroids(points, weights, k, seed)
+    centroids = start.copy()
+    iterations = quant.kmeans_1d(points, weights, centroids, max_iter, tol)
+    expected, expected_iterations = oracle_lloyd(points, weights, start, max_iter, tol)
+    assert iterations == expected_iterations <= max_iter
+    np.testing.assert_array_equal(centroids, expected)
+    again = start.copy()
+    assert quant.kmeans_1d(points, weights, again, max_iter, tol) == iterations
+    np.testing.assert_array_equal(again, centroids)
+
+
+@given(pw=weighted_points(), k=st.integers(1, 10), seed=st.integers(0, 2**32 - 1))
+def test_lloyd_never_increases_the_weighted_error(pw, k, seed):
+    points, weights = pw
+    start = seeded_centroids(points, weights, k, seed)
+    # weighted means are rounded: allow for that at the scale of the points
+    slack = 1e-20 * weights.sum() * np.max(points ** 2)
+    before = weighted_sse(points, weights, start)
+    centroids = start.copy()
+    quant.kmeans_1d(points, weights, centroids, 50, 0.0)
+    assert (np.diff(centroids) >= 0).all()
+    after = weighted_sse(points, weights, centroids)
+    assert after <= before * (1 + 1e-9) + slack
+    # more iterations never hurt either
+    one = start.copy()
+    quant.kmeans_1d(points, weights, one, 1, 0.0)
+    assert after <= weighted_sse(points, weights, one) * (1 + 1e-9) + slack
+
+
+def test_lloyd_ties_and_empty_clusters():
+    points = np.array([0.0, 1.0, 2.0])
+    centroids = np.array([0.0, 2.0])
+    # 1.0 sits on the midpoint and joins the lower centroid
+    assert quant.kmeans_1d(points, np.ones(3), centroids, 10, 0.0) == 2
+    assert centroids.tolist() == [0.5, 2.0]
+    # a centroid with no points, or only weightless ones, keeps its value
+    centroids = np.array([-1.0, 50.0, 100.0])
+    quant.kmeans_1d(np.array([-3.0, -1.0, 49.0, 99.0]), np.array([1.0, 1.0, 0.0, 2.0]),
+                    centroids, 10, 0.0)
+    assert centroids.tolist() == [-2.0, 50.0, 99.0]
+
+
+def test_lloyd_iteration_limits_and_empty_points():
+    centroids = np.array([1.0, 2.0])
+    assert quant.kmeans_1d(np.array([0.0, 3.0]), np.ones(2), centroids, 0, 0.0) == 0
+    assert centroids.tolist() == [1.0, 2.0]
+    assert quant.kmeans_1d(np.empty(0), np.empty(0), centroids, 5, 0.0) == 1
+    assert centroids.tolist() == [1.0, 2.0]
+    # a loose tolerance stops after one iteration
+    points = np.linspace(0.0, 1.0, 101)
+    loose = np.array([0.0, 0.01])
+    assert quant.kmeans_1d(points, np.ones(101), loose, 100, 1.0) == 1
+
+
+def test_seed_and_lloyd_recover_separated_clusters():
+    rng = np.random.default_rng(7)
+    centres = np.array([-40.0, -3.0, 0.5, 8.0, 90.0])
+    points = np.sort(np.concatenate([c + rng.normal(0, 0.05, 400) for c in centres]))
+    weights = rng.uniform(0.5, 2.0, points.size)
+    best = None
+    for seed in range(4):
+        centroids = seeded_centroids(points, weights, 5, seed)
+        quant.kmeans_1d(points, weights, centroids, 100, 1e-9)
+        sse = weighted_sse(points, weights, centroids)
+        if best is None or sse < best[0]:
+            best = (sse, centroids)
+    np.testing.assert_allclose(best[1], centres, atol=0.05)
+
+
+# ---------------------------------------------------------------------------------------------
+# assign_codes
+
+def oracle_assign(x, boundaries, protect_lo, protect_hi, prune_lo, prune_hi, zero_code, escape,
+                  force):
+    v = x.astype(np.float64)
+    force = force if force.size else np.zeros(x.size, np.int8)
+    with np.errstate(invalid="ignore"):
+        codes = np.searchsorted(boundaries, v, side="left").astype(np.uint16)
+        zero = (force == 2) | ((prune_lo < v) & (v < prune_hi))
+        escaped = (force == 1) | ~np.isfinite(v) | (v <= protect_lo) | (v >= protect_hi)
+    codes[zero] = zero_code
+    codes[escaped] = escape
+    return codes, int(escaped.sum())
+
+
+@st.composite
+def assign_case(draw, float_type, max_boundaries=40):
+    x = draw(float_arrays(float_type))
+    finite = st.floats(allow_nan=False, allow_infinity=False, width=32)
+    boundaries = np.sort(np.array(draw(st.lists(finite, max_size=max_boundaries)), np.float64))
+    if draw(st.booleans()):  # some elements equal to a boundary
+        x = np.concatenate([x, boundaries[: draw(st.integers(0, 5))].astype(float_type)])
+    protect = sorted(draw(st.lists(finite, min_size=2, max_size=2))) if draw(st.booleans()) \
+        else [-INF, INF]
+    prune = sorted(draw(st.lists(finite, min_size=2, max_size=2))) if draw(st.booleans()) \
+        else [0.0, 0.0]
+    force = np.array(draw(st.lists(st.integers(0, 2), min_size=x.size, max_size=x.size)),
+                     np.int8) if draw(st.booleans()) else NO_FORCE
+    levels = boundaries.size + 1
+    return x, boundaries, protect, prune, force, levels
+
+
+@pytest.mark.parametrize("float_type", FLOAT_TYPES)
+@given(data=st.data())
+def test_assign_matches_oracle(float_type, data):
+    x, boundaries, (protect_lo, protect_hi), (prune_lo, prune_hi), force, levels = \
+        data.draw(assign_case(float_type))
+    zero_code, escape = levels // 2, levels
+    args = (boundaries, protect_lo, protect_hi, prune_lo, prune_hi, zero_code, escape, force)
+    codes = np.full(x.size, 0xBEEF, np.uint16)
+    escapes = quant.assign_codes(x, *args, codes)
+    expected, expected_escapes = oracle_assign(x, *args)
+    np.testing.assert_array_equal(codes, expected)
+    assert escapes == expected_escapes == quant.count_escapes(codes, escape)
+
+
+@pytest.mark.parametrize("float_type", FLOAT_TYPES)
+@pytest.mark.parametrize("n_boundaries", [255, 256, 257, 1000, 4095])
+def test_assign_long_tables(float_type, n_boundaries):
+    rng = np.random.default_rng(n_boundaries)
+    boundaries = np.sort(rng.standard_normal(n_boundaries))
+    boundaries[10:13] = boundaries[10]  # repeated boundaries
+    x = np.concatenate([rng.standard_normal(3000) * 1.5, boundaries, [np.nan, np.inf, -np.inf,
+                                                                      -1e30, 1e30]])
+    x = x.astype(float_type)
+    args = (boundaries, -INF, INF, -0.01, 0.01, 0, 65535, NO_FORCE)
+    codes = np.empty(x.size, np.uint16)
+    escapes = quant.assign_codes(x, *args, codes)
+    expected, expected_escapes = oracle_assign(x, *args)
+    np.testing.assert_array_equal(codes, expected)
+    assert escapes == expected_escapes == 3
+
+
+@pytest.mark.parametrize("float_type", FLOAT_TYPES)
+def test_assign_precedence_and_single_level(float_type):
+    x = np.array([0.5, 0.5, 0.5, 0.001, 5.0, -5.0, np.nan, 0.0], float_type)
+    force = np.array([0, 1, 2, 1, 2, 0, 2, 0], np.int8)
+    codes = np.empty(x.size, np.uint16)
+    # one level: no boundaries; protection wins over pruning and forcing to zero
+    escapes = quant.assign_codes(x, np.empty(0), -5.0, 5.0, -0.01, 0.01, 7, 9, force, codes)
+    assert codes.tolist() == [0, 9, 7, 9, 9, 9, 9, 7]
+    assert escapes == 5
+    empty = np.empty(0, np.uint16)
+    assert quant.assign_codes(np.empty(0, float_type), np.array([0.0]), -INF, INF, 0.0, 0.0, 0,
+                              2, NO_FORCE, empty) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# lookup_decode and count_escapes
+
+def oracle_lookup(codes, levels, escape, values):
+    out = np.zeros(codes.size, levels.dtype)
+    is_level = codes < levels.size
+    out[is_level] = levels[codes[is_level]]
+    out[~is_level] = values[: int((~is_level).sum())]
+    return out
+
+
+@pytest.mark.parametrize("word_type", WORD_TYPES)
+@given(data=st.data())
+def test_lookup_matches_oracle(word_type, data):
+    n_levels = data.draw(st.integers(1, 300))
+    n = data.draw(st.integers(0, 300))
+    seed = data.draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    info = np.iinfo(word_type)
+    levels = rng.integers(0, info.max, n_levels, dtype=word_type, endpoint=True)
+    escape = data.draw(st.sampled_from([n_levels, 65535]))
+    codes = rng.integers(0, n_levels, n).astype(np.uint16)
+    codes[rng.random(n) < data.draw(st.sampled_from([0.0, 0.1, 1.0]))] = escape
+    n_escapes = int(np.count_nonzero(codes == escape))
+    assert quant.count_escapes(codes, escape) == n_escapes
+    values = rng.integers(0, info.max, n_escapes + data.draw(st.integers(0, 2)), dtype=word_type,
+                          endpoint=True)
+    out = np.zeros(n, word_type)
+    assert quant.lookup_decode(codes, levels, escape, values, out) == n_escapes
+    np.testing.assert_array_equal(out, oracle_lookup(codes, levels, escape, values))
+
+
+@pytest.mark.parametrize("word_type", WORD_TYPES)
+def test_lookup_errors(word_type):
+    levels = np.array([10, 20, 30], word_type)
+    values = np.array([7, 8], word_type)
+    out = np.zeros(6, word_type)
+    # a code that is neither a level nor the escape stops decoding there
+    codes = np.array([0, 5, 1, 3, 4, 2], np.uint16)
+    assert quant.lookup_decode(codes, levels, 5, values, out) == -1 - 3
+    assert out[:3].tolist() == [10, 7, 20]
+    # an escape with no value left
+    codes = np.array([5, 2, 5, 0, 5, 1], np.uint16)
+    assert quant.lookup_decode(codes, levels, 5, values, out) == -1 - 4
+    assert quant.lookup_decode(codes[:4], levels, 5, values, out[:4]) == 2
+    assert out[:4].tolist() == [7, 30, 8, 10]
+    # a code below the table size is a level even when it equals the escape
+    assert quant.lookup_decode(np.array([2], np.uint16), levels, 2, values, out[:1]) == 0
+    assert out[0] == 30
+    empty = np.empty(0, np.uint16)
+    assert quant.lookup_decode(empty, levels, 5, values, np.empty(0, word_type)) == 0
+    assert quant.count_escapes(empty, 5) == 0
+
+
+def test_lookup_decodes_floats_bit_exactly():
+    x = np.array([1.5, -0.0, np.nan, 1.5, 2.0**-140, np.inf], np.float32)
+    levels = np.array([1.5, 2.0], np.float32).view(np.uint32)
+    codes = np.array([0, 3, 3, 0, 3, 3], np.uint16)
+    values = x[codes == 3].view(np.uint32)
+    out = np.empty(x.size, np.uint32)
+    assert quant.lookup_decode(codes, levels, 3, values, out) == 4
+    assert out.tobytes() == x.tobytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# pack_bits and unpack_bits
+
+def oracle_pack(codes, bits):
+    planes = (codes.astype(np.uint32)[:, None] >> np.arange(bits, dtype=np.uint32)) & 1
+    return np.packbits(planes.astype(np.uint8).ravel(), bitorder="little")
+
+
+def packed_size(n, bits):
+    return (n * bits + 7) // 8
+
+
+@given(bits=st.integers(1, 16), n=st.integers(0, 1000), seed=st.integers(0, 2**32 - 1))
+def test_pack_round_trip_matches_oracle(bits, n, seed):
+    codes = np.random.default_rng(seed).integers(0, 1 << bits, n).astype(np.uint16)
+    packed = np.full(packed_size(n, bits), 0xA5, np.uint8)
+    quant.pack_bits(codes, bits, packed)
+    np.testing.assert_array_equal(packed, oracle_pack(codes, bits))
+    back = np.full(n, 0xFFFF, np.uint16)
+    quant.unpack_bits(packed, bits, n, back)
+    np.testing.assert_array_equal(back, codes)
+    # unpacking a prefix reads only what it needs
+    m = n // 2
+    quant.unpack_bits(packed[: packed_size(m, bits)], bits, m, back[:m])
+    np.testing.assert_array_equal(back[:m], codes[:m])
+
+
+@pytest.mark.parametrize("bits", range(1, 17))
+def test_pack_padding_is_zero_and_high_bits_are_masked(bits):
+    for n in range(1, 17):
+        codes = np.full(n, 0xFFFF, np.uint16)
+        packed = np.full(packed_size(n, bits), 0x5A, np.uint8)
+        quant.pack_bits(codes, bits, packed)
+        used = n * bits
+        stream = np.unpackbits(packed, bitorder="little")
+        assert stream[:used].all() and not stream[used:].any()
+        back = np.empty(n, np.uint16)
+        quant.unpack_bits(packed, bits, n, back)
+        assert (back == (1 << bits) - 1).all()
+
+
+def test_pack_layout_and_empty():
+    codes = np.array([1, 2, 3, 4], np.uint16)
+    packed = np.empty(2, np.uint8)
+    quant.pack_bits(codes, 3, packed)  # 001 010 011 100, least significant bit first
+    assert packed.tolist() == [0b11010001, 0b1000]
+    packed = np.empty(3, np.uint8)
+    quant.pack_bits(np.array([0x1234, 0xABCD, 0x0F0F], np.uint16)[:1], 16, packed[:2])
+    assert packed[:2].tolist() == [0x34, 0x12]
+    quant.pack_bits(np.empty(0, np.uint16), 5, np.empty(0, np.uint8))
+    quant.unpack_bits(np.empty(0, np.uint8), 5, 0, np.empty(0, np.uint16))
+
+
+# ---------------------------------------------------------------------------------------------
+# the kernels together
+
+@pytest.mark.parametrize("float_type", FLOAT_TYPES)
+def test_quantise_pack_and_decode_pipeline(float_type):
+    rng = np.random.default_rng(3)
+    x = (rng.standard_t(3, 20_000) * 0.02).astype(float_type)
+    x[::997] = 0.0
+    x[5] = np.nan
+    # levels from a weighted k-means on a sample, boundaries at the midpoints
+    sample = np.sort(x[np.isfinite(x)].astype(np.float64)[::10])
+    weights = np.ones(sample.size)
+    centroids = seeded_centroids(sample, weights, 15, 0)
+    quant.kmeans_1d(sample, weights, centroids, 50, 1e-6)
+    levels = centroids.astype(float_type)
+    boundaries = 0.5 * (centroids[1:] + centroids[:-1])
+    zero_code, escape, bits = 15, 16, 5
+    lo, hi = np.quantile(sample, [0.001, 0.999])
+    codes = np.empty(x.size, np.uint16)
+    escapes = quant.assign_codes(x, boundaries, lo, hi, -1e-4, 1e-4, zero_code, escape, NO_FORCE,
+                                 codes)
+    assert 0 < escapes < x.size // 100
+    packed = np.empty(packed_size(x.size, bits), np.uint8)
+    quant.pack_bits(codes, bits, packed)
+    unpacked = np.empty(x.size, np.uint16)
+    quant.unpack_bits(packed, bits, x.size, unpacked)
+    np.testing.assert_array_equal(unpacked, codes)
+    word = {np.float32: np.uint32, np.float64: np.uint64}[float_type]
+    table = np.append(levels, float_type(0)).view(word)
+    values = x[codes == escape].view(word)
+    out = np.empty(x.size, word)
+    assert quant.lookup_decode(unpacked, table, escape, values, out) == escapes
+    decoded = out.view(float_type)
+    escaped = codes == escape
+    assert decoded[escaped].tobytes() == x[escaped].tobytes()
+    # every other element went to its nearest level, or to zero inside the pruning band
+    rest = ~escaped
+    nearest = np.abs(x[rest, None].astype(np.float64) - centroids[None, :]).min(1)
+    error = np.abs(decoded[rest].astype(np.float64) - x[rest])
+    assert np.all(error <= np.maximum(nearest, 1e-4) + 1e-6)
