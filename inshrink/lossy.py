@@ -103,5 +103,5 @@ def _measure(entry: TensorEntry, read: Read, tensor: LossyTensor) -> quant.Chunk
     for start, stop, _, x in _chunks(entry, read):
         force = None if tensor.force is None else tensor.force[start:stop]
         codes = quant.assign(tensor.plan, x, force)
-        total.merge(quant.chunk_stats(tensor.plan, x.astype(np.float64), codes))
+        total.merge(quant.chunk_stats(tensor.plan, x, codes))
     return total

@@ -21,110 +21,96 @@ def float_arrays(float_type, max_size=200, finite=False):
 
 
 # ---------------------------------------------------------------------------------------------
-# sketch_counts
+# sketch_words
 
-def inverse_log_gamma(alpha: float) -> float:
-    return 1.0 / math.log((1.0 + alpha) / (1.0 - alpha))
-
-
-def oracle_keys(x: np.ndarray, inv: float) -> np.ndarray:
-    """Keys of the finite non-zero elements, in element order."""
-    v = x.astype(np.float64)
-    v = v[np.isfinite(v) & (v != 0)]
-    return np.ceil(np.log(np.abs(v)) * inv).astype(np.int64)
+BITS = {np.float32: (np.uint32, 23), np.float64: (np.uint64, 52)}
 
 
-def oracle_sketch(x: np.ndarray, inv: float, key_min: int, size: int):
-    v = x.astype(np.float64)
-    v = v[np.isfinite(v) & (v != 0)]
-    index = np.clip(oracle_keys(x, inv) - key_min, 0, size - 1)
-    positive = np.bincount(index[v > 0], minlength=size).astype(np.int64)
-    negative = np.bincount(index[v < 0], minlength=size).astype(np.int64)
-    return positive, negative, int(np.count_nonzero(x == 0))
+def sketch_args(float_type, shift):
+    word, _ = BITS[float_type]
+    abs_mask = np.uint64((1 << (8 * np.dtype(float_type).itemsize - 1)) - 1)
+    inf_bits = np.uint64(np.array(np.inf, float_type).view(word))
+    size = int(inf_bits >> np.uint64(shift)) + 1
+    return word, abs_mask, inf_bits, size
 
 
-def key_range(x: np.ndarray, inv: float) -> tuple[int, int]:
-    keys = oracle_keys(x, inv)
-    return (int(keys.min()), int(keys.max() - keys.min() + 1)) if keys.size else (0, 1)
+def run_sketch(x, shift, counts=None):
+    word, abs_mask, inf_bits, size = sketch_args(x.dtype.type, shift)
+    pos, neg, totals = counts or (np.zeros(size, np.int64), np.zeros(size, np.int64),
+                                  np.zeros(3))
+    quant.sketch_words(x, x.view(word), abs_mask, inf_bits, np.uint64(shift), pos, neg, totals)
+    return pos, neg, totals
+
+
+def oracle_sketch(x, shift):
+    word, abs_mask, inf_bits, size = sketch_args(x.dtype.type, shift)
+    a = x.view(word).astype(np.uint64) & abs_mask
+    valid = (a != 0) & (a < inf_bits)
+    index = (a[valid] >> np.uint64(shift)).astype(np.int64)
+    negative = np.signbit(x[valid])
+    pos = np.bincount(index[~negative], minlength=size).astype(np.int64)
+    neg = np.bincount(index[negative], minlength=size).astype(np.int64)
+    finite = x[valid].astype(np.float64)
+    with np.errstate(over="ignore"):
+        sumsq = float(np.dot(finite, finite))
+    return pos, neg, [np.count_nonzero(a == 0), np.count_nonzero(a >= inf_bits), sumsq]
 
 
 @pytest.mark.parametrize("float_type", FLOAT_TYPES)
-@pytest.mark.parametrize("alpha", [0.005, 0.05, 0.3])
+@pytest.mark.parametrize("kept_bits", [1, 7, 10])
 @given(data=st.data())
-def test_sketch_matches_oracle(float_type, alpha, data):
+def test_sketch_matches_oracle(float_type, kept_bits, data):
     x = data.draw(float_arrays(float_type))
-    inv = inverse_log_gamma(alpha)
-    key_min, size = key_range(x, inv)
-    shrink = data.draw(st.integers(0, 3))  # a too-short table: indices are clamped
-    key_min += shrink
-    size = max(1, size - 2 * shrink)
-    positive = np.zeros(size, np.int64)
-    negative = np.zeros(size, np.int64)
-    zeros = quant.sketch_counts(x, inv, key_min, positive, negative)
-    expected_positive, expected_negative, expected_zeros = oracle_sketch(x, inv, key_min, size)
-    assert zeros == expected_zeros
-    np.testing.assert_array_equal(positive, expected_positive)
-    np.testing.assert_array_equal(negative, expected_negative)
-    assert positive.sum() + negative.sum() == np.count_nonzero(np.isfinite(x) & (x != 0))
+    shift = BITS[float_type][1] - kept_bits
+    pos, neg, totals = run_sketch(x, shift)
+    want_pos, want_neg, want_totals = oracle_sketch(x, shift)
+    np.testing.assert_array_equal(pos, want_pos)
+    np.testing.assert_array_equal(neg, want_neg)
+    assert totals[:2].tolist() == want_totals[:2]
+    assert math.isclose(totals[2], want_totals[2], rel_tol=1e-9) or totals[2] == want_totals[2]
 
 
 @pytest.mark.parametrize("float_type", FLOAT_TYPES)
 @given(data=st.data())
 def test_sketches_of_chunks_merge_by_adding_counts(float_type, data):
-    x = data.draw(float_arrays(float_type))
+    x = data.draw(float_arrays(float_type, finite=True))
     cut = data.draw(st.integers(0, x.size))
-    inv = inverse_log_gamma(0.01)
-    key_min, size = key_range(x, inv)
-    whole = np.zeros((2, size), np.int64)
-    zeros = quant.sketch_counts(x, inv, key_min, whole[0], whole[1])
-    merged = np.zeros((2, size), np.int64)
-    zeros_merged = quant.sketch_counts(x[:cut], inv, key_min, merged[0], merged[1])
-    zeros_merged += quant.sketch_counts(x[cut:], inv, key_min, merged[0], merged[1])
-    separate = np.zeros((2, size), np.int64)
-    quant.sketch_counts(x[cut:], inv, key_min, separate[0], separate[1])
-    first = np.zeros((2, size), np.int64)
-    quant.sketch_counts(x[:cut], inv, key_min, first[0], first[1])
-    np.testing.assert_array_equal(merged, whole)
-    np.testing.assert_array_equal(first + separate, whole)
-    assert zeros_merged == zeros
+    shift = BITS[float_type][1] - 7
+    whole = run_sketch(x, shift)
+    merged = run_sketch(x[cut:], shift, run_sketch(x[:cut], shift))
+    np.testing.assert_array_equal(merged[0], whole[0])
+    np.testing.assert_array_equal(merged[1], whole[1])
+    np.testing.assert_allclose(merged[2], whole[2], rtol=1e-9)
 
 
 @pytest.mark.parametrize("float_type", FLOAT_TYPES)
 def test_sketch_skips_zeros_and_non_finite(float_type):
     x = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1.0, -1.0, 3.0], float_type)
-    inv = inverse_log_gamma(0.01)
-    key_min, size = key_range(x, inv)
-    positive = np.zeros(size, np.int64)
-    negative = np.zeros(size, np.int64)
-    assert quant.sketch_counts(x, inv, key_min, positive, negative) == 2
-    assert positive.sum() == 2 and negative.sum() == 1
-    assert positive[0] == 1 and negative[0] == 1  # log(1) = 0 is the smallest key
+    pos, neg, totals = run_sketch(x, BITS[float_type][1] - 7)
+    assert totals.tolist() == [2, 3, 11.0]
+    assert pos.sum() == 2 and neg.sum() == 1
 
 
 @pytest.mark.parametrize("float_type", FLOAT_TYPES)
 def test_sketch_of_nothing_leaves_counts(float_type):
-    positive = np.arange(3, dtype=np.int64)
-    negative = np.arange(3, dtype=np.int64)
-    assert quant.sketch_counts(np.empty(0, float_type), 10.0, 0, positive, negative) == 0
-    assert positive.tolist() == [0, 1, 2] and negative.tolist() == [0, 1, 2]
+    shift = BITS[float_type][1] - 7
+    before = run_sketch(np.array([1.0, -2.0], float_type), shift)
+    after = run_sketch(np.empty(0, float_type), shift, tuple(a.copy() for a in before))
+    for a, b in zip(before, after):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_sketch_buckets_bound_the_relative_error():
-    alpha = 0.01
-    gamma = (1 + alpha) / (1 - alpha)
-    inv = inverse_log_gamma(alpha)
     x = np.random.default_rng(1).lognormal(0.0, 4.0, 20_000)
-    key_min, size = key_range(x, inv)
-    positive = np.zeros(size, np.int64)
-    quant.sketch_counts(x, inv, key_min, positive, np.zeros(size, np.int64))
-    assert positive.sum() == x.size
-    # the DDSketch estimate of bucket k, 2 gamma^k / (gamma + 1), is within alpha of its values
-    keys = oracle_keys(x, inv)
-    estimate = 2 * gamma ** keys.astype(np.float64) / (gamma + 1)
-    assert np.all(np.abs(estimate - x) <= alpha * x * (1 + 1e-9))
-    # the median's bucket found from the counts holds the true median
-    median_index = np.searchsorted(np.cumsum(positive), (x.size + 1) // 2)
-    assert abs(median_index + key_min - math.ceil(math.log(np.median(x)) * inv)) <= 1
+    shift = 52 - 7
+    pos, _, _ = run_sketch(x, shift)
+    assert pos.sum() == x.size
+    # a bucket spans [lower, upper) with upper / lower <= 1 + 2^-7: log-spaced buckets
+    index = (x.view(np.uint64) >> np.uint64(shift)).astype(np.uint64)
+    lower = (index << np.uint64(shift)).view(np.float64)
+    upper = ((index + np.uint64(1)) << np.uint64(shift)).view(np.float64)
+    assert np.all((lower <= x) & (x < upper))
+    assert np.all(upper / lower <= 1 + 2.0 ** -7 + 1e-12)
 
 
 # ---------------------------------------------------------------------------------------------

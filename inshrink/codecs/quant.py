@@ -41,48 +41,76 @@ def work_dtype(dtype: DType) -> np.dtype:
 
 # --- pass 1: the sketch ---------------------------------------------------------------------
 
+_FLOAT_BITS = {4: (np.uint32, 23), 8: (np.uint64, 52)}
+
+
 @dataclass
 class Sketch:
     """Log-bucket histogram of one tensor's magnitudes per sign, plus the counts the plan
-    needs. Sketches of different chunks merge by adding (the paper's parallel DDSketch)."""
+    needs. A magnitude's bucket is its float bit pattern shifted right by ``shift`` (exponent
+    and top mantissa bits): log-spaced buckets of relative width at most 2·alpha, without the
+    per-element logarithm. Sketches of different chunks merge by adding (the paper's parallel
+    DDSketch without collapsing)."""
 
-    gamma: float
-    key_min: int
+    work: np.dtype
+    shift: int
     pos: np.ndarray
     neg: np.ndarray
-    zeros: int = 0
-    nonfinite: int = 0
-    count: int = 0
-    sumsq: float = 0.0
+    totals: np.ndarray  # zeros, non-finite, sum of squares of the finite elements
 
     @classmethod
     def for_dtype(cls, dtype: DType, alpha: float) -> "Sketch":
-        gamma = (1 + alpha) / (1 - alpha)
-        finfo = ml_dtypes.finfo(work_dtype(dtype))
-        log_gamma = math.log(gamma)
-        key_min = math.ceil(math.log(float(finfo.smallest_subnormal)) / log_gamma) - 1
-        key_max = math.ceil(math.log(float(finfo.max)) / log_gamma) + 1
-        size = key_max - key_min + 1
-        return cls(gamma, key_min, np.zeros(size, np.int64), np.zeros(size, np.int64))
+        work = work_dtype(dtype)
+        word, mantissa = _FLOAT_BITS[work.itemsize]
+        kept = min(mantissa, max(1, math.ceil(math.log2(1 / (2 * alpha)))))
+        shift = mantissa - kept
+        size = int(cls._inf_bits(work) >> np.uint64(shift)) + 1
+        return cls(work, shift, np.zeros(size, np.int64), np.zeros(size, np.int64),
+                   np.zeros(3, np.float64))
+
+    @staticmethod
+    def _inf_bits(work: np.dtype) -> np.uint64:
+        return np.uint64(np.array(np.inf, work).view(_FLOAT_BITS[work.itemsize][0]))
 
     def add(self, x: np.ndarray) -> None:
-        """Count one chunk (``x`` in the work dtype)."""
-        self.zeros += kernels.sketch_counts(x, 1 / math.log(self.gamma), self.key_min,
-                                            self.pos, self.neg)
-        finite = np.isfinite(x)
-        nonfinite = x.size - int(np.count_nonzero(finite))
-        self.nonfinite += nonfinite
-        self.count += x.size
-        y = x[finite] if nonfinite else x
-        self.sumsq += float(np.dot(y, y.astype(np.float64)))
+        """Count one chunk (``x`` contiguous, in the work dtype)."""
+        word = _FLOAT_BITS[self.work.itemsize][0]
+        abs_mask = np.uint64((1 << (8 * self.work.itemsize - 1)) - 1)
+        kernels.sketch_words(x, x.view(word), abs_mask, self._inf_bits(self.work),
+                             np.uint64(self.shift), self.pos, self.neg, self.totals)
 
-    def upper(self, index: np.ndarray | int):
-        """Upper edge gamma^key of bucket ``index``."""
-        return self.gamma ** (np.asarray(index) + self.key_min)
+    @property
+    def zeros(self) -> int:
+        return int(self.totals[0])
 
-    def center(self, index: np.ndarray):
-        """DDSketch's estimate of the values in bucket ``index``: 2 gamma^k / (gamma + 1)."""
-        return 2 * self.upper(index) / (self.gamma + 1)
+    @property
+    def nonfinite(self) -> int:
+        return int(self.totals[1])
+
+    @property
+    def sumsq(self) -> float:
+        return float(self.totals[2])
+
+    @property
+    def count(self) -> int:
+        return int(self.pos.sum() + self.neg.sum()) + self.zeros + self.nonfinite
+
+    def _edge(self, index) -> np.ndarray:
+        word = _FLOAT_BITS[self.work.itemsize][0]
+        bits = (np.asarray(index, np.uint64) << np.uint64(self.shift)).astype(word)
+        return bits.view(self.work).astype(np.float64)
+
+    def upper(self, index):
+        """Upper edge (exclusive) of the magnitudes in bucket ``index``."""
+        return self._edge(np.asarray(index) + 1)
+
+    def lower(self, index):
+        return self._edge(index)
+
+    def center(self, index):
+        """Representative magnitude of a bucket: the geometric middle of its edges."""
+        lo, hi = self.lower(index), self.upper(index)
+        return np.where(lo > 0, np.sqrt(lo * hi), hi / 2)
 
 
 # --- the plan -------------------------------------------------------------------------------
@@ -187,13 +215,13 @@ def _thresholds(sketch: Sketch, config: QuantConfig) -> tuple[int, int, float, f
     if config.prune > 0 and target > 0:
         lo = int(np.searchsorted(cumulative, target, side="left"))
         prune_below = float(sketch.upper(lo))
-    hi, protect_at = len(counts), math.inf
+    hi, protect_at = len(counts) - 1, math.inf  # the last bucket starts at inf: always empty
     target = config.protect * finite
     if config.protect > 0 and target > 0:
         from_top = cumulative[-1] - cumulative + counts  # elements in this bucket and above
         hi = int(np.count_nonzero(from_top >= target)) - 1
         hi = max(hi, 0)
-        protect_at = float(sketch.upper(hi - 1))
+        protect_at = float(sketch.lower(hi))
     return lo, hi, prune_below, protect_at
 
 
@@ -283,11 +311,9 @@ def estimate_rel_l2(sketch: Sketch, plan_: QuantPlan) -> float:
     values): cheap, used to skip bin counts that cannot meet a bound."""
     if sketch.sumsq <= 0:
         return 0.0
-    centers = sketch.center(np.arange(len(sketch.pos)))
-    values = np.concatenate([centers, -centers])
-    counts = np.concatenate([sketch.pos, sketch.neg]).astype(np.float64)
-    used = counts > 0
-    values, counts = values[used], counts[used]
+    pos, neg = np.flatnonzero(sketch.pos), np.flatnonzero(sketch.neg)
+    values = np.concatenate([sketch.center(pos), -sketch.center(neg)])
+    counts = np.concatenate([sketch.pos[pos], sketch.neg[neg]]).astype(np.float64)
     table = plan_.levels.astype(np.float64)
     if table.size == 0:
         decoded = values.copy()
@@ -352,22 +378,12 @@ _NO_FORCE = np.empty(0, np.int8)
 
 def chunk_stats(plan_: QuantPlan, x: np.ndarray, codes: np.ndarray) -> ChunkStats:
     """The error the codes make on ``x`` (escaped elements are exact)."""
-    table = np.append(plan_.levels.astype(np.float64), np.nan)
-    decoded = table[codes]
-    escaped = codes == plan_.escape
-    decoded[escaped] = x[escaped]
-    finite = np.isfinite(x)
-    with np.errstate(invalid="ignore"):  # inf - inf at escaped non-finite elements
-        diff = np.where(finite, x - decoded, 0.0)
-    nonzero = finite & (x != 0)
-    zero_out = nonzero & (decoded == 0)
-    flipped = nonzero & (decoded != 0) & (np.signbit(x) != np.signbit(decoded))
-    pruned = nonzero & (np.abs(x) < plan_.prune_below)
-    return ChunkStats(x.size, float(np.dot(diff, diff)),
-                      float(np.abs(diff).max()) if x.size else 0.0,
-                      int(np.count_nonzero(escaped)), int(np.count_nonzero(pruned)),
-                      int(np.count_nonzero(zero_out)), int(np.count_nonzero(flipped)),
-                      int(np.count_nonzero(nonzero)))
+    out = np.zeros(7, np.float64)
+    kernels.error_stats(x, codes, plan_.levels.astype(np.float64), plan_.escape,
+                        plan_.prune_below, out)
+    sse, worst, escaped, pruned, zeroed, flipped, nonzero = out
+    return ChunkStats(x.size, float(sse), float(worst), int(escaped), int(pruned), int(zeroed),
+                      int(flipped), int(nonzero))
 
 
 def encode_chunk(raw: np.ndarray, plan_: QuantPlan, level: int | None,
@@ -377,7 +393,7 @@ def encode_chunk(raw: np.ndarray, plan_: QuantPlan, level: int | None,
     dtype = plan_.dtype
     x = raw.view(dtype.numpy).astype(work_dtype(dtype))
     codes = assign(plan_, x, force)
-    stats = chunk_stats(plan_, x.astype(np.float64), codes)
+    stats = chunk_stats(plan_, x, codes)
     positions = np.flatnonzero(codes == plan_.escape)
     if positions.size:  # escaped elements keep their nearest level's code: smoother streams
         nearest = np.searchsorted(plan_.boundaries, x[positions], side="left")

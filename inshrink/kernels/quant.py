@@ -3,13 +3,17 @@ bit packing of codes.
 
 Callers guarantee, for each kernel:
 
-``sketch_counts(x, inv_log_gamma, key_min, counts_pos, counts_neg)``
-    ``x`` is 1-D float32 or float64; ``counts_pos`` and ``counts_neg`` are int64 of one length
-    ``>= 1``; ``inv_log_gamma > 0``. The key of a finite non-zero ``v`` is
-    ``ceil(log(|v|) * inv_log_gamma)``, computed in float64, and its index is ``key - key_min``.
-    Callers size the counts to hold every index; an index that rounding pushes out of range is
-    clamped into ``[0, len - 1]``. Counts accumulate, so adding the counts of several chunks
-    sketches their concatenation.
+``sketch_words(x, words, abs_mask, inf_bits, shift, counts_pos, counts_neg, totals)``
+    ``x`` is 1-D float32 or float64 and ``words`` the same array viewed as uint32 / uint64;
+    ``abs_mask`` (all bits but the sign) and ``inf_bits`` (the pattern of +inf) are uint64 for
+    that float width; ``0 <= shift`` < mantissa bits; ``counts_pos``/``counts_neg`` are int64
+    of one length ``>= 1`` (``inf_bits >> shift`` entries hold every index; larger indices are
+    clamped); ``totals`` is float64 of length 3. Counts accumulate, so adding the counts of
+    several chunks sketches their concatenation.
+
+``error_stats(x, codes, table, escape, prune_below, out)``
+    ``x`` is 1-D float32 or float64; ``codes`` uint16 of ``len(x)``, each ``< len(table)`` or
+    ``== escape``; ``table`` float64; ``out`` float64 of length 7, accumulated.
 
 ``kmeans_pp_seed(points, weights, k, uniforms, out)``
     ``points`` and ``weights`` are float64 of one length ``n >= 1``, weights finite and
@@ -53,33 +57,81 @@ _LINEAR_RANK_MAX = 256  # longest boundary table ranked by counting, not binary 
 
 
 @njit(nogil=True, cache=True)
-def sketch_counts(x, inv_log_gamma, key_min, counts_pos, counts_neg):
-    """Add the log-bucket keys of the finite non-zero elements of ``x`` to the counts.
+def sketch_words(x, words, abs_mask, inf_bits, shift, counts_pos, counts_neg, totals):
+    """Add one chunk to a log-linear magnitude histogram, per sign.
 
-    Returns
-    -------
-    int
-        The number of zero elements (skipped, like the non-finite ones).
+    The bucket of a finite non-zero element is its magnitude's bit pattern shifted right by
+    ``shift`` (exponent plus the top mantissa bits: a log-bucket grid with relative width
+    2^-(mantissa bits - shift)). ``totals`` accumulates [zeros, non-finite, sum of squares of
+    the finite elements].
     """
     last = counts_pos.shape[0] - 1
-    zeros = 0
+    zeros = 0.0
+    nonfinite = 0.0
+    sumsq = 0.0
     for i in range(x.shape[0]):
-        v = float(x[i])
-        if v == 0.0:
-            zeros += 1
+        w = np.uint64(words[i])
+        a = w & abs_mask
+        if a == _ZERO:
+            zeros += 1.0
             continue
-        if not math.isfinite(v):
+        if a >= inf_bits:
+            nonfinite += 1.0
             continue
-        index = int(math.ceil(math.log(abs(v)) * inv_log_gamma)) - key_min
-        if index < 0:
-            index = 0
-        elif index > last:
+        v = np.float64(x[i])  # float() of a float32 stays float32 in numba
+        sumsq += v * v
+        index = np.int64(a >> shift)  # int64 on purpose: uint64 mixed with int64 is float64
+        if index > last:
             index = last
-        if v > 0.0:
+        if a == w:
             counts_pos[index] += 1
         else:
             counts_neg[index] += 1
-    return zeros
+    totals[0] += zeros
+    totals[1] += nonfinite
+    totals[2] += sumsq
+
+
+@njit(nogil=True, cache=True)
+def error_stats(x, codes, table, escape, prune_below, out):
+    """Accumulate the error of decoding ``x`` as ``table[codes]`` (escapes are exact) into
+    ``out`` = [sum of squared errors, max |error|, escaped, pruned, zeroed, sign flipped,
+    finite non-zero elements]."""
+    sse = 0.0
+    worst = out[1]
+    escaped = 0.0
+    pruned = 0.0
+    zeroed = 0.0
+    flipped = 0.0
+    nonzero = 0.0
+    for i in range(x.shape[0]):
+        v = np.float64(x[i])  # float() of a float32 stays float32 in numba
+        c = codes[i]
+        finite_nonzero = v != 0.0 and math.isfinite(v)
+        if finite_nonzero:
+            nonzero += 1.0
+        if c == escape:
+            escaped += 1.0
+            continue
+        d = table[c]
+        e = abs(v - d)
+        sse += e * e
+        if e > worst:
+            worst = e
+        if finite_nonzero:
+            if abs(v) < prune_below:
+                pruned += 1.0
+            if d == 0.0:
+                zeroed += 1.0
+            elif (v < 0.0) != (d < 0.0):
+                flipped += 1.0
+    out[0] += sse
+    out[1] = worst
+    out[2] += escaped
+    out[3] += pruned
+    out[4] += zeroed
+    out[5] += flipped
+    out[6] += nonzero
 
 
 @njit(nogil=True, cache=True)
@@ -110,8 +162,8 @@ def kmeans_pp_seed(points, weights, k, uniforms, out):
     Returns
     -------
     int
-        The number of centroids written to ``out`` (fewer than ``k`` when every remaining point
-        of positive weight already coincides with a centroid). They are distinct.
+        The number of centroids written to ``out``, all distinct: fewer than ``k`` when every
+        point that carries weight already coincides with a centroid.
     """
     n = points.shape[0]
     total = 0.0
