@@ -79,17 +79,19 @@ SWEEPS = {
         "zfp-acc": [1.0, 5e-1, 3e-1, 2e-1, 1e-1, 5e-2, 3e-2, 2e-2, 1e-2, 5e-3, 3e-3,
                     2e-3, 1e-3, 3e-4, 1e-4, 1e-5, 1e-6],
         "zfp-prec": [4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16, 18, 20],
-        "inshrink": [4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256],
+        "inshrink": [4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024, 4096],
+        "inshrink-linear": [4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096],
     },
     "quick": {
         "sz3": [1e-1, 1e-2, 1e-3, 1e-4],
         "zfp-acc": [3e-1, 1e-1, 1e-2, 1e-3, 1e-4],
         "zfp-prec": [6, 10, 14],
-        "inshrink": [4, 8, 16, 64, 256],
+        "inshrink": [4, 8, 16, 64, 256, 1024],
+        "inshrink-linear": [8, 64, 1024],
     },
 }
 ALL_CODECS = ("int8+zstd", "int4+zstd", "fp16+zstd", "bf16+zstd",
-              "sz3", "zfp-acc", "zfp-prec", "inshrink")
+              "sz3", "zfp-acc", "zfp-prec", "inshrink", "inshrink-linear")
 
 try:
     import ml_dtypes
@@ -448,6 +450,11 @@ def sweep_codecs(wanted, sweep, notes):
         else:
             codecs["inshrink"] = (lambda s: Inshrink(DOMAIN[s]), sweep["inshrink"],
                                   lambda v: f"bins={v}")
+    if "inshrink-linear" in wanted and "inshrink" in codecs:
+        # the same codec with levels fitted in the value domain for every set: the L2-optimal
+        # choice, whereas the default log domains for moments target training behaviour
+        codecs["inshrink-linear"] = (lambda s: Inshrink("linear"), sweep["inshrink-linear"],
+                                     lambda v: f"bins={v} linear")
     return codecs
 
 

@@ -425,12 +425,12 @@ def build_quant_f32(path: Path) -> dict:
 
 
 @positive("quant_bf16", "stage quant on BF16 in the log domain (an exp_avg_sq-like tensor with "
-                        "zeros), several chunks (chunk_bytes=2048), 7 levels in 3-bit codes")
+                        "zeros), several chunks (chunk_bytes=2048), 16 levels in 4-bit codes")
 def build_quant_bf16(path: Path) -> dict:
     raw = np.frombuffer(prng_bytes("quant-bf16", 4 * 3000), "<u4")
     v = np.exp(-(raw % 2000).astype(np.float32) / 100).astype(ml_dtypes.bfloat16)
     v[::97] = 0
-    policy = Policy(overrides={"*": QuantConfig(bins=7, protect=0.0, domain="log")})
+    policy = Policy(overrides={"*": QuantConfig(bins=15, protect=0.0, domain="log")})
     with inshrink.Writer(path, threads=1, chunk_bytes=2048, policy=policy) as w:
         w.add("optimizer.state.0.exp_avg_sq", v.reshape(30, 100))
     return contents(quant_reference_decode(path))
