@@ -78,7 +78,7 @@ def prepare(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
     """Sketch the tensor and fit its plan; ``None`` if no bin count meets the error bound
     (the caller then stores the tensor losslessly)."""
     force = _force(importance, config, entry.numel)
-    sketch = quant.Sketch.for_dtype(entry.dtype, config.alpha)
+    sketch = quant.Sketch.for_dtype(entry.dtype, config.alpha, config.bins)
     for _, _, _, x in _chunks(entry, read):
         sketch.add(x)
     by_sensitivity = config.prune_metric == "sensitivity"

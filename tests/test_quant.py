@@ -242,3 +242,18 @@ def test_property_decoded_matches_report(tmp_path_factory, x, bins, prune, prote
                             abs_tol=1e-9)
     distinct = np.unique(y[np.abs(x) < np.max(np.abs(x))])
     assert distinct.size <= bins + 1 + int(protect * x.size) + 1
+
+
+@pytest.mark.parametrize("bins", [2, 5, 40, 300, 3000])
+def test_every_code_width_round_trips(tmp_path, bins):
+    x = weights((300, 200), seed=bins)
+    report, out, path = save_load(tmp_path, {"w.weight": x},
+                                  Policy.uniform(QuantConfig(bins=bins, protect=0.001)))
+    with inshrink.open(path) as f:
+        stage = f._stages["w.weight"]
+    assert stage.bits >= max(1, (len(stage.levels) - 1).bit_length())
+    assert math.isclose(report["w.weight"].error["rel_l2_error"], rel_l2(x, out["w.weight"]),
+                        rel_tol=1e-6)
+    table = stage.levels.astype(np.float32)
+    on_level = np.isin(out["w.weight"], table) | (out["w.weight"] == x)
+    assert on_level.all()

@@ -59,10 +59,13 @@ class Sketch:
     totals: np.ndarray  # zeros, non-finite, sum of squares of the finite elements
 
     @classmethod
-    def for_dtype(cls, dtype: DType, alpha: float) -> "Sketch":
+    def for_dtype(cls, dtype: DType, alpha: float, bins: int = 1) -> "Sketch":
+        """A sketch of relative bucket width <= 2·alpha, refined for many bins (k-means
+        cannot place levels closer than the buckets: up to 2^12 buckets per octave)."""
         work = work_dtype(dtype)
         word, mantissa = _FLOAT_BITS[work.itemsize]
-        kept = min(mantissa, max(1, math.ceil(math.log2(1 / (2 * alpha)))))
+        kept = max(math.ceil(math.log2(1 / (2 * alpha))), min(12, bins.bit_length() + 2))
+        kept = min(mantissa, max(1, kept))
         shift = mantissa - kept
         size = int(cls._inf_bits(work) >> np.uint64(shift)) + 1
         return cls(work, shift, np.zeros(size, np.int64), np.zeros(size, np.int64),
@@ -169,7 +172,7 @@ class QuantPlan:
         """Codes take ceil(n × bits / 8) bytes; positions 4 bytes and values one element per
         escaped element, at most n of them."""
         codes, positions, values = sizes
-        return (codes == (n * self.bits + 7) // 8 and positions % 4 == 0
+        return (codes == codes_size(n, self.bits) and positions % 4 == 0
                 and positions // 4 <= n and values == positions // 4 * itemsize)
 
     def decode(self, chunks: list[tuple], out: np.ndarray) -> None:
@@ -182,7 +185,7 @@ class QuantPlan:
         word = _WORDS[itemsize]
         words = out.view(word)
         codes = np.empty(n, np.uint16)
-        kernels.unpack_bits(np.frombuffer(packed, np.uint8), self.bits, n, codes)
+        unpack_codes(np.frombuffer(packed, np.uint8), self.bits, codes)
         positions = np.cumsum(np.frombuffer(gaps, "<u4").astype(np.int64) + 1) - 1
         if positions.size and positions[-1] >= n:
             raise CorruptError("escaped position past the end of its chunk")
@@ -199,6 +202,31 @@ class QuantPlan:
 def code_bits(levels: int) -> int:
     """Bits per code for a table of ``levels`` levels (at least 1)."""
     return max(1, (levels - 1).bit_length())
+
+
+def codes_size(n: int, bits: int) -> int:
+    """Bytes of the codes stream of a chunk of ``n`` elements."""
+    return (n * bits + 7) // 8 if bits <= 8 else 2 * n
+
+
+def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Codes stream: bit-packed up to 8 bits; above, two byte planes (all high bytes, then
+    all low bytes), which zstd codes far better than 9-16-bit fields straddling bytes."""
+    if bits > 8:
+        return np.concatenate([(codes >> 8).astype(np.uint8), (codes & 0xFF).astype(np.uint8)])
+    packed = np.zeros(codes_size(codes.size, bits), np.uint8)
+    kernels.pack_bits(codes, bits, packed)
+    return packed
+
+
+def unpack_codes(stream: np.ndarray, bits: int, out: np.ndarray) -> None:
+    """Inverse of :func:`pack_codes` into ``out`` (uint16, one per element)."""
+    n = out.size
+    if bits > 8:
+        np.left_shift(stream[:n], 8, out=out, dtype=np.uint16)
+        out |= stream[n:]
+    else:
+        kernels.unpack_bits(stream, bits, n, out)
 
 
 def packing_bits(levels: int) -> int:
@@ -409,8 +437,7 @@ def encode_chunk(raw: np.ndarray, plan_: QuantPlan, level: int | None,
         codes[positions] = np.where(np.isfinite(x[positions]), nearest, 0)
         if plan_.levels.size == 0:
             codes[positions] = 0
-    packed = np.zeros((x.size * plan_.bits + 7) // 8, np.uint8)
-    kernels.pack_bits(codes, plan_.bits, packed)
+    packed = pack_codes(codes, plan_.bits)
     gaps = np.diff(positions, prepend=-1) - 1
     gaps = gaps.astype("<u4").view(np.uint8)
     values = raw.view(_WORDS[dtype.itemsize])[positions].view(np.uint8)

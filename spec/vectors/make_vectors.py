@@ -400,9 +400,13 @@ def quant_reference_decode(path: Path) -> Tensors:
                     zstandard.ZstdDecompressor().decompress(reader.read_chunk(ch))
                     if ch.coding == "zstd" else reader.read_chunk(ch)
                     for ch in (stream[c] for stream in entry.streams))
-                bitstring = np.unpackbits(np.frombuffer(codes_raw, np.uint8), bitorder="little")
-                weights = 1 << np.arange(stage["bits"])
-                codes = bitstring[:n * stage["bits"]].reshape(n, stage["bits"]) @ weights
+                raw = np.frombuffer(codes_raw, np.uint8)
+                if stage["bits"] > 8:  # two byte planes, high bytes first
+                    codes = raw[:n].astype(np.int64) * 256 + raw[n:]
+                else:
+                    bitstring = np.unpackbits(raw, bitorder="little")
+                    weights = 1 << np.arange(stage["bits"])
+                    codes = bitstring[:n * stage["bits"]].reshape(n, stage["bits"]) @ weights
                 chunk = levels[codes] if levels.size else np.zeros(n, word)
                 positions = np.cumsum(np.frombuffer(gaps_raw, "<u4").astype(np.int64) + 1) - 1
                 chunk[positions] = np.frombuffer(values_raw, word)
@@ -433,6 +437,15 @@ def build_quant_bf16(path: Path) -> dict:
     policy = Policy(overrides={"*": QuantConfig(bins=15, protect=0.0, domain="log")})
     with inshrink.Writer(path, threads=1, chunk_bytes=2048, policy=policy) as w:
         w.add("optimizer.state.0.exp_avg_sq", v.reshape(30, 100))
+    return contents(quant_reference_decode(path))
+
+
+@positive("quant_wide", "stage quant with 10-bit codes (600 levels): codes stored as a high-byte "
+                        "and a low-byte plane")
+def build_quant_wide(path: Path) -> dict:
+    x = (mantissa_noise_f32("quant-wide", 2048) - np.float32(1.5)).reshape(32, 64)
+    policy = Policy(overrides={"*": QuantConfig(bins=600, protect=0.0)})
+    inshrink.save(path, {"w": x}, policy=policy, threads=1)
     return contents(quant_reference_decode(path))
 
 
