@@ -257,3 +257,43 @@ def test_every_code_width_round_trips(tmp_path, bins):
     table = stage.levels.astype(np.float32)
     on_level = np.isin(out["w.weight"], table) | (out["w.weight"] == x)
     assert on_level.all()
+
+
+def test_multi_chunk_lossy_tensor_equals_one_chunk_stats(tmp_path):
+    x = weights((500, 300), seed=7)
+    policy = Policy.uniform(QuantConfig(bins=32))
+    with inshrink.Writer(tmp_path / "m.ink", chunk_bytes=40_000, policy=policy, threads=2) as w:
+        w.add("w.weight", x)
+    info = inshrink.open(tmp_path / "m.ink").info("w.weight")
+    out = inshrink.load(tmp_path / "m.ink")["w.weight"]
+    assert math.isclose(info.error["rel_l2_error"], rel_l2(x, out), rel_tol=1e-6)
+    single, out1, _ = save_load(tmp_path, {"w.weight": x}, policy)
+    assert np.array_equal(out, out1["w.weight"])  # chunking does not change the codes
+
+
+def test_cli_lossy_options(tmp_path):
+    import subprocess
+    import sys
+    from safetensors.numpy import save_file
+    save_file({"w.weight": weights((128, 64)), "b": np.zeros(3, np.float32)},
+              str(tmp_path / "m.safetensors"))
+    env = {"PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1])}
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "inshrink", *args], cwd=tmp_path,
+                              capture_output=True, text=True, env={**__import__("os").environ,
+                                                                   **env}, timeout=300)
+    assert run("compress", "m.safetensors", "--lossy", "-o", "a.ink").returncode == 0
+    r = run("info", "a.ink")
+    assert "quant+zstd" in r.stdout and "rel L2 err" in r.stdout
+    assert run("compress", "m.safetensors", "--bins", "8", "--prune", "0.1",
+               "-o", "b.ink").returncode == 0
+    import json
+    info = json.loads(run("info", "b.ink", "--json").stdout)
+    lossy = [t for t in info["tensors"] if t["codec"] == "quant+zstd"]
+    assert lossy and lossy[0]["error"]["pruned"] > 0.05
+    r = run("compress", "m.safetensors", "--preset", "balanced", "--bins", "8", "-o", "c.ink")
+    assert r.returncode == 2 and "either" in r.stderr
+    r = run("compress", "m.safetensors", "--bins", "0", "-o", "d.ink")
+    assert r.returncode == 1 and "bins" in r.stderr and "Traceback" not in r.stderr
+    assert run("decompress", "a.ink", "-o", "a.safetensors").returncode == 0

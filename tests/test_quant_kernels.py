@@ -541,3 +541,48 @@ def test_quantise_pack_and_decode_pipeline(float_type):
     nearest = np.abs(x[rest, None].astype(np.float64) - centroids[None, :]).min(1)
     error = np.abs(decoded[rest].astype(np.float64) - x[rest])
     assert np.all(error <= np.maximum(nearest, 1e-4) + 1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# error_stats
+
+def oracle_error_stats(x, codes, table, escape, prune_below):
+    v = x.astype(np.float64)
+    escaped = codes == escape
+    decoded = np.append(table, np.nan)[np.minimum(codes, len(table))]
+    finite_nonzero = np.isfinite(v) & (v != 0)
+    kept = ~escaped
+    err = np.abs(v[kept] - decoded[kept])
+    nz = finite_nonzero & kept
+    d = decoded[nz]
+    return [float(np.sum(err * err)), float(err.max()) if err.size else 0.0,
+            int(escaped.sum()), int((np.abs(v[nz]) < prune_below).sum()),
+            int((d == 0).sum()), int(((d != 0) & ((v[nz] < 0) != (d < 0))).sum()),
+            int(finite_nonzero.sum())]
+
+
+@pytest.mark.parametrize("float_type", FLOAT_TYPES)
+@given(data=st.data())
+def test_error_stats_match_oracle(float_type, data):
+    x = data.draw(st.lists(st.floats(-2.0 ** 100, 2.0 ** 100, width=32), max_size=200)
+                  .map(lambda v: np.array(v, float_type)))
+    table = np.array(sorted(set(data.draw(st.lists(
+        st.floats(-10, 10, allow_nan=False), min_size=1, max_size=8)))), np.float64)
+    escape = len(table)
+    codes = np.array(data.draw(st.lists(st.integers(0, escape), min_size=x.size,
+                                        max_size=x.size)), np.uint16)
+    out = np.zeros(7)
+    quant.error_stats(x, codes, table, escape, 0.5, out)
+    want = oracle_error_stats(x, codes, table, escape, 0.5)
+    assert math.isclose(out[0], want[0], rel_tol=1e-9, abs_tol=1e-300) or out[0] == want[0]
+    assert out[1] == want[1] or math.isclose(out[1], want[1], rel_tol=1e-12)
+    assert out[2:].tolist() == want[2:]
+
+
+def test_error_stats_accumulate_and_skip_escaped_non_finite():
+    x = np.array([np.nan, np.inf, 1.0, -2.0], np.float32)
+    codes = np.array([2, 2, 0, 1], np.uint16)
+    out = np.zeros(7)
+    quant.error_stats(x, codes, np.array([0.5, 0.0]), 2, 0.0, out)
+    quant.error_stats(x, codes, np.array([0.5, 0.0]), 2, 0.0, out)
+    assert out.tolist() == [2 * (0.25 + 4.0), 2.0, 4, 0, 2, 0, 4]
