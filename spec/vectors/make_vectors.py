@@ -401,12 +401,14 @@ def quant_reference_decode(path: Path) -> Tensors:
                     if ch.coding == "zstd" else reader.read_chunk(ch)
                     for ch in (stream[c] for stream in entry.streams))
                 raw = np.frombuffer(codes_raw, np.uint8)
-                if stage["bits"] > 8:  # two byte planes, high bytes first
-                    codes = raw[:n].astype(np.int64) * 256 + raw[n:]
+                def unpacked(data, width):
+                    bitstring = np.unpackbits(data, bitorder="little")
+                    return bitstring[:n * width].reshape(n, width) @ (1 << np.arange(width))
+                if stage["bits"] > 8:  # top 8 bits as bytes, then the low bits packed
+                    low_bits = stage["bits"] - 8
+                    codes = (raw[:n].astype(np.int64) << low_bits) + unpacked(raw[n:], low_bits)
                 else:
-                    bitstring = np.unpackbits(raw, bitorder="little")
-                    weights = 1 << np.arange(stage["bits"])
-                    codes = bitstring[:n * stage["bits"]].reshape(n, stage["bits"]) @ weights
+                    codes = unpacked(raw, stage["bits"])
                 chunk = levels[codes] if levels.size else np.zeros(n, word)
                 positions = np.cumsum(np.frombuffer(gaps_raw, "<u4").astype(np.int64) + 1) - 1
                 chunk[positions] = np.frombuffer(values_raw, word)
@@ -440,8 +442,8 @@ def build_quant_bf16(path: Path) -> dict:
     return contents(quant_reference_decode(path))
 
 
-@positive("quant_wide", "stage quant with 10-bit codes (600 levels): codes stored as a high-byte "
-                        "and a low-byte plane")
+@positive("quant_wide", "stage quant with 10-bit codes (600 levels): a byte plane of the codes' "
+                        "top 8 bits, then their low 2 bits packed")
 def build_quant_wide(path: Path) -> dict:
     x = (mantissa_noise_f32("quant-wide", 2048) - np.float32(1.5)).reshape(32, 64)
     policy = Policy(overrides={"*": QuantConfig(bins=600, protect=0.0)})
