@@ -65,7 +65,8 @@ class Sketch:
         work = work_dtype(dtype)
         word, mantissa = _FLOAT_BITS[work.itemsize]
         kept = max(math.ceil(math.log2(1 / (2 * alpha))), min(12, bins.bit_length() + 2))
-        kept = min(mantissa, max(1, kept))
+        exponent = 8 * work.itemsize - 1 - mantissa
+        kept = min(mantissa, 20 - exponent, max(1, kept))  # at most 2^20 buckets per sign
         shift = mantissa - kept
         size = int(cls._inf_bits(work) >> np.uint64(shift)) + 1
         return cls(work, shift, np.zeros(size, np.int64), np.zeros(size, np.int64),
