@@ -180,7 +180,6 @@ class Writer:
             raise InvalidArgumentError(str(exc)) from None
         if name in self._names:
             raise InvalidArgumentError(f"duplicate tensor name {name!r}")
-        self._names.add(name)
         per_chunk = max(1, self._chunk_bytes // dtype.itemsize)
         entry = TensorEntry(name, dtype, tuple(shape), [], per_chunk)
         role, config = self._policy.config_for(name, dtype.name, entry.shape)
@@ -199,6 +198,7 @@ class Writer:
             encoder = functools.partial(_encode_lossless, stage=stage, level=self._level)
             if self._reports:
                 entry.report = {"role": role, "rel_l2_error": 0.0, "max_abs_error": 0.0}
+        self._names.add(name)  # only now: a failed fit leaves the name free
         self._container.tensors.append(entry)
         for c in range(entry.chunk_count):
             self._submit(entry, encoder, read, c)

@@ -297,3 +297,12 @@ def test_cli_lossy_options(tmp_path):
     r = run("compress", "m.safetensors", "--bins", "0", "-o", "d.ink")
     assert r.returncode == 1 and "bins" in r.stderr and "Traceback" not in r.stderr
     assert run("decompress", "a.ink", "-o", "a.safetensors").returncode == 0
+
+
+def test_a_failed_add_leaves_the_writer_usable(tmp_path):
+    policy = Policy.uniform(QuantConfig(bins=8))
+    with inshrink.Writer(tmp_path / "w.ink", policy=policy) as w:
+        with pytest.raises(errors.InvalidArgumentError, match="importance"):
+            w.add("w.weight", weights(), importance=np.ones(3))
+        w.add("w.weight", weights())
+    assert list(inshrink.load(tmp_path / "w.ink")) == ["w.weight"]
