@@ -56,6 +56,8 @@ import time
 
 import numpy as np
 
+import common
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(HERE)
 DATA = os.path.join(HERE, "data")
@@ -135,26 +137,8 @@ def same_bytes(a, arr: np.ndarray) -> bool:
 # inshrink import
 # --------------------------------------------------------------------------
 
-def import_inshrink():
-    try:
-        import inshrink  # noqa: F401
-    except ImportError:
-        if REPO_ROOT not in sys.path:
-            sys.path.insert(0, REPO_ROOT)
-        try:
-            import inshrink  # noqa: F401
-        except ImportError as e:
-            return None, f"{type(e).__name__}: {e}"
-    import inshrink
-    for fn in ("save", "load"):
-        if not hasattr(inshrink, fn):
-            return None, f"inshrink has no {fn}()"
-    return inshrink, None
-
-
-def tmp_root() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
-        else tempfile.gettempdir()
+import_inshrink = common.import_inshrink
+tmp_root = common.tmp_root
 
 
 # --------------------------------------------------------------------------

@@ -62,6 +62,8 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+import common  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(HERE)
 DATA = os.path.join(HERE, "data")
@@ -293,25 +295,10 @@ class ZFP:
 # --------------------------------------------------------------------------
 
 def import_inshrink():
-    try:
-        import inshrink  # noqa: F401
-    except ImportError:
-        if REPO_ROOT not in sys.path:
-            sys.path.insert(0, REPO_ROOT)
-        try:
-            import inshrink  # noqa: F401
-        except ImportError as e:
-            return None, f"{type(e).__name__}: {e}"
-    import inshrink
-    missing = [n for n in ("save", "load", "QuantConfig", "Policy") if not hasattr(inshrink, n)]
-    if missing:
-        return None, f"inshrink has no {', '.join(missing)} (lossy API not available)"
-    return inshrink, None
+    return common.import_inshrink(("save", "load", "QuantConfig", "Policy"))
 
 
-def tmp_root() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
-        else tempfile.gettempdir()
+tmp_root = common.tmp_root
 
 
 _TMPDIR = None
