@@ -7,17 +7,20 @@
 ...     w = f["model.layers.3.attn.q_proj.weight"]
 """
 from .api import load, open, save
-from .errors import (ChecksumError, CorruptError, InshrinkError, InvalidArgumentError,
+from .errors import (BaseMismatchError, ChecksumError, CorruptError, InshrinkError, InvalidArgumentError,
                      LimitExceededError, TensorNotFoundError, TruncatedError,
                      UnknownCodecError, UnsupportedFeatureError, UnsupportedVersionError)
 from .policy import PRESETS, Policy, QuantConfig
+from .series import Series
 from .tensorfile import File, TensorInfo, Writer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "save", "load", "open", "File", "Writer", "TensorInfo", "Policy", "QuantConfig", "PRESETS",
+    "Series",
     "InshrinkError", "InvalidArgumentError", "CorruptError", "TruncatedError",
     "ChecksumError", "UnsupportedVersionError", "UnsupportedFeatureError",
-    "UnknownCodecError", "LimitExceededError", "TensorNotFoundError", "__version__",
+    "UnknownCodecError", "LimitExceededError", "TensorNotFoundError", "BaseMismatchError",
+    "__version__",
 ]

@@ -55,6 +55,20 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("input", nargs="+", help=".ink files or directories of .ink shards")
     v.add_argument("--json", action="store_true", help="machine-readable output")
     v.add_argument("--threads", type=int, default=None, help="threads (default: all cores)")
+
+    ser = sub.add_parser("series", help="checkpoint series: ls, restore, verify")
+    ser_sub = ser.add_subparsers(dest="series_command", required=True, metavar="ACTION")
+    ls = ser_sub.add_parser("ls", help="list the checkpoints of a series")
+    ls.add_argument("directory")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    rs = ser_sub.add_parser("restore", help="write one checkpoint as .safetensors or .ink")
+    rs.add_argument("directory")
+    rs.add_argument("--step", type=int, default=None, help="step to restore (default: latest)")
+    rs.add_argument("-o", "--output", required=True, help="OUT.safetensors or OUT.ink")
+    rs.add_argument("-f", "--force", action="store_true", help="overwrite an existing output")
+    sv = ser_sub.add_parser("verify", help="check every checkpoint and every delta chain")
+    sv.add_argument("directory")
+    sv.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 
 
@@ -237,8 +251,50 @@ def cmd_verify(args) -> int:
     return EXIT_ERROR if failed or not results else EXIT_OK
 
 
+def cmd_series(args) -> int:
+    from .series import MANIFEST, Series
+    if not os.path.isfile(os.path.join(args.directory, MANIFEST)):
+        raise UsageError(f"{args.directory}: not a series (no {MANIFEST})")
+    series = Series(args.directory)
+    if args.series_command == "ls":
+        entries = series.checkpoints()
+        if args.json:
+            print(json.dumps([e.__dict__ for e in entries]))
+        else:
+            print(f"{'step':>12}  {'kind':<8} {'bytes':>14}  base")
+            for e in entries:
+                print(f"{e.step:>12}  {'keyframe' if e.keyframe else 'delta':<8} "
+                      f"{e.bytes:>14,}  {e.base or '-'}")
+        return EXIT_OK
+    if args.series_command == "verify":
+        problems = series.verify()
+        if args.json:
+            print(json.dumps({"ok": not problems, "problems": problems}))
+        else:
+            print("\n".join(f"FAIL  {p}" for p in problems) if problems
+                  else f"OK    {len(series.steps())} checkpoints")
+        return EXIT_ERROR if problems else EXIT_OK
+    _check_paths(args.directory, args.output, args.force)
+    state = series.load(args.step)
+    step = series.latest() if args.step is None else args.step
+    if args.output.endswith(".safetensors"):
+        from . import api, convert
+        tmp = args.output + ".ink.tmp"
+        try:
+            api.save(tmp, state, {"step": str(step)})
+            convert.decompress_to_safetensors(tmp, args.output)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    else:
+        from . import api
+        api.save(args.output, state, {"step": str(step)})
+    print(f"step {step} -> {args.output}")
+    return EXIT_OK
+
+
 COMMANDS = {"compress": cmd_compress, "decompress": cmd_decompress,
-            "info": cmd_info, "verify": cmd_verify}
+            "info": cmd_info, "verify": cmd_verify, "series": cmd_series}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,6 +41,10 @@ class LimitExceededError(InshrinkError):
     """A declared size, count or length exceeds a normative limit of the format."""
 
 
+class BaseMismatchError(InshrinkError):
+    """A delta file's base is missing, modified, or not the file the delta was made against."""
+
+
 class TensorNotFoundError(InshrinkError, KeyError):
     """A tensor name is not present in the file."""
 

@@ -7,7 +7,7 @@ import os
 import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -20,8 +20,8 @@ from .container.writer import ContainerWriter
 from .lossy import LossyTensor, prepare
 from .policy import Policy
 from .policy import resolve as resolve_policy
-from .errors import (InshrinkError, InvalidArgumentError, LimitExceededError,
-                     TensorNotFoundError)
+from .errors import (BaseMismatchError, InshrinkError, InvalidArgumentError,
+                     LimitExceededError, TensorNotFoundError)
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 
@@ -82,7 +82,12 @@ def resolve_threads(threads: int | None) -> int:
 
 
 def _encode_lossless(raw: np.ndarray, start: int, stop: int, *, stage: lossless.ByteGroup,
-                     level: int | None) -> tuple[list, None]:
+                     level: int | None, base: np.ndarray | None = None) -> tuple[list, None]:
+    """Byte-group and zstd one chunk (elements [start, stop)); with ``base`` (the base
+    tensor's bytes), the chunk's XOR with the same bytes of the base."""
+    if base is not None:
+        first = start * (raw.size // (stop - start)) if stop > start else 0
+        raw = np.bitwise_xor(raw, base[first:first + raw.size])
     plane_size = raw.size // stage.word
     return [(coding, payload, plane_size)
             for coding, payload in lossless.encode_chunk(raw, stage, level)], None
@@ -118,13 +123,25 @@ class Writer:
         Which tensors are quantized and how (:mod:`inshrink.policy`): a :class:`Policy`, a
         preset name (``"lossless"``, ``"balanced"``, ``"aggressive"``) or ``None``
         (lossless, the default).
+    base : mapping of str to numpy.ndarray, optional
+        The tensors of the previous checkpoint exactly as a reader decodes them; a lossless
+        tensor with the same name, dtype and shape is stored as its XOR with the base when that
+        is smaller. Requires ``base_file``.
+    base_file : dict, optional
+        ``{"file": name, "sha256": hex digest}`` of the file ``base`` was decoded from,
+        recorded so that readers can check they decode against the right base.
     """
 
     def __init__(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, *,
                  level: int | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  threads: int | None = None, progress: Progress | None = None,
-                 policy: Policy | str | None = None) -> None:
+                 policy: Policy | str | None = None,
+                 base: Mapping[str, np.ndarray] | None = None,
+                 base_file: dict | None = None) -> None:
         self._policy = resolve_policy(policy)
+        if (base is None) != (base_file is None):
+            raise InvalidArgumentError("base and base_file go together")
+        self._base, self._base_file = base, base_file
         self.metadata = dict(metadata or {})
         try:
             check_metadata(self.metadata)
@@ -196,12 +213,33 @@ class Writer:
             entry.codec = [stage.to_dict()]
             entry.streams = [[] for _ in range(stage.streams)]
             encoder = functools.partial(_encode_lossless, stage=stage, level=self._level)
+            base = self._delta_base(entry, read, stage)
+            if base is not None:
+                entry.codec = [{"id": chain.XOR}, stage.to_dict()]
+                encoder = functools.partial(encoder, base=base)
             if self._reports:
                 entry.report = {"role": role, "rel_l2_error": 0.0, "max_abs_error": 0.0}
         self._names.add(name)  # only now: a failed fit leaves the name free
         self._container.tensors.append(entry)
         for c in range(entry.chunk_count):
             self._submit(entry, encoder, read, c)
+
+    def _delta_base(self, entry: TensorEntry, read: Callable[[int, int], Any],
+                    stage: lossless.ByteGroup) -> np.ndarray | None:
+        """The base bytes to XOR a lossless tensor with, if that makes its first chunk
+        smaller; None to store it standalone (no base, another dtype or shape, or no gain)."""
+        base = None if self._base is None else self._base.get(entry.name)
+        if (base is None or not entry.numel or np.dtype(base.dtype) != entry.dtype.numpy
+                or tuple(base.shape) != entry.shape):
+            return None
+        base = np.ascontiguousarray(base).reshape(-1).view(np.uint8)
+        stop = entry.chunk_range(0)[1] * entry.dtype.itemsize
+        raw = np.frombuffer(read(0, stop), np.uint8)
+        count = entry.chunk_range(0)[1]
+        plain = _encode_lossless(raw, 0, count, stage=stage, level=self._level)[0]
+        delta = _encode_lossless(raw, 0, count, stage=stage, level=self._level, base=base)[0]
+        stored = [sum(len(memoryview(p[1])) for p in planes) for planes in (plain, delta)]
+        return base if stored[1] < stored[0] else None
 
     def _encode(self, entry: TensorEntry, encoder: Callable, read: Callable[[int, int], Any],
                 c: int) -> tuple:
@@ -250,7 +288,7 @@ class Writer:
             for entry in self._container.tensors:
                 if entry.name in self._lossy:
                     entry.report = self._lossy[entry.name].report()
-            self._container.commit(self.metadata, self.safetensors_header)
+            self._container.commit(self.metadata, self.safetensors_header, self._base_file)
         except BaseException:
             self.abort()
             raise
@@ -299,11 +337,15 @@ class File:
     mmap : bool
         Read through a read-only memory map (default; fastest). The file must then not be
         truncated in place by another program while open. ``False`` reads with ``pread``.
+    base : mapping of str to numpy.ndarray, optional
+        For a delta file (``File.base`` is set): the decoded tensors of its base file.
+        Reading a delta tensor without them raises :class:`BaseMismatchError`.
     """
 
     def __init__(self, path: str | os.PathLike, *, threads: int | None = None,
-                 mmap: bool = True) -> None:
+                 mmap: bool = True, base: Mapping[str, np.ndarray] | None = None) -> None:
         self._threads = resolve_threads(threads)
+        self._base = base
         self._reader = ContainerReader(path, use_mmap=mmap)
         try:
             self._entries = {e.name: e for e in self._reader.index.tensors}
@@ -322,6 +364,11 @@ class File:
     def metadata(self) -> dict[str, str]:
         """The user metadata map (a copy)."""
         return dict(self._reader.index.metadata)
+
+    @property
+    def base(self) -> dict | None:
+        """``{"file", "sha256"}`` of the file this one's delta tensors decode against."""
+        return self._reader.index.base
 
     @property
     def safetensors_header(self) -> str | None:
@@ -442,6 +489,23 @@ class File:
         self._stages[entry.name].decode(
             [(chunk.coding, payload, chunk.size) for chunk, payload in zip(chunks, payloads)],
             out)
+        if chain.is_delta(entry):
+            start, stop = entry.chunk_range(c)
+            itemsize = entry.dtype.itemsize
+            np.bitwise_xor(out, self._base_bytes(entry)[start * itemsize:stop * itemsize],
+                           out=out)
+
+    def _base_bytes(self, entry: TensorEntry) -> np.ndarray:
+        """The base tensor a delta tensor is XORed with, checked against the entry."""
+        base = None if self._base is None else self._base.get(entry.name)
+        if base is None:
+            raise BaseMismatchError(f"{self.path}: tensor {entry.name!r} is a delta against "
+                                    f"{self.base['file']}, which was not given")
+        if base.dtype != entry.dtype.numpy or tuple(base.shape) != entry.shape:
+            raise BaseMismatchError(f"{self.path}: base tensor {entry.name!r} is "
+                                    f"{base.dtype}{list(base.shape)}, the delta needs "
+                                    f"{entry.dtype.name}{list(entry.shape)}")
+        return np.ascontiguousarray(base).reshape(-1).view(np.uint8)
 
     def load(self, progress: Progress | None = None) -> dict[str, np.ndarray]:
         """Decode every tensor (chunks of all tensors share the thread pool).

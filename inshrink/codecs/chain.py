@@ -1,7 +1,9 @@
 """Codec chains: build the chain for a new tensor, and check a chain read from a file.
 
-Format 1.1 knows two chains, each a single array->streams stage followed by per-chunk
-zstd/raw coding: ``[bytegroup]`` (lossless) and ``[quant]`` (dynamic quantization).
+Format 1.2 knows three chains, each ending in one array->streams stage followed by per-chunk
+zstd/raw coding: ``[bytegroup]`` (lossless), ``[quant]`` (dynamic quantization) and
+``[xor, bytegroup]`` (lossless delta: the bytes are XORed with the same tensor of the base file
+before byte grouping).
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from ..errors import CorruptError, UnknownCodecError
 from . import lossless, quant
 
 STAGES = {lossless.STAGE_ID: lossless.ByteGroup.from_dict, quant.STAGE_ID: quant.QuantPlan.from_dict}
+XOR = "xor"
 
 
 def for_new_tensor(dtype: DType) -> lossless.ByteGroup:
@@ -21,11 +24,15 @@ def for_new_tensor(dtype: DType) -> lossless.ByteGroup:
 def for_entry(entry: TensorEntry):
     """Validate a tensor entry's chain and stream sizes; return the decoder stage."""
     for stage_id in (s["id"] for s in entry.codec):
-        if stage_id not in STAGES:
+        if stage_id not in STAGES and stage_id != XOR:
             raise UnknownCodecError(f"tensor {entry.name!r}: unknown codec stage {stage_id!r}")
-    if len(entry.codec) != 1:
-        raise CorruptError(f"tensor {entry.name!r}: expected exactly one codec stage")
-    stage = STAGES[entry.codec[0]["id"]](entry.codec[0], entry.dtype)
+    codec = entry.codec
+    if len(codec) == 2 and codec[0] == {"id": XOR} and codec[1]["id"] == lossless.STAGE_ID:
+        codec = codec[1:]  # the delta is undone by the reader, after the byte planes
+    if len(codec) != 1 or codec[0]["id"] == XOR:
+        raise CorruptError(f"tensor {entry.name!r}: expected one codec stage, or "
+                           f"[xor, bytegroup]")
+    stage = STAGES[codec[0]["id"]](codec[0], entry.dtype)
     if len(entry.streams) != stage.streams:
         raise CorruptError(f"tensor {entry.name!r}: {len(entry.streams)} streams, its codec "
                            f"needs {stage.streams}")
@@ -36,3 +43,8 @@ def for_entry(entry: TensorEntry):
             raise CorruptError(f"tensor {entry.name!r}: chunk {c} sizes do not match its "
                                f"element range")
     return stage
+
+
+def is_delta(entry: TensorEntry) -> bool:
+    """Whether the tensor decodes against the base file's tensor of the same name."""
+    return entry.codec[0]["id"] == XOR

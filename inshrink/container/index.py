@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 
 from .. import dtypes
@@ -75,11 +76,14 @@ class Index:
     tensors: list[TensorEntry]
     metadata: dict[str, str]
     safetensors_header: str | None = None
+    base: dict | None = None   # {"file": name, "sha256": hex} of the file deltas refer to
 
     def to_bytes(self) -> bytes:
         doc: dict = {"tensors": [t.to_json() for t in self.tensors], "metadata": self.metadata}
         if self.safetensors_header is not None:
             doc["safetensors_header"] = self.safetensors_header
+        if self.base is not None:
+            doc["base"] = self.base
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
 
 
@@ -208,11 +212,17 @@ def parse(payload: bytes, data_end: int) -> Index:
     header = doc.get("safetensors_header")
     if header is not None and not isinstance(header, str):
         _fail("safetensors_header must be a string")
+    base = doc.get("base")
+    if base is not None and not (
+            isinstance(base, dict) and set(base) == {"file", "sha256"}
+            and _is_unicode(base["file"]) and base["file"]
+            and isinstance(base["sha256"], str) and re.fullmatch(r"[0-9a-f]{64}", base["sha256"])):
+        _fail("base must be {\"file\": name, \"sha256\": 64 lowercase hex digits}")
     tensors = [_parse_tensor(t, data_end) for t in doc["tensors"]]
     if len({t.name for t in tensors}) != len(tensors):
         _fail("duplicate tensor names")
     _check_no_overlap(tensors)
-    return Index(tensors, metadata, header)
+    return Index(tensors, metadata, header, base)
 
 
 def _check_no_overlap(tensors: list[TensorEntry]) -> None:

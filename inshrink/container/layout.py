@@ -12,8 +12,8 @@ from ..errors import (ChecksumError, CorruptError, TruncatedError, UnsupportedFe
 
 MAGIC = b"\x89INK\r\n\x1a\n"
 VERSION_MAJOR = 1
-VERSION_MINOR = 1           # the newest minor this code writes and reads
-MINOR_FOR_STAGE = {"bytegroup": 0, "quant": 1}  # writers mark the lowest minor a file needs
+VERSION_MINOR = 2           # the newest minor this code writes and reads
+MINOR_FOR_STAGE = {"bytegroup": 0, "quant": 1, "xor": 2}  # the lowest minor a file needs
 ALIGNMENT = 64
 
 HEADER_SIZE = 64
@@ -23,8 +23,9 @@ RECORD_TAG = b"INKR"
 KIND_CHUNK = 1
 KIND_INDEX = 2
 
-# Feature bits. Version 1.0 defines none; a reader must reject unknown required bits.
-KNOWN_REQUIRED_FEATURES = 0
+# Feature bits; a reader must reject unknown required bits.
+FEATURE_DELTA = 1 << 0      # required, since 1.2: some tensors decode against a base file
+KNOWN_REQUIRED_FEATURES = FEATURE_DELTA
 
 # Normative limits (spec/FORMAT.md, "Limits").
 MAX_INDEX_BYTES = 64 << 20
@@ -50,14 +51,15 @@ def padding(offset: int) -> int:
     return -offset % ALIGNMENT
 
 
-def pack_header(minor: int = 0, optional_features: int = 0) -> bytes:
-    body = _HEADER.pack(MAGIC, VERSION_MAJOR, minor, HEADER_SIZE, 0,
+def pack_header(minor: int = 0, optional_features: int = 0, required_features: int = 0) -> bytes:
+    body = _HEADER.pack(MAGIC, VERSION_MAJOR, minor, HEADER_SIZE, required_features,
                         optional_features, bytes(28), 0)[:-4]
     return body + struct.pack("<I", crc32(body))
 
 
-def check_header(data: bytes) -> None:
-    """Validate the fixed header; raise the typed error that names the first problem."""
+def check_header(data: bytes) -> int:
+    """Validate the fixed header (raising the typed error that names the first problem);
+    return its required feature bits."""
     if len(data) < HEADER_SIZE:
         raise TruncatedError(f"file is {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header")
     magic, major, minor, size, required, _optional, reserved, crc = _HEADER.unpack(data[:HEADER_SIZE])
@@ -74,6 +76,7 @@ def check_header(data: bytes) -> None:
     unknown = required & ~KNOWN_REQUIRED_FEATURES
     if unknown:
         raise UnsupportedFeatureError(f"file requires unknown feature bits {unknown:#x}")
+    return required
 
 
 def pack_record_header(kind: int, payload, payload_crc: int | None = None) -> bytes:

@@ -53,7 +53,7 @@ class ContainerReader:
             if not layout.MAGIC.startswith(head[:len(layout.MAGIC)]):
                 raise CorruptError(f"{self.path}: not an .ink file (bad magic)")
             raise TruncatedError(f"{self.path}: {self.size} bytes is too short for an .ink file")
-        layout.check_header(self._pread(layout.HEADER_SIZE, 0))
+        required = layout.check_header(self._pread(layout.HEADER_SIZE, 0))
         index_offset, length, index_crc = layout.parse_tail(
             self._pread(layout.TAIL_SIZE, self.size - layout.TAIL_SIZE))
         if length > layout.MAX_INDEX_BYTES:
@@ -64,7 +64,10 @@ class ContainerReader:
                 or expected_end != self.size):
             raise CorruptError("tail does not point at an index record ending before it")
         payload = self.read_record(index_offset, length, index_crc, layout.KIND_INDEX)
-        return parse(payload, index_offset)
+        index = parse(payload, index_offset)
+        if bool(required & layout.FEATURE_DELTA) != (index.base is not None):
+            raise CorruptError("the delta feature bit and the index's base reference disagree")
+        return index
 
     def _check_record(self, head, offset: int, kind: int, length: int, crc: int) -> None:
         got_kind, got_length, got_crc = layout.parse_record_header(head, offset)

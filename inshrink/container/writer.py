@@ -53,18 +53,23 @@ class ContainerWriter:
     def bytes_written(self) -> int:
         return self._offset
 
-    def commit(self, metadata: dict[str, str], safetensors_header: str | None = None) -> None:
-        """Write index and tail, fsync, and atomically move the file into place."""
-        payload = Index(self.tensors, metadata, safetensors_header).to_bytes()
+    def commit(self, metadata: dict[str, str], safetensors_header: str | None = None,
+               base: dict | None = None) -> None:
+        """Write index and tail, fsync, and atomically move the file into place (``base``:
+        the file that delta-coded tensors refer to)."""
+        payload = Index(self.tensors, metadata, safetensors_header, base).to_bytes()
         offset, _ = self._record(layout.KIND_INDEX, payload)
         self._write(layout.pack_tail(offset, payload))
         minor = max((layout.MINOR_FOR_STAGE.get(stage["id"], layout.VERSION_MINOR)
                      for t in self.tensors for stage in t.codec), default=0)
         if any(t.report is not None for t in self.tensors):
             minor = max(minor, 1)
+        required = layout.FEATURE_DELTA if base is not None else 0
+        if base is not None:
+            minor = max(minor, 2)
         if minor:  # the header went out first; mark the lowest minor the file needs
             self._file.flush()
-            os.pwrite(self._file.fileno(), layout.pack_header(minor), 0)
+            os.pwrite(self._file.fileno(), layout.pack_header(minor, 0, required), 0)
         self._target.commit()
 
     def abort(self) -> None:

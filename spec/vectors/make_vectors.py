@@ -239,16 +239,17 @@ def replace_chunk_payload(data: bytes, offset: int, payload: bytes) -> bytes:
 class Positive:
     """A positive vector: ``build(path)`` writes the file and returns what it must decode to."""
 
-    def __init__(self, name: str, covers: str, build: Callable[[Path], dict]) -> None:
-        self.name, self.covers, self.build = name, covers, build
+    def __init__(self, name: str, covers: str, build: Callable[[Path], dict],
+                 base: str | None = None) -> None:
+        self.name, self.covers, self.build, self.base = name, covers, build, base
 
 
 POSITIVE: list[Positive] = []
 
 
-def positive(name: str, covers: str):
+def positive(name: str, covers: str, base: str | None = None):
     def register(fn):
-        POSITIVE.append(Positive(name, covers, fn))
+        POSITIVE.append(Positive(name, covers, fn, base))
         return fn
     return register
 
@@ -451,6 +452,42 @@ def build_quant_wide(path: Path) -> dict:
     return contents(quant_reference_decode(path))
 
 
+def delta_tensors() -> tuple[Tensors, Tensors]:
+    """A base checkpoint and the next one: small drifts, a changed shape, a new tensor."""
+    w = mantissa_noise_f32("delta-w", 1024).reshape(32, 32)
+    drift = w.copy()
+    drift[::3] += np.float32(2.0 ** -20)
+    base = {"w": w, "ids": np.arange(300, dtype="<i8"), "gone": np.ones(4, "<f4"),
+            "reshaped": np.zeros((2, 3), "<f2")}
+    nxt = {"w": drift, "ids": np.arange(300, dtype="<i8"), "new": np.full(5, 7, "<i4"),
+           "reshaped": np.zeros((3, 2), "<f2")}
+    return base, nxt
+
+
+@positive("delta_base", "keyframe of a keyframe + delta pair (the base of vector delta)")
+def build_delta_base(path: Path) -> dict:
+    base, _ = delta_tensors()
+    write_plain(path, base)
+    return contents(base)
+
+
+@positive("delta", "delta file (format 1.2, feature bit delta): tensors XORed with those of "
+                   "delta_base.ink (chain [xor, bytegroup]), a reshaped and a new tensor stored "
+                   "standalone; decode with delta_base.ink's tensors as the base",
+          base="delta_base")
+def build_delta(path: Path) -> dict:
+    base, nxt = delta_tensors()
+    with tempfile.TemporaryDirectory() as tmp:
+        base_path = Path(tmp) / "delta_base.ink"
+        write_plain(base_path, base)
+        base_file = {"file": "delta_base.ink",
+                     "sha256": hashlib.sha256(base_path.read_bytes()).hexdigest()}
+    with inshrink.Writer(path, threads=1, base=base, base_file=base_file) as w:
+        for name, arr in nxt.items():
+            w.add(name, arr)
+    return contents(nxt)
+
+
 @positive("metadata", "user metadata (Unicode, empty value, escapes) and Unicode tensor names")
 def build_metadata(path: Path) -> dict:
     metadata = {"format": "pt", "note": "h\u00e9llo \u2713 \u65e5\u672c", "empty": "",
@@ -596,8 +633,14 @@ def neg_unsupported_major(data: bytes) -> bytes:
 
 
 @negative("unknown_required_feature", "minimal", "UnsupportedFeatureError", "open",
-          "required feature bit 0 set, header CRC fixed")
+          "required feature bit 1 (unknown) set, header CRC fixed")
 def neg_unknown_required_feature(data: bytes) -> bytes:
+    return patch_header(data, required=2)
+
+
+@negative("delta_without_base", "minimal", "CorruptError", "open",
+          "required feature bit 0 (delta) set, but the index names no base file; CRC fixed")
+def neg_delta_without_base(data: bytes) -> bytes:
     return patch_header(data, required=1)
 
 
@@ -981,7 +1024,8 @@ def manifest() -> dict:
         "generator": {"script": "make_vectors.py", "zstd": ZSTD_VERSION,
                       "python-zstandard": zstandard.__version__},
         "positive": [{"name": v.name, "file": f"{v.name}.ink",
-                      "expected": f"{v.name}.expected.json", "covers": v.covers}
+                      "expected": f"{v.name}.expected.json", "covers": v.covers,
+                      **({"base": f"{v.base}.ink"} if v.base else {})}
                      for v in POSITIVE],
         "negative": [{"name": v.name, "file": f"{v.name}.ink", "base": v.base,
                       "error": v.error, "raised_by": v.raised_by,

@@ -1,0 +1,261 @@
+"""A training run's checkpoints: one .ink file per step in a directory, plus a manifest.
+
+The manifest (``manifest.json``) lists every checkpoint in step order with its file, whether it
+is a keyframe, the file it is a delta against (its base) and the SHA-256 of its bytes. A
+checkpoint file is written (atomically) before the manifest names it, and the manifest is
+replaced atomically, so a crash at any point leaves a consistent series: at worst an orphan
+file that the manifest does not list.
+
+Between keyframes, a checkpoint's lossless tensors are stored as their XOR with the previous
+checkpoint's (when smaller); its file records the name and SHA-256 of that base file, and
+restoring replays the chain from the keyframe, checking every link.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from .atomic import AtomicFile
+from .dtypes import as_numpy
+from .errors import BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError
+from .policy import Policy
+from .tensorfile import File, TensorInfo, Writer
+
+MANIFEST = "manifest.json"
+SERIES_FORMAT = "inshrink-series"
+SERIES_VERSION = 1
+_FILE = re.compile(r"^step_\d{12}\.ink$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One manifest entry."""
+
+    step: int
+    file: str
+    keyframe: bool
+    base: str | None
+    sha256: str
+    bytes: int
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class Series:
+    """Checkpoints of one training run in ``directory``.
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+        Created if missing; an existing series is resumed from its manifest.
+    policy : Policy, str or None
+        Compression policy for every checkpoint (see :func:`inshrink.save`).
+    keyframe_every : int
+        A full (non-delta) checkpoint at least every this many checkpoints, so that restoring
+        any step replays a bounded chain.
+    threads : int, optional
+        Encoder/decoder threads.
+    """
+
+    def __init__(self, directory: str | os.PathLike, policy: Policy | str | None = None, *,
+                 keyframe_every: int = 10, threads: int | None = None) -> None:
+        if type(keyframe_every) is not int or keyframe_every < 1:
+            raise InvalidArgumentError("keyframe_every must be a positive integer")
+        self.directory = os.fspath(directory)
+        self.policy = policy
+        self.keyframe_every = keyframe_every
+        self.threads = threads
+        os.makedirs(self.directory, exist_ok=True)
+        self._checkpoints = self._read_manifest()
+        self._previous: dict[str, np.ndarray] | None = None  # last checkpoint's exact tensors
+
+    # -- manifest --------------------------------------------------------------------------
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    def _read_manifest(self) -> list[Checkpoint]:
+        path = self._path(MANIFEST)
+        if not os.path.exists(path):
+            return []
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+            if doc.get("format") != SERIES_FORMAT or doc.get("version") != SERIES_VERSION:
+                raise CorruptError(f"{path}: not a version {SERIES_VERSION} series manifest")
+            entries = [Checkpoint(**e) for e in doc["checkpoints"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptError(f"{path}: invalid series manifest ({exc})") from None
+        names = {e.file for e in entries}
+        for i, e in enumerate(entries):
+            if (type(e.step) is not int or not isinstance(e.file, str) or not _FILE.match(e.file)
+                    or (i and e.step <= entries[i - 1].step)
+                    or (e.base is not None and e.base not in names) or e.keyframe != (e.base is None)):
+                raise CorruptError(f"{path}: invalid checkpoint entry {asdict(e)}")
+        return entries
+
+    def _write_manifest(self, entries: list[Checkpoint]) -> None:
+        doc = {"format": SERIES_FORMAT, "version": SERIES_VERSION,
+               "checkpoints": [asdict(e) for e in entries]}
+        out = AtomicFile(self._path(MANIFEST))
+        try:
+            out.file.write(json.dumps(doc, indent=1).encode())
+            out.commit()
+        except BaseException:
+            out.abort()
+            raise
+        self._checkpoints = entries
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def steps(self) -> list[int]:
+        """Saved steps, ascending."""
+        return [e.step for e in self._checkpoints]
+
+    def latest(self) -> int | None:
+        """The newest saved step, or None for an empty series."""
+        return self._checkpoints[-1].step if self._checkpoints else None
+
+    def checkpoints(self) -> list[Checkpoint]:
+        return list(self._checkpoints)
+
+    def _entry(self, step: int) -> Checkpoint:
+        for e in self._checkpoints:
+            if e.step == step:
+                return e
+        raise InvalidArgumentError(f"step {step} is not in the series {self.directory}")
+
+    def chain(self, step: int) -> list[Checkpoint]:
+        """The checkpoints a restore of ``step`` reads: its keyframe first, ``step`` last."""
+        by_file = {e.file: e for e in self._checkpoints}
+        chain = [self._entry(step)]
+        while chain[-1].base is not None:
+            chain.append(by_file[chain[-1].base])
+        return chain[::-1]
+
+    # -- saving ----------------------------------------------------------------------------
+
+    def save(self, step: int, tensors: Mapping[str, Any],
+             metadata: Mapping[str, str] | None = None,
+             importance: Mapping[str, Any] | None = None) -> list[TensorInfo]:
+        """Add checkpoint ``step`` (greater than every saved step); return its tensor report."""
+        if type(step) is not int or step < 0:
+            raise InvalidArgumentError("step must be a non-negative integer")
+        if self._checkpoints and step <= self._checkpoints[-1].step:
+            raise InvalidArgumentError(f"step {step} is not after the latest step "
+                                       f"{self._checkpoints[-1].step}")
+        name = f"step_{step:012d}.ink"
+        path = self._path(name)
+        importance = dict(importance or {})
+        previous = self._checkpoints[-1] if self._checkpoints else None
+        keyframe = previous is None or self._since_keyframe() + 1 >= self.keyframe_every
+        base = base_file = None
+        if not keyframe:
+            if self._previous is None:  # resumed: read back what the last checkpoint holds
+                self._previous = self._exact_tensors(previous)
+            base = self._previous
+            base_file = {"file": previous.file, "sha256": previous.sha256}
+        with Writer(path, dict(metadata or {}), threads=self.threads, policy=self.policy,
+                    base=base, base_file=base_file) as writer:
+            arrays = {key: as_numpy(value) for key, value in tensors.items()}
+            for key, value in arrays.items():
+                writer.add(key, value, importance=importance.get(key), wait=False)
+            report = writer.close()
+        entry = Checkpoint(step, name, keyframe, None if keyframe else previous.file,
+                           file_sha256(path), os.path.getsize(path))
+        self._write_manifest(self._checkpoints + [entry])
+        # what the next delta can refer to: the tensors this file holds exactly
+        self._previous = {info.name: arrays[info.name].copy() for info in report
+                          if info.lossless}
+        return report
+
+    def _since_keyframe(self) -> int:
+        """Deltas written since the last keyframe."""
+        count = 0
+        for e in reversed(self._checkpoints):
+            if e.keyframe:
+                return count
+            count += 1
+        return count
+
+    def _exact_tensors(self, entry: Checkpoint) -> dict[str, np.ndarray]:
+        state = self.load(entry.step)
+        with File(self._path(entry.file), threads=1) as f:
+            return {i.name: state[i.name] for i in f.infos() if i.lossless}
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def load(self, step: int | None = None) -> dict[str, np.ndarray]:
+        """The tensors of ``step`` (default: the latest), as encoded."""
+        if step is None:
+            step = self.latest()
+            if step is None:
+                raise InvalidArgumentError(f"the series {self.directory} is empty")
+        state: dict[str, np.ndarray] = {}
+        previous = None
+        for entry in self.chain(step):
+            path = self._path(entry.file)
+            self._check_file(entry)
+            with File(path, threads=self.threads, base=state) as f:
+                expected = None if previous is None else {"file": previous.file,
+                                                          "sha256": previous.sha256}
+                if f.base != expected:
+                    raise BaseMismatchError(f"{path}: made against {f.base}, but the series "
+                                            f"chain gives {expected}")
+                state = f.load()
+            previous = entry
+        return state
+
+    def _check_file(self, entry: Checkpoint) -> None:
+        path = self._path(entry.file)
+        if not os.path.exists(path):
+            raise BaseMismatchError(f"{path}: checkpoint file of step {entry.step} is missing")
+        if file_sha256(path) != entry.sha256:
+            raise BaseMismatchError(f"{path}: content differs from the manifest "
+                                    f"(step {entry.step})")
+
+    # -- maintenance -----------------------------------------------------------------------
+
+    def delete(self, steps: list[int]) -> list[int]:
+        """Forget ``steps``, keeping every file a remaining checkpoint needs; return the
+        steps whose files were removed."""
+        doomed = {self._entry(s).step for s in steps}
+        keep = [e for e in self._checkpoints if e.step not in doomed]
+        needed = {c.file for e in keep for c in self.chain(e.step)}
+        survivors = [e for e in self._checkpoints if e.step not in doomed or e.file in needed]
+        removed = [e for e in self._checkpoints if e not in survivors]
+        self._write_manifest(survivors)  # first the manifest, then the files
+        for e in removed:
+            try:
+                os.unlink(self._path(e.file))
+            except FileNotFoundError:
+                pass
+        return [e.step for e in removed]
+
+    def retain(self, last: int) -> list[int]:
+        """Keep the ``last`` newest steps (and what they need); delete the rest."""
+        if type(last) is not int or last < 1:
+            raise InvalidArgumentError("last must be a positive integer")
+        return self.delete(self.steps()[:-last])
+
+    def verify(self) -> list[str]:
+        """Check every file against the manifest and its own checksums; return problems."""
+        problems = []
+        for e in self._checkpoints:
+            try:
+                self.load(e.step)  # every link of its chain: hashes, bases, checksums
+            except (InshrinkError, OSError) as exc:
+                problems.append(f"step {e.step}: {exc}")
+        return problems

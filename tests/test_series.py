@@ -1,0 +1,243 @@
+"""Checkpoint series: deltas against the previous checkpoint, keyframes, integrity, retention."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import inshrink
+from inshrink import errors
+from inshrink.series import Series
+
+
+def trajectory(n, seed=0):
+    """n checkpoints of a slowly drifting model plus an integer counter."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((128, 96)) * 0.02).astype(np.float32)
+    states = []
+    for i in range(n):
+        w = w + (rng.standard_normal(w.shape) * 1e-5).astype(np.float32)
+        states.append({"model.w": w.copy(), "optimizer.state.0.step": np.array(i, np.int64),
+                       "model.b": np.full(8, i, np.float16)})
+    return states
+
+
+def assert_same(a, b):
+    assert list(a) == list(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes(), k
+
+
+def test_twenty_checkpoints_restore_exactly_with_keyframes(tmp_path):
+    series = Series(tmp_path / "s", keyframe_every=5)
+    states = trajectory(20)
+    for step, state in enumerate(states):
+        series.save(step * 10, state)
+    entries = series.checkpoints()
+    assert [e.keyframe for e in entries] == [i % 5 == 0 for i in range(20)]
+    for step, state in enumerate(states):
+        assert_same(series.load(step * 10), state)
+        assert len(series.chain(step * 10)) <= 5
+    assert series.verify() == []
+    # deltas are never larger than the standalone file, and smaller for the drifting weights
+    standalone = tmp_path / "alone.ink"
+    inshrink.save(standalone, states[1])
+    assert entries[1].bytes < os.path.getsize(standalone)
+
+
+def test_lossy_series_equals_standalone_encoding(tmp_path):
+    series = Series(tmp_path / "s", policy="aggressive", keyframe_every=3)
+    states = trajectory(6, seed=1)
+    for step, state in enumerate(states):
+        series.save(step, state)
+    for step, state in enumerate(states):
+        inshrink.save(tmp_path / "one.ink", state, policy="aggressive")
+        assert_same(series.load(step), inshrink.load(tmp_path / "one.ink"))
+
+
+def test_tensors_added_removed_and_reshaped(tmp_path):
+    series = Series(tmp_path / "s")
+    a = {"x": np.arange(12, dtype=np.float32).reshape(3, 4), "gone": np.ones(3)}
+    b = {"x": np.arange(12, dtype=np.float32).reshape(4, 3), "new": np.zeros(2, np.int8)}
+    c = {"x": np.arange(12, dtype=np.float64).reshape(4, 3), "new": np.ones(2, np.int8)}
+    for step, state in enumerate((a, b, c)):
+        series.save(step, state)
+    for step, state in enumerate((a, b, c)):
+        assert_same(series.load(step), state)
+
+
+def test_resume_continues_the_chain(tmp_path):
+    states = trajectory(4)
+    first = Series(tmp_path / "s", keyframe_every=10)
+    first.save(0, states[0])
+    first.save(1, states[1])
+    resumed = Series(tmp_path / "s", keyframe_every=10)
+    assert resumed.steps() == [0, 1] and resumed.latest() == 1
+    resumed.save(2, states[2])
+    assert resumed.checkpoints()[-1].base == "step_000000000001.ink"
+    assert_same(resumed.load(2), states[2])
+    with pytest.raises(errors.InvalidArgumentError, match="after"):
+        resumed.save(2, states[3])
+
+
+def test_modified_or_missing_base_is_a_typed_error(tmp_path):
+    series = Series(tmp_path / "s")
+    for step, state in enumerate(trajectory(3)):
+        series.save(step, state)
+    base = tmp_path / "s" / "step_000000000000.ink"
+    data = bytearray(base.read_bytes())
+    data[100] ^= 1
+    base.write_bytes(bytes(data))
+    with pytest.raises(errors.BaseMismatchError, match="step_000000000000.ink"):
+        series.load(2)
+    assert any("step 2" in p for p in series.verify())
+    base.unlink()
+    with pytest.raises(errors.BaseMismatchError, match="missing"):
+        series.load(1)
+
+
+def test_delta_file_refuses_the_wrong_base(tmp_path):
+    series = Series(tmp_path / "s")
+    states = trajectory(2)
+    series.save(0, states[0])
+    series.save(1, states[1])
+    delta = tmp_path / "s" / "step_000000000001.ink"
+    with pytest.raises(errors.BaseMismatchError):
+        inshrink.load(delta)
+    with pytest.raises(errors.BaseMismatchError):
+        inshrink.load(delta, base={"model.w": np.zeros((2, 2), np.float32)})
+
+
+def test_retention_keeps_chains_of_kept_steps(tmp_path):
+    series = Series(tmp_path / "s", keyframe_every=4)
+    states = trajectory(10)
+    for step, state in enumerate(states):
+        series.save(step, state)
+    removed = series.retain(3)  # keep 7, 8, 9; 8 is a keyframe, 7 needs 4..6
+    assert series.steps() == [4, 5, 6, 7, 8, 9]
+    assert removed == [0, 1, 2, 3]
+    assert sorted(os.listdir(tmp_path / "s")) == ["manifest.json"] + [
+        f"step_{s:012d}.ink" for s in range(4, 10)]
+    for step in (7, 8, 9):
+        assert_same(series.load(step), states[step])
+
+
+def test_bad_arguments_and_empty_series(tmp_path):
+    with pytest.raises(errors.InvalidArgumentError):
+        Series(tmp_path / "s", keyframe_every=0)
+    series = Series(tmp_path / "s")
+    with pytest.raises(errors.InvalidArgumentError, match="empty"):
+        series.load()
+    with pytest.raises(errors.InvalidArgumentError):
+        series.save(-1, {})
+    with pytest.raises(errors.InvalidArgumentError, match="not in the series"):
+        series.load(5)
+    (tmp_path / "s" / "manifest.json").write_text("{not json")
+    with pytest.raises(errors.CorruptError):
+        Series(tmp_path / "s")
+
+
+CRASHER = """
+import sys, numpy as np
+sys.path.insert(0, {root!r})
+from inshrink.series import Series
+s = Series({path!r})
+print("ready", flush=True)
+big = np.random.default_rng(0).standard_normal(30_000_000).astype(np.float32)
+s.save(99, {{"model.w": big}})
+"""
+
+
+def test_kill_during_save_leaves_a_consistent_series(tmp_path):
+    path = str(tmp_path / "s")
+    series = Series(path)
+    states = trajectory(2)
+    series.save(0, states[0])
+    series.save(1, states[1])
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", CRASHER.format(root=root, path=path)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    again = Series(path)
+    assert again.steps() in ([0, 1], [0, 1, 99])
+    assert_same(again.load(1), states[1])
+    assert again.verify() == []
+
+
+class SeriesMachine(RuleBasedStateMachine):
+    """Random saves, loads and deletions agree with a plain dict of what was saved."""
+
+    def __init__(self):
+        super().__init__()
+        import tempfile
+        self.dir = tempfile.mkdtemp()
+        self.series = Series(self.dir, keyframe_every=3, threads=1)
+        self.saved = {}
+        self.step = 0
+        self.rng = np.random.default_rng(0)
+
+    @rule(shape=st.sampled_from([(4, 4), (16,), (2, 8)]), drift=st.booleans())
+    def save(self, shape, drift):
+        self.step += 1
+        last = self.saved[max(self.saved)] if self.saved else None
+        w = (last["w"].reshape(-1)[:int(np.prod(shape))].reshape(shape) + np.float32(1e-6)
+             if drift and last is not None and last["w"].size >= np.prod(shape)
+             else self.rng.standard_normal(shape).astype(np.float32))
+        state = {"w": w, "n": np.array(self.step)}
+        self.series.save(self.step, state)
+        self.saved[self.step] = state
+
+    @precondition(lambda self: self.saved)
+    @rule(data=st.data())
+    def load(self, data):
+        step = data.draw(st.sampled_from(sorted(self.saved)))
+        assert_same(self.series.load(step), self.saved[step])
+
+    @precondition(lambda self: len(self.saved) > 1)
+    @rule(data=st.data())
+    def delete(self, data):
+        step = data.draw(st.sampled_from(sorted(self.saved)))
+        self.series.delete([step])
+        del self.saved[step]
+
+    @invariant()
+    def listed_steps_are_saved_ones(self):
+        assert set(self.saved) <= set(self.series.steps())
+
+
+TestSeriesMachine = SeriesMachine.TestCase
+TestSeriesMachine.settings = settings(max_examples=25, stateful_step_count=15, deadline=None)
+
+
+def test_cli_series_commands(tmp_path):
+    series = Series(tmp_path / "s", keyframe_every=2)
+    states = trajectory(3)
+    for step, state in enumerate(states):
+        series.save(step, state)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "inshrink", "series", *map(str, args)],
+                              capture_output=True, text=True, env=env, timeout=300)
+    r = run("ls", tmp_path / "s")
+    assert r.returncode == 0 and "keyframe" in r.stdout and "delta" in r.stdout
+    assert run("verify", tmp_path / "s").stdout.startswith("OK")
+    r = run("restore", tmp_path / "s", "--step", 1, "-o", tmp_path / "one.ink")
+    assert r.returncode == 0
+    assert_same(inshrink.load(tmp_path / "one.ink"), states[1])
+    assert run("restore", tmp_path / "s", "-o", tmp_path / "last.safetensors").returncode == 0
+    r = run("ls", tmp_path / "missing")
+    assert r.returncode == 2 and "not a series" in r.stderr
+    (tmp_path / "s" / "step_000000000000.ink").write_bytes(b"broken")
+    r = run("verify", tmp_path / "s")
+    assert r.returncode == 1 and "FAIL" in r.stdout
