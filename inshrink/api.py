@@ -66,17 +66,19 @@ def save(path: str | os.PathLike, tensors: Mapping[str, Any],
 
 def load(path: str | os.PathLike, *, threads: int | None = None,
          progress: Progress | None = None, mmap: bool = True,
-         base: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+         base: Mapping[str, np.ndarray] | None = None,
+         base_codes: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Read every tensor of an .ink file into a dict of numpy arrays (bf16/fp8 as ml_dtypes).
 
-    See :class:`File` for ``threads``, ``mmap`` and ``base`` (the decoded tensors of the file
-    a delta file refers to; :class:`inshrink.Series` handles this for you).
+    See :class:`File` for ``threads``, ``mmap``, ``base`` and ``base_codes`` (what the file a
+    delta file refers to decodes to; :class:`inshrink.Series` handles this for you).
     """
-    with File(path, threads=threads, mmap=mmap, base=base) as f:
+    with File(path, threads=threads, mmap=mmap, base=base, base_codes=base_codes) as f:
         return f.load(progress)
 
 
 def open(path: str | os.PathLike, *, threads: int | None = None,  # noqa: A001
-         mmap: bool = True, base: Mapping[str, np.ndarray] | None = None) -> File:
+         mmap: bool = True, base: Mapping[str, np.ndarray] | None = None,
+         base_codes: Mapping[str, np.ndarray] | None = None) -> File:
     """Open an .ink file for random access: ``f[name]``, ``f.keys()``, ``f.metadata``."""
-    return File(path, threads=threads, mmap=mmap, base=base)
+    return File(path, threads=threads, mmap=mmap, base=base, base_codes=base_codes)

@@ -29,11 +29,25 @@ class LossyTensor:
     sumsq: float
     force: np.ndarray | None = None
     stats: quant.ChunkStats = field(default_factory=quant.ChunkStats)
+    base_codes: np.ndarray | None = None  # the previous checkpoint's codes: a code delta
+    _standalone: quant.QuantPlan | None = None  # the plan without the delta
+
+    def use_delta(self, base_codes: np.ndarray) -> None:
+        """Store codes as deltas from ``base_codes`` (one per element of the tensor)."""
+        self.base_codes = base_codes
+        self._standalone = self.plan
+        self.plan = self.plan.with_delta(base_codes)
+
+    def drop_delta(self) -> None:
+        """Back to standalone codes."""
+        self.plan, self.base_codes = self._standalone, None
 
     def encode(self, raw: np.ndarray, start: int, stop: int, level: int | None):
-        """Encode the chunk holding elements [start, stop)."""
+        """Encode the chunk holding elements [start, stop): (planes, (stats, codes))."""
         force = None if self.force is None else self.force[start:stop]
-        return quant.encode_chunk(raw, self.plan, level, force)
+        base = None if self.base_codes is None else self.base_codes[start:stop]
+        planes, stats, codes = quant.encode_chunk(raw, self.plan, level, force, base)
+        return planes, (stats, codes)
 
     def report(self) -> dict:
         return {"role": self.role, "domain": self.config.domain, "bins": self.config.bins,

@@ -79,7 +79,9 @@ class Series:
         self.threads = threads
         os.makedirs(self.directory, exist_ok=True)
         self._checkpoints = self._read_manifest()
-        self._previous: dict[str, np.ndarray] | None = None  # last checkpoint's exact tensors
+        # what the next delta refers to: the last checkpoint's exact tensors and its codes
+        self._previous: dict[str, np.ndarray] | None = None
+        self._previous_codes: dict[str, np.ndarray] | None = None
 
     # -- manifest --------------------------------------------------------------------------
 
@@ -161,24 +163,27 @@ class Series:
         importance = dict(importance or {})
         previous = self._checkpoints[-1] if self._checkpoints else None
         keyframe = previous is None or self._since_keyframe() + 1 >= self.keyframe_every
-        base = base_file = None
+        base = base_codes = base_file = None
         if not keyframe:
             if self._previous is None:  # resumed: read back what the last checkpoint holds
-                self._previous = self._exact_tensors(previous)
-            base = self._previous
+                self._previous, self._previous_codes = self._exact_tensors(previous)
+            base, base_codes = self._previous, self._previous_codes
             base_file = {"file": previous.file, "sha256": previous.sha256}
         with Writer(path, dict(metadata or {}), threads=self.threads, policy=self.policy,
-                    base=base, base_file=base_file) as writer:
+                    base=base, base_codes=base_codes, base_file=base_file,
+                    keep_codes=True) as writer:
             arrays = {key: as_numpy(value) for key, value in tensors.items()}
             for key, value in arrays.items():
                 writer.add(key, value, importance=importance.get(key), wait=False)
             report = writer.close()
+            codes = writer.codes
         entry = Checkpoint(step, name, keyframe, None if keyframe else previous.file,
                            file_sha256(path), os.path.getsize(path))
         self._write_manifest(self._checkpoints + [entry])
         # what the next delta can refer to: the tensors this file holds exactly
         self._previous = {info.name: arrays[info.name].copy() for info in report
                           if info.lossless}
+        self._previous_codes = codes
         return report
 
     def _since_keyframe(self) -> int:
@@ -190,10 +195,11 @@ class Series:
             count += 1
         return count
 
-    def _exact_tensors(self, entry: Checkpoint) -> dict[str, np.ndarray]:
-        state = self.load(entry.step)
+    def _exact_tensors(self, entry: Checkpoint) -> tuple[dict, dict]:
+        """The lossless tensors and the codes of the lossy ones that ``entry`` holds."""
+        state, codes = self._replay(entry.step)
         with File(self._path(entry.file), threads=1) as f:
-            return {i.name: state[i.name] for i in f.infos() if i.lossless}
+            return {i.name: state[i.name] for i in f.infos() if i.lossless}, codes
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -203,20 +209,26 @@ class Series:
             step = self.latest()
             if step is None:
                 raise InvalidArgumentError(f"the series {self.directory} is empty")
+        return self._replay(step)[0]
+
+    def _replay(self, step: int) -> tuple[dict, dict]:
+        """Decode the chain of ``step``: its tensors and the codes of its quantized ones."""
         state: dict[str, np.ndarray] = {}
+        codes: dict[str, np.ndarray] = {}
         previous = None
         for entry in self.chain(step):
             path = self._path(entry.file)
             self._check_file(entry)
-            with File(path, threads=self.threads, base=state) as f:
+            with File(path, threads=self.threads, base=state, base_codes=codes) as f:
                 expected = None if previous is None else {"file": previous.file,
                                                           "sha256": previous.sha256}
                 if f.base != expected:
                     raise BaseMismatchError(f"{path}: made against {f.base}, but the series "
                                             f"chain gives {expected}")
                 state = f.load()
+                codes = {i.name: f.codes(i.name) for i in f.infos() if not i.lossless}
             previous = entry
-        return state
+        return state, codes
 
     def _check_file(self, entry: Checkpoint) -> None:
         path = self._path(entry.file)

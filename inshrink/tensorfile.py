@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from . import dtypes
-from .codecs import chain, entropy, lossless
+from .codecs import chain, entropy, lossless, quant
 from .container import layout
 from .container.index import TensorEntry, check_metadata, check_name, check_shape
 from .container.reader import ContainerReader
@@ -59,7 +59,7 @@ class TensorInfo:
 
     @property
     def lossless(self) -> bool:
-        return not self.codec.startswith("quant")
+        return "quant" not in self.codec.split("+")
 
     @classmethod
     def of(cls, entry: TensorEntry) -> "TensorInfo":
@@ -130,6 +130,12 @@ class Writer:
     base_file : dict, optional
         ``{"file": name, "sha256": hex digest}`` of the file ``base`` was decoded from,
         recorded so that readers can check they decode against the right base.
+    base_codes : mapping of str to numpy.ndarray, optional
+        The previous checkpoint's quantization codes (uint16, one per element) of its lossy
+        tensors: a tensor quantized again is stored as the cyclic difference of its codes
+        (the paper's quantization-aware delta). Requires ``base_file``.
+    keep_codes : bool
+        Collect every lossy tensor's codes in :attr:`codes` (for the next checkpoint's delta).
     """
 
     def __init__(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, *,
@@ -137,11 +143,14 @@ class Writer:
                  threads: int | None = None, progress: Progress | None = None,
                  policy: Policy | str | None = None,
                  base: Mapping[str, np.ndarray] | None = None,
-                 base_file: dict | None = None) -> None:
+                 base_file: dict | None = None,
+                 base_codes: Mapping[str, np.ndarray] | None = None,
+                 keep_codes: bool = False) -> None:
         self._policy = resolve_policy(policy)
-        if (base is None) != (base_file is None):
-            raise InvalidArgumentError("base and base_file go together")
-        self._base, self._base_file = base, base_file
+        if (base is not None or base_codes is not None) != (base_file is not None):
+            raise InvalidArgumentError("base/base_codes and base_file go together")
+        self._base, self._base_file, self._base_codes = base, base_file, base_codes
+        self.codes: dict[str, np.ndarray] | None = {} if keep_codes else None
         self.metadata = dict(metadata or {})
         try:
             check_metadata(self.metadata)
@@ -205,7 +214,12 @@ class Writer:
             lossy = prepare(entry, read, role, config, importance)
         if lossy is not None:
             self._lossy[name] = lossy
-            entry.codec = [lossy.plan.to_dict()]
+            previous = None if self._base_codes is None else self._base_codes.get(name)
+            if previous is not None and previous.shape == (entry.numel,):
+                self._maybe_code_delta(entry, read, lossy, previous)
+            if self.codes is not None:
+                self.codes[name] = np.empty(entry.numel, np.uint16)
+            entry.codec = lossy.plan.chain()
             entry.streams = [[] for _ in range(lossy.plan.streams)]
             encoder = functools.partial(lossy.encode, level=self._level)
         else:
@@ -223,6 +237,19 @@ class Writer:
         self._container.tensors.append(entry)
         for c in range(entry.chunk_count):
             self._submit(entry, encoder, read, c)
+
+    def _maybe_code_delta(self, entry: TensorEntry, read: Callable[[int, int], Any],
+                          lossy: LossyTensor, previous: np.ndarray) -> None:
+        """Store the tensor's codes as deltas from ``previous`` if that makes its first
+        chunk's codes smaller (it does for weights; gradient-like moments that were refitted
+        from scratch may not gain)."""
+        stop = entry.chunk_range(0)[1]
+        raw = np.frombuffer(read(0, stop * entry.dtype.itemsize), np.uint8)
+        plain = lossy.encode(raw, 0, stop, self._level)[0][0][1]
+        lossy.use_delta(previous)
+        delta = lossy.encode(raw, 0, stop, self._level)[0][0][1]
+        if len(memoryview(delta)) >= len(memoryview(plain)):
+            lossy.drop_delta()
 
     def _delta_base(self, entry: TensorEntry, read: Callable[[int, int], Any],
                     stage: lossless.ByteGroup) -> np.ndarray | None:
@@ -250,9 +277,9 @@ class Writer:
         if raw.size != last - first:
             raise InvalidArgumentError(f"tensor {entry.name!r}: source returned "
                                        f"{raw.size} bytes instead of {last - first}")
-        planes, stats = encoder(raw, start, stop)
-        return raw.size, [(coding, payload, size, layout.crc32(payload))
-                          for coding, payload, size in planes], stats
+        planes, extra = encoder(raw, start, stop)
+        return start, raw.size, [(coding, payload, size, layout.crc32(payload))
+                                 for coding, payload, size in planes], extra
 
     def _submit(self, entry: TensorEntry, encoder: Callable, read: Callable[[int, int], Any],
                 c: int) -> None:
@@ -267,11 +294,15 @@ class Writer:
         entry, future = self._pending.popleft()
         self._write(entry, *future.result())
 
-    def _write(self, entry: TensorEntry, size: int, planes: list[tuple], stats) -> None:
+    def _write(self, entry: TensorEntry, start: int, size: int, planes: list[tuple],
+               extra) -> None:
         for stream, (coding, payload, plane_size, crc) in zip(entry.streams, planes):
             stream.append(self._container.write_chunk(coding, payload, plane_size, crc))
-        if stats is not None:
+        if extra is not None:  # a quantized chunk: its error stats and codes
+            stats, codes = extra
             self._lossy[entry.name].stats.merge(stats)
+            if self.codes is not None:
+                self.codes[entry.name][start:start + codes.size] = codes
         if self._progress is not None:
             self._progress(size)
 
@@ -340,12 +371,16 @@ class File:
     base : mapping of str to numpy.ndarray, optional
         For a delta file (``File.base`` is set): the decoded tensors of its base file.
         Reading a delta tensor without them raises :class:`BaseMismatchError`.
+    base_codes : mapping of str to numpy.ndarray, optional
+        For a delta file with code deltas: the base file's codes of its quantized tensors
+        (see :meth:`codes`).
     """
 
     def __init__(self, path: str | os.PathLike, *, threads: int | None = None,
-                 mmap: bool = True, base: Mapping[str, np.ndarray] | None = None) -> None:
+                 mmap: bool = True, base: Mapping[str, np.ndarray] | None = None,
+                 base_codes: Mapping[str, np.ndarray] | None = None) -> None:
         self._threads = resolve_threads(threads)
-        self._base = base
+        self._base, self._base_codes = base, base_codes
         self._reader = ContainerReader(path, use_mmap=mmap)
         try:
             self._entries = {e.name: e for e in self._reader.index.tensors}
@@ -486,14 +521,40 @@ class File:
     def _decode_chunk(self, entry: TensorEntry, c: int, out: np.ndarray) -> None:
         chunks = [stream[c] for stream in entry.streams]
         payloads = self._reader.read_chunks(chunks)
-        self._stages[entry.name].decode(
-            [(chunk.coding, payload, chunk.size) for chunk, payload in zip(chunks, payloads)],
-            out)
+        stage = self._stages[entry.name]
+        decoded = [(chunk.coding, payload, chunk.size) for chunk, payload in zip(chunks, payloads)]
+        if isinstance(stage, quant.QuantPlan):
+            return stage.decode(decoded, out, self._chunk_base_codes(entry, c))
+        stage.decode(decoded, out)
         if chain.is_delta(entry):
             start, stop = entry.chunk_range(c)
             itemsize = entry.dtype.itemsize
             np.bitwise_xor(out, self._base_bytes(entry)[start * itemsize:stop * itemsize],
                            out=out)
+
+    def _chunk_base_codes(self, entry: TensorEntry, c: int) -> np.ndarray | None:
+        if not chain.is_delta(entry):
+            return None
+        codes = None if self._base_codes is None else self._base_codes.get(entry.name)
+        if codes is None or codes.dtype != np.uint16 or codes.shape != (entry.numel,):
+            raise BaseMismatchError(f"{self.path}: tensor {entry.name!r} is a code delta "
+                                    f"against {self.base['file']}, whose codes were not given")
+        start, stop = entry.chunk_range(c)
+        return codes[start:stop]
+
+    def codes(self, name: str) -> np.ndarray:
+        """The quantization codes of a lossy tensor (uint16, one per element), as a series
+        needs them to decode the next checkpoint's code deltas."""
+        entry = self._entry(name)
+        if not isinstance(self._stages[name], quant.QuantPlan):
+            raise InvalidArgumentError(f"tensor {name!r} is not quantized")
+        out = np.empty(entry.numel, np.uint16)
+        itemsize = entry.dtype.itemsize
+        scratch = np.empty(entry.chunk_elements * itemsize, np.uint8)
+        for c in range(entry.chunk_count):
+            start, stop = entry.chunk_range(c)
+            out[start:stop] = self._decode_chunk(entry, c, scratch[:(stop - start) * itemsize])
+        return out
 
     def _base_bytes(self, entry: TensorEntry) -> np.ndarray:
         """The base tensor a delta tensor is XORed with, checked against the entry."""

@@ -241,3 +241,46 @@ def test_cli_series_commands(tmp_path):
     (tmp_path / "s" / "step_000000000000.ink").write_bytes(b"broken")
     r = run("verify", tmp_path / "s")
     assert r.returncode == 1 and "FAIL" in r.stdout
+
+
+def test_code_delta_shrinks_drifting_quantized_weights(tmp_path):
+    series = Series(tmp_path / "s", policy=inshrink.Policy.uniform(
+        inshrink.QuantConfig(bins=16)), keyframe_every=10)
+    states = trajectory(3, seed=4)
+    for step, state in enumerate(states):
+        series.save(step, state)
+    with inshrink.open(tmp_path / "s" / "step_000000000002.ink") as f:
+        assert [s["id"] for s in f._entries["model.w"].codec] == ["codedelta", "quant"]
+        with pytest.raises(errors.BaseMismatchError, match="codes"):
+            f["model.w"]
+    inshrink.save(tmp_path / "alone.ink", states[2],
+                  policy=inshrink.Policy.uniform(inshrink.QuantConfig(bins=16)))
+    alone = inshrink.open(tmp_path / "alone.ink").info("model.w").stored_bytes
+    delta = inshrink.open(tmp_path / "s" / "step_000000000002.ink").info("model.w").stored_bytes
+    assert delta * 2 < alone
+    assert_same(series.load(2), inshrink.load(tmp_path / "alone.ink"))
+
+
+def test_corrupt_code_delta_modulus_is_rejected(tmp_path):
+    import json
+    import zlib
+    series = Series(tmp_path / "s", policy=inshrink.Policy.uniform(
+        inshrink.QuantConfig(bins=16)))
+    for step, state in enumerate(trajectory(2, seed=5)):
+        series.save(step, state)
+    from inshrink.container.reader import ContainerReader
+    path = tmp_path / "s" / "step_000000000001.ink"
+    reader = ContainerReader(path)
+    doc = json.loads(reader.index.to_bytes())
+    reader.close()
+    doc["tensors"][0]["codec"][0]["modulus"] = 3  # fewer than the levels
+    payload = json.dumps(doc, separators=(",", ":")).encode()
+    from inshrink.container import layout
+    data = path.read_bytes()
+    offset = int.from_bytes(data[-32:-24], "little")
+    rebuilt = (data[:offset] + layout.pack_record_header(layout.KIND_INDEX, payload) + payload
+               + layout.pack_tail(offset, payload))
+    path.write_bytes(rebuilt)
+    assert zlib.crc32(payload) == layout.crc32(payload)
+    with pytest.raises(errors.CorruptError, match="modulus"):
+        inshrink.open(path)

@@ -1,9 +1,10 @@
 """Codec chains: build the chain for a new tensor, and check a chain read from a file.
 
-Format 1.2 knows three chains, each ending in one array->streams stage followed by per-chunk
-zstd/raw coding: ``[bytegroup]`` (lossless), ``[quant]`` (dynamic quantization) and
+Format 1.2 knows four chains, each ending in one array->streams stage followed by per-chunk
+zstd/raw coding: ``[bytegroup]`` (lossless), ``[quant]`` (dynamic quantization),
 ``[xor, bytegroup]`` (lossless delta: the bytes are XORed with the same tensor of the base file
-before byte grouping).
+before byte grouping) and ``[codedelta, quant]`` (quantization-aware delta: codes stored as
+cyclic differences from the base tensor's codes, regrouped by the base code).
 """
 from __future__ import annotations
 
@@ -24,15 +25,20 @@ def for_new_tensor(dtype: DType) -> lossless.ByteGroup:
 def for_entry(entry: TensorEntry):
     """Validate a tensor entry's chain and stream sizes; return the decoder stage."""
     for stage_id in (s["id"] for s in entry.codec):
-        if stage_id not in STAGES and stage_id != XOR:
+        if stage_id not in STAGES and stage_id not in (XOR, quant.DELTA_ID):
             raise UnknownCodecError(f"tensor {entry.name!r}: unknown codec stage {stage_id!r}")
-    codec = entry.codec
+    codec, modulus = entry.codec, None
     if len(codec) == 2 and codec[0] == {"id": XOR} and codec[1]["id"] == lossless.STAGE_ID:
         codec = codec[1:]  # the delta is undone by the reader, after the byte planes
-    if len(codec) != 1 or codec[0]["id"] == XOR:
-        raise CorruptError(f"tensor {entry.name!r}: expected one codec stage, or "
-                           f"[xor, bytegroup]")
+    elif (len(codec) == 2 and codec[0]["id"] == quant.DELTA_ID
+          and set(codec[0]) == {"id", "modulus"} and codec[1]["id"] == quant.STAGE_ID):
+        codec, modulus = codec[1:], codec[0]["modulus"]
+    if len(codec) != 1 or codec[0]["id"] not in STAGES:
+        raise CorruptError(f"tensor {entry.name!r}: expected one codec stage, "
+                           f"[xor, bytegroup] or [codedelta, quant]")
     stage = STAGES[codec[0]["id"]](codec[0], entry.dtype)
+    if modulus is not None:
+        stage = stage.check_delta(modulus)
     if len(entry.streams) != stage.streams:
         raise CorruptError(f"tensor {entry.name!r}: {len(entry.streams)} streams, its codec "
                            f"needs {stage.streams}")
@@ -47,4 +53,4 @@ def for_entry(entry: TensorEntry):
 
 def is_delta(entry: TensorEntry) -> bool:
     """Whether the tensor decodes against the base file's tensor of the same name."""
-    return entry.codec[0]["id"] == XOR
+    return entry.codec[0]["id"] in (XOR, quant.DELTA_ID)

@@ -16,18 +16,20 @@ exact values, in the tensor's dtype. Each then goes through the per-chunk zstd/r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import ml_dtypes
 import numpy as np
 
 from ..dtypes import DType
-from ..errors import CorruptError
+from ..errors import BaseMismatchError, CorruptError
+from ..kernels import delta as delta_kernels
 from ..kernels import quant as kernels
 from ..policy import QuantConfig
 from . import entropy
 
 STAGE_ID = "quant"
+DELTA_ID = "codedelta"
 MAX_LEVELS = 65_535
 _WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _BIN_LADDER = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
@@ -129,7 +131,7 @@ class QuantPlan:
     boundaries: np.ndarray        # float64, len(levels) - 1, in the value domain
     protect_at: float = math.inf  # |x| >= this: escaped
     prune_below: float = 0.0      # |x| < this: zero level
-    importance: dict = field(default_factory=dict)
+    modulus: int | None = None    # set: codes are stored as cyclic deltas from a base's codes
 
     @property
     def escape(self) -> int:
@@ -143,6 +145,27 @@ class QuantPlan:
 
     def to_dict(self) -> dict:
         return {"id": STAGE_ID, "bits": self.bits, "levels": self.levels.tobytes().hex()}
+
+    def chain(self) -> list[dict]:
+        """The codec chain of a tensor encoded with this plan."""
+        if self.modulus is None:
+            return [self.to_dict()]
+        return [{"id": DELTA_ID, "modulus": self.modulus}, self.to_dict()]
+
+    def with_delta(self, base_codes: np.ndarray) -> "QuantPlan":
+        """This plan storing codes as cyclic deltas from ``base_codes`` (the previous
+        checkpoint's codes of the tensor), with a modulus covering both code ranges."""
+        modulus = max(len(self.levels), int(base_codes.max()) + 1 if base_codes.size else 1, 1)
+        return replace(self, modulus=modulus, bits=packing_bits(modulus))
+
+    def check_delta(self, modulus) -> "QuantPlan":
+        """Validate a ``codedelta`` stage read from a file and attach its modulus."""
+        if type(modulus) is not int or not max(1, len(self.levels)) <= modulus <= 65_536:
+            raise CorruptError(f"codedelta modulus {modulus!r} does not cover the "
+                               f"{len(self.levels)} levels or exceeds 65536")
+        if code_bits(modulus) > self.bits:
+            raise CorruptError(f"deltas modulo {modulus} need more than {self.bits} bits")
+        return replace(self, modulus=modulus)
 
     @classmethod
     def from_dict(cls, d: dict, dtype: DType) -> "QuantPlan":
@@ -176,17 +199,35 @@ class QuantPlan:
         return (codes == codes_size(n, self.bits) and positions % 4 == 0
                 and positions // 4 <= n and values == positions // 4 * itemsize)
 
-    def decode(self, chunks: list[tuple], out: np.ndarray) -> None:
+    def decode_codes(self, packed, n: int, base_codes: np.ndarray | None) -> np.ndarray:
+        """The level codes of a chunk of ``n`` elements from its decoded codes stream."""
+        stored = np.empty(n, np.uint16)
+        unpack_codes(np.frombuffer(packed, np.uint8), self.bits, stored)
+        if self.modulus is None:
+            return stored
+        if base_codes is None or base_codes.shape != (n,):
+            raise BaseMismatchError("a code delta needs the base tensor's codes")
+        if n and (int(stored.max()) >= self.modulus or int(base_codes.max()) >= self.modulus):
+            raise CorruptError(f"code delta or base code not below modulus {self.modulus}")
+        counts = np.zeros(self.modulus, np.int64)
+        delta_kernels.group_counts(base_codes, self.modulus, counts)
+        deltas = np.empty(n, np.uint16)
+        delta_kernels.ungroup(base_codes, stored, counts, deltas)
+        codes = np.empty(n, np.uint16)
+        delta_kernels.cyclic_undelta(base_codes, deltas, self.modulus, codes)
+        return codes
+
+    def decode(self, chunks: list[tuple], out: np.ndarray,
+               base_codes: np.ndarray | None = None) -> np.ndarray:
         """Decode one chunk, given its streams' (coding, payload, decoded size), into ``out``
-        (uint8, n × itemsize bytes)."""
+        (uint8, n × itemsize bytes); ``base_codes`` for a code delta. Returns the codes."""
         itemsize = self.dtype.itemsize
         n = out.size // itemsize
         packed, gaps, values = (entropy.decode(coding, payload, size)
                                 for coding, payload, size in chunks)
         word = _WORDS[itemsize]
         words = out.view(word)
-        codes = np.empty(n, np.uint16)
-        unpack_codes(np.frombuffer(packed, np.uint8), self.bits, codes)
+        codes = self.decode_codes(packed, n, base_codes)
         positions = np.cumsum(np.frombuffer(gaps, "<u4").astype(np.int64) + 1) - 1
         if positions.size and positions[-1] >= n:
             raise CorruptError("escaped position past the end of its chunk")
@@ -198,6 +239,7 @@ class QuantPlan:
         elif positions.size != n:
             raise CorruptError("a chunk without levels must escape every element")
         words[positions] = np.frombuffer(values, word)
+        return codes
 
 
 def code_bits(levels: int) -> int:
@@ -326,9 +368,9 @@ def plan(sketch: Sketch, config: QuantConfig, dtype: DType, bins: int | None = N
     """Fit the levels and thresholds of one tensor from its sketch (``zero_level`` forces an
     exact zero level, for pruning decided outside the sketch)."""
     if bins is not None:
-        config = _with_bins(config, bins)
+        config = replace(config, bins=bins)
     if config.domain == "log" and sketch.neg.any():
-        config = _with_domain(config, "signed_log")
+        config = replace(config, domain="signed_log")
     lo, hi, prune_below, protect_at = _thresholds(sketch, config)
     centroids = _fit_centroids(sketch, lo, hi, config)
     rounded = centroids.astype(dtype.numpy).astype(np.float64)
@@ -340,16 +382,6 @@ def plan(sketch: Sketch, config: QuantConfig, dtype: DType, bins: int | None = N
     bits = packing_bits(len(levels))
     return QuantPlan(dtype, levels, bits, _boundaries(values, config.domain),
                      protect_at, prune_below)
-
-
-def _with_bins(config: QuantConfig, bins: int) -> QuantConfig:
-    from dataclasses import replace
-    return replace(config, bins=bins)
-
-
-def _with_domain(config: QuantConfig, domain: str) -> QuantConfig:
-    from dataclasses import replace
-    return replace(config, domain=domain)
 
 
 def estimate_rel_l2(sketch: Sketch, plan_: QuantPlan) -> float:
@@ -433,9 +465,11 @@ def chunk_stats(plan_: QuantPlan, x: np.ndarray, codes: np.ndarray) -> ChunkStat
 
 
 def encode_chunk(raw: np.ndarray, plan_: QuantPlan, level: int | None,
-                 force: np.ndarray | None = None) -> tuple[list, ChunkStats]:
+                 force: np.ndarray | None = None,
+                 base_codes: np.ndarray | None = None) -> tuple[list, ChunkStats, np.ndarray]:
     """Encode one chunk (uint8 view of whole elements): its three streams as
-    (coding, payload, decoded size), and its error stats."""
+    (coding, payload, decoded size), its error stats, and its codes. With a delta plan the
+    codes stream holds (base - codes) mod modulus, regrouped by the base code."""
     dtype = plan_.dtype
     x = raw.view(dtype.numpy).astype(work_dtype(dtype))
     codes = assign(plan_, x, force)
@@ -446,11 +480,19 @@ def encode_chunk(raw: np.ndarray, plan_: QuantPlan, level: int | None,
         codes[positions] = np.where(np.isfinite(x[positions]), nearest, 0)
         if plan_.levels.size == 0:
             codes[positions] = 0
-    packed = pack_codes(codes, plan_.bits)
+    stored = codes
+    if plan_.modulus is not None:
+        deltas = np.empty_like(codes)
+        delta_kernels.cyclic_delta(base_codes, codes, plan_.modulus, deltas)
+        counts = np.zeros(plan_.modulus, np.int64)
+        delta_kernels.group_counts(base_codes, plan_.modulus, counts)
+        stored = np.empty_like(codes)
+        delta_kernels.regroup(base_codes, deltas, counts, stored)
+    packed = pack_codes(stored, plan_.bits)
     gaps = np.diff(positions, prepend=-1) - 1
     gaps = gaps.astype("<u4").view(np.uint8)
     values = raw.view(_WORDS[dtype.itemsize])[positions].view(np.uint8)
     planes = [(*entropy.encode(packed, level), packed.size),
               (*entropy.encode(gaps, level), gaps.size),
               (*entropy.encode(values, level), values.size)]
-    return planes, stats
+    return planes, stats, codes

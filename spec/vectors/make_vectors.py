@@ -382,15 +382,19 @@ def build_codings(path: Path) -> dict:
     return contents(tensors)
 
 
-def quant_reference_decode(path: Path) -> Tensors:
+def quant_reference_decode(path: Path, base_codes: dict | None = None,
+                           codes_out: dict | None = None) -> Tensors:
     """Decode the quant tensors of a file with plain numpy, independently of the library's
-    decoder (spec section 10.6): unpack codes, look levels up, place escaped values."""
+    decoder (spec sections 10.6 and 10.8): unpack codes, undo a code delta against
+    ``base_codes``, look levels up, place escaped values. Codes go to ``codes_out``."""
     from inshrink.container.reader import ContainerReader
     reader = ContainerReader(path, use_mmap=False)
     out = {}
     try:
         for entry in reader.index.tensors:
-            stage = entry.codec[0]
+            stage = entry.codec[-1]
+            modulus = entry.codec[0]["modulus"] if entry.codec[0]["id"] == "codedelta" else None
+            all_codes = np.empty(entry.numel, np.int64)
             word = np.dtype(f"<u{entry.dtype.itemsize}")
             levels = np.frombuffer(bytes.fromhex(stage["levels"]), word)
             result = np.empty(entry.numel, word)
@@ -410,11 +414,19 @@ def quant_reference_decode(path: Path) -> Tensors:
                     codes = (raw[:n].astype(np.int64) << low_bits) + unpacked(raw[n:], low_bits)
                 else:
                     codes = unpacked(raw, stage["bits"])
+                if modulus is not None:  # G regrouped by the base code P: undo, then C = P - D
+                    prev = base_codes[entry.name][s:t].astype(np.int64)
+                    deltas = np.empty(n, np.int64)
+                    deltas[np.argsort(prev, kind="stable")] = codes
+                    codes = (prev - deltas) % modulus
+                all_codes[s:t] = codes
                 chunk = levels[codes] if levels.size else np.zeros(n, word)
                 positions = np.cumsum(np.frombuffer(gaps_raw, "<u4").astype(np.int64) + 1) - 1
                 chunk[positions] = np.frombuffer(values_raw, word)
                 result[s:t] = chunk
             out[entry.name] = result.view(entry.dtype.numpy).reshape(entry.shape)
+            if codes_out is not None:
+                codes_out[entry.name] = all_codes.astype(np.uint16)
     finally:
         reader.close()
     return out
@@ -486,6 +498,43 @@ def build_delta(path: Path) -> dict:
         for name, arr in nxt.items():
             w.add(name, arr)
     return contents(nxt)
+
+
+def qdelta_tensors() -> tuple[Tensors, Tensors]:
+    w = (mantissa_noise_f32("qdelta-w", 4096) - np.float32(1.5)).reshape(64, 64)
+    drift = w.copy()
+    drift[::5] *= np.float32(1.01)
+    return {"layer.weight": w}, {"layer.weight": drift}
+
+
+QDELTA_POLICY = Policy.uniform(QuantConfig(bins=16, protect=0.002))
+
+
+@positive("qdelta_base", "keyframe of a quantized keyframe + code delta pair")
+def build_qdelta_base(path: Path) -> dict:
+    base, _ = qdelta_tensors()
+    inshrink.save(path, base, policy=QDELTA_POLICY, threads=1)
+    return contents(quant_reference_decode(path))
+
+
+@positive("qdelta", "code delta (stage codedelta, format 1.2): codes stored as (base - current) "
+                    "mod B regrouped by the base code; decode with qdelta_base.ink's tensors "
+                    "and codes as the base", base="qdelta_base")
+def build_qdelta(path: Path) -> dict:
+    base, nxt = qdelta_tensors()
+    with tempfile.TemporaryDirectory() as tmp:
+        base_path = Path(tmp) / "qdelta_base.ink"
+        with inshrink.Writer(base_path, threads=1, policy=QDELTA_POLICY, keep_codes=True) as w:
+            w.add("layer.weight", base["layer.weight"])
+        codes = w.codes
+        base_file = {"file": "qdelta_base.ink",
+                     "sha256": hashlib.sha256(base_path.read_bytes()).hexdigest()}
+        reference_codes: dict = {}
+        quant_reference_decode(base_path, codes_out=reference_codes)
+    with inshrink.Writer(path, threads=1, policy=QDELTA_POLICY, base_codes=codes,
+                         base_file=base_file) as w:
+        w.add("layer.weight", nxt["layer.weight"])
+    return contents(quant_reference_decode(path, base_codes=reference_codes))
 
 
 @positive("metadata", "user metadata (Unicode, empty value, escapes) and Unicode tensor names")
