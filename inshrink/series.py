@@ -216,7 +216,8 @@ class Series:
         state: dict[str, np.ndarray] = {}
         codes: dict[str, np.ndarray] = {}
         previous = None
-        for entry in self.chain(step):
+        chain = self.chain(step)
+        for entry in chain:
             path = self._path(entry.file)
             self._check_file(entry)
             with File(path, threads=self.threads, base=state, base_codes=codes) as f:
@@ -225,8 +226,11 @@ class Series:
                 if f.base != expected:
                     raise BaseMismatchError(f"{path}: made against {f.base}, but the series "
                                             f"chain gives {expected}")
-                state = f.load()
-                codes = {i.name: f.codes(i.name) for i in f.infos() if not i.lossless}
+                lossy = [i.name for i in f.infos() if not i.lossless]
+                # along the chain only what the next link needs: exact tensors and codes
+                state = f.load() if entry is chain[-1] else f.load(
+                    names=[n for n in f.keys() if n not in lossy])
+                codes = {name: f.codes(name) for name in lossy}
             previous = entry
         return state, codes
 

@@ -544,16 +544,19 @@ class File:
 
     def codes(self, name: str) -> np.ndarray:
         """The quantization codes of a lossy tensor (uint16, one per element), as a series
-        needs them to decode the next checkpoint's code deltas."""
+        needs them to decode the next checkpoint's code deltas. Reads only the codes."""
         entry = self._entry(name)
-        if not isinstance(self._stages[name], quant.QuantPlan):
+        stage = self._stages[name]
+        if not isinstance(stage, quant.QuantPlan):
             raise InvalidArgumentError(f"tensor {name!r} is not quantized")
         out = np.empty(entry.numel, np.uint16)
-        itemsize = entry.dtype.itemsize
-        scratch = np.empty(entry.chunk_elements * itemsize, np.uint8)
         for c in range(entry.chunk_count):
             start, stop = entry.chunk_range(c)
-            out[start:stop] = self._decode_chunk(entry, c, scratch[:(stop - start) * itemsize])
+            chunk = entry.streams[0][c]
+            packed = entropy.decode(chunk.coding, self._reader.read_chunks([chunk])[0],
+                                    chunk.size)
+            out[start:stop] = stage.decode_codes(packed, stop - start,
+                                                 self._chunk_base_codes(entry, c))
         return out
 
     def _base_bytes(self, entry: TensorEntry) -> np.ndarray:
@@ -568,26 +571,28 @@ class File:
                                     f"{entry.dtype.name}{list(entry.shape)}")
         return np.ascontiguousarray(base).reshape(-1).view(np.uint8)
 
-    def load(self, progress: Progress | None = None) -> dict[str, np.ndarray]:
-        """Decode every tensor (chunks of all tensors share the thread pool).
+    def load(self, progress: Progress | None = None,
+             names: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Decode every tensor, or those in ``names`` (chunks of all tensors share the thread
+        pool).
 
         The arrays are views of one allocation (each 64-byte aligned): one large block is much
         cheaper for the OS to provide than hundreds of small ones.
         """
+        entries = self._entries if names is None else {n: self._entry(n) for n in names}
         offsets, total = {}, 0
-        for name, entry in self._entries.items():
+        for name, entry in entries.items():
             offsets[name] = total
             total += entry.nbytes + layout.padding(entry.nbytes)
         block = self._allocate(total, "the checkpoint")
         outs = {name: block[offsets[name]:offsets[name] + e.nbytes]
-                for name, e in self._entries.items()}
-        jobs = (job for name, entry in self._entries.items()
-                for job in self._jobs(entry, outs[name]))
+                for name, e in entries.items()}
+        jobs = (job for name, entry in entries.items() for job in self._jobs(entry, outs[name]))
         for size in self._in_order(self._decode_job, jobs):
             if progress is not None:
                 progress(size)
         return {name: outs[name].view(e.dtype.numpy).reshape(e.shape)
-                for name, e in self._entries.items()}
+                for name, e in entries.items()}
 
     def verify(self) -> None:
         """Read and decode every record, checking every checksum and size; raise on a problem."""

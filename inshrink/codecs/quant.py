@@ -259,7 +259,9 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
     byte each, and their remaining low bits, bit-packed: the byte plane carries the skewed
     part of the distribution where zstd's Huffman stage can code it, the low bits are nearly
     uniform anyway (measured within 0.05 bit/code of the codes' entropy on trained weights)."""
-    if bits <= 8:
+    if bits == 8:
+        return codes.astype(np.uint8)
+    if bits < 8:
         packed = np.zeros(codes_size(codes.size, bits), np.uint8)
         kernels.pack_bits(codes, bits, packed)
         return packed
@@ -272,7 +274,10 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
 def unpack_codes(stream: np.ndarray, bits: int, out: np.ndarray) -> None:
     """Inverse of :func:`pack_codes` into ``out`` (uint16, one per element)."""
     n = out.size
-    if bits <= 8:
+    if bits == 8:
+        out[:] = stream[:n]
+        return
+    if bits < 8:
         kernels.unpack_bits(stream, bits, n, out)
         return
     low_bits = bits - 8

@@ -1,0 +1,211 @@
+"""Checkpoint series benchmark: delta files against standalone files, on a real training run.
+
+    python benchmarks/bench_series.py [--dir benchmarks/data/series20] [--policy balanced]
+                                      [--keyframe-every 10] [--json out.json]
+
+Reads every ``ckpt_<step>.safetensors`` of ``--dir`` (written by ``train.py --save-every``) and
+reports, in one run:
+
+1. lossy series (``--policy``): each checkpoint's file size against the same checkpoint saved
+   standalone with the same policy, per tensor role for the last one;
+2. the paper's ablation on the quantized weights of consecutive checkpoints in the second half
+   of training: codes alone / cyclic delta / delta + run lengths / delta + regrouping by the
+   previous code (the format's choice), each packed like the codec does and zstd-coded;
+3. lossless series: each delta file against the standalone lossless file;
+4. restore time of the last checkpoint from the series against loading a standalone file.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections import defaultdict
+
+import numpy as np
+import zstandard
+from safetensors.numpy import load_file
+
+import common
+
+inshrink, _err = common.import_inshrink(("Series", "save", "load"))
+if inshrink is None:
+    raise SystemExit(f"inshrink is not importable: {_err}")
+from inshrink.codecs import quant  # noqa: E402
+from inshrink.kernels import delta as kernels  # noqa: E402
+
+
+def checkpoints(directory: str) -> list[tuple[int, str]]:
+    found = []
+    for path in glob.glob(os.path.join(directory, "ckpt_*.safetensors")):
+        m = re.search(r"ckpt_(\d+)\.safetensors$", path)
+        if m:
+            found.append((int(m.group(1)), path))
+    return sorted(found)
+
+
+def lossy_series(ckpts, policy, keyframe_every, tmp):
+    series = inshrink.Series(os.path.join(tmp, "lossy"), policy=policy,
+                             keyframe_every=keyframe_every, threads=1)
+    rows, roles = [], None
+    for step, path in ckpts:
+        state = load_file(path)
+        t0 = time.perf_counter()
+        series.save(step, state)
+        seconds = time.perf_counter() - t0
+        entry = series.checkpoints()[-1]
+        alone_path = os.path.join(tmp, "alone.ink")
+        alone = inshrink.save(alone_path, state, policy=policy, threads=1)
+        rows.append(dict(step=step, keyframe=entry.keyframe, delta_bytes=entry.bytes,
+                         standalone_bytes=os.path.getsize(alone_path), save_s=seconds))
+        with inshrink.open(os.path.join(series.directory, entry.file)) as f:
+            mine = {i.name: i for i in f.infos()}
+        roles = defaultdict(lambda: [0, 0, 0])
+        for info in alone:
+            r = roles[info.role or "-"]
+            r[0] += info.nbytes
+            r[1] += info.stored_bytes
+            r[2] += mine[info.name].stored_bytes
+    return series, rows, dict(roles)
+
+
+def weight_codes(state, policy):
+    """Codes and code count of the quantized weights of one checkpoint (standalone plans)."""
+    with tempfile.TemporaryDirectory() as tmp, \
+            inshrink.Writer(os.path.join(tmp, "x.ink"), policy=policy, threads=1,
+                            keep_codes=True) as w:
+        for name, arr in state.items():
+            w.add(name, arr)
+        w.close()
+        return {k: v for k, v in w.codes.items() if k.startswith("model.")}
+
+
+def zsize(data: np.ndarray) -> int:
+    return len(zstandard.ZstdCompressor(level=3).compress(np.ascontiguousarray(data)))
+
+
+def packed(values: np.ndarray, levels: int) -> np.ndarray:
+    return quant.pack_codes(values.astype(np.uint16), quant.packing_bits(levels))
+
+
+def ablation(ckpts, policy):
+    """Sizes of the weights' codes stream of each later checkpoint under four encodings."""
+    second_half = ckpts[len(ckpts) // 2 - 1:]
+    totals = defaultdict(int)
+    previous = None
+    for _, path in second_half:
+        codes = weight_codes(load_file(path), policy)
+        if previous is not None:
+            for name, cur in codes.items():
+                prev = previous.get(name)
+                if prev is None or prev.shape != cur.shape:
+                    continue
+                modulus = int(max(prev.max(), cur.max())) + 1
+                totals["codes alone"] += zsize(packed(cur, modulus))
+                d = np.empty_like(cur)
+                kernels.cyclic_delta(prev, cur, modulus, d)
+                totals["delta"] += zsize(packed(d, modulus))
+                run_values = np.empty_like(d)
+                run_lengths = np.empty(d.size, np.uint32)
+                n = kernels.run_lengths(d, run_values, run_lengths)
+                totals["delta + run lengths"] += (zsize(packed(run_values[:n], modulus))
+                                                  + zsize(run_lengths[:n]))
+                counts = np.zeros(modulus, np.int64)
+                kernels.group_counts(prev, modulus, counts)
+                g = np.empty_like(d)
+                kernels.regroup(prev, d, counts, g)
+                totals["delta + regrouping"] += zsize(packed(g, modulus))
+        previous = codes
+    return dict(totals)
+
+
+def lossless_series(ckpts, keyframe_every, tmp):
+    series = inshrink.Series(os.path.join(tmp, "lossless"), keyframe_every=keyframe_every,
+                             threads=1)
+    rows = []
+    for step, path in ckpts:
+        state = load_file(path)
+        series.save(step, state)
+        alone_path = os.path.join(tmp, "alone.ink")
+        inshrink.save(alone_path, state, threads=1)
+        entry = series.checkpoints()[-1]
+        rows.append(dict(step=step, keyframe=entry.keyframe, delta_bytes=entry.bytes,
+                         standalone_bytes=os.path.getsize(alone_path)))
+    return rows
+
+
+def restore_times(series, ckpts, policy, tmp, reps=3):
+    last_step, last_path = ckpts[-1]
+    alone_path = os.path.join(tmp, "alone_last.ink")
+    inshrink.save(alone_path, load_file(last_path), policy=policy, threads=1)
+    best = {"series": 1e9, "standalone": 1e9}
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        series.load(last_step)
+        best["series"] = min(best["series"], time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        inshrink.load(alone_path, threads=1)
+        best["standalone"] = min(best["standalone"], time.perf_counter() - t0)
+    best["chain_length"] = len(series.chain(last_step))
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", default=os.path.join(common.REPO_ROOT, "benchmarks", "data",
+                                                  "series20"))
+    ap.add_argument("--policy", default="balanced")
+    ap.add_argument("--keyframe-every", type=int, default=10)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    ckpts = checkpoints(args.dir)
+    if len(ckpts) < 4:
+        raise SystemExit(f"need at least 4 checkpoints in {args.dir} (train.py --save-every)")
+    tmp = tempfile.mkdtemp(dir=common.tmp_root())
+    try:
+        series, rows, roles = lossy_series(ckpts, args.policy, args.keyframe_every, tmp)
+        print(f"## Lossy series, policy {args.policy!r}, keyframe every {args.keyframe_every}\n")
+        print("| step | kind | file bytes | standalone bytes | standalone / file |")
+        print("|---:|---|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['step']} | {'keyframe' if r['keyframe'] else 'delta'} | "
+                  f"{r['delta_bytes']:,} | {r['standalone_bytes']:,} | "
+                  f"{r['standalone_bytes'] / r['delta_bytes']:.2f} |")
+        half = [r for r in rows[len(rows) // 2:] if not r["keyframe"]]
+        gain = (sum(r["standalone_bytes"] for r in half) / sum(r["delta_bytes"] for r in half)
+                if half else float("nan"))
+        print(f"\nsecond half, delta files only: standalone / delta = {gain:.2f}\n")
+        print("last checkpoint by role:\n\n| role | raw bytes | standalone | in series | gain |")
+        print("|---|---:|---:|---:|---:|")
+        for role, (raw, alone, mine) in sorted(roles.items()):
+            print(f"| {role} | {raw:,} | {alone:,} | {mine:,} | {alone / mine:.2f} |")
+        abl = ablation(ckpts, args.policy)
+        print("\n## Ablation: quantized weights' codes, consecutive checkpoints, second half\n")
+        print("| encoding | bytes | vs codes alone |\n|---|---:|---:|")
+        for k, v in abl.items():
+            print(f"| {k} | {v:,} | {abl['codes alone'] / v:.2f} |")
+        lrows = lossless_series(ckpts, args.keyframe_every, tmp)
+        deltas = [r for r in lrows if not r["keyframe"]]
+        worst = max(r["delta_bytes"] / r["standalone_bytes"] for r in deltas)
+        lgain = sum(r["standalone_bytes"] for r in deltas) / sum(r["delta_bytes"] for r in deltas)
+        print(f"\n## Lossless series\n\ndelta files: standalone / delta = {lgain:.3f} overall; "
+              f"largest delta / standalone = {worst:.4f} (must be <= 1)")
+        times = restore_times(series, ckpts, args.policy, tmp)
+        print(f"\n## Restore\n\nlast checkpoint (chain of {times['chain_length']} files): "
+              f"{times['series']:.3f} s from the series, {times['standalone']:.3f} s standalone: "
+              f"{times['series'] / times['standalone']:.2f}x")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(lossy=rows, roles=roles, second_half_gain=gain, ablation=abl,
+                               lossless=lrows, lossless_gain=lgain, restore=times), f,
+                          indent=1)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
