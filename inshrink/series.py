@@ -6,9 +6,13 @@ checkpoint file is written (atomically) before the manifest names it, and the ma
 replaced atomically, so a crash at any point leaves a consistent series: at worst an orphan
 file that the manifest does not list.
 
-Between keyframes, a checkpoint's lossless tensors are stored as their XOR with the previous
-checkpoint's (when smaller); its file records the name and SHA-256 of that base file, and
-restoring replays the chain from the keyframe, checking every link.
+The newest checkpoint is always stored whole, so restoring it — what resuming training
+needs — reads one file. When a newer checkpoint arrives, the previous one is rewritten as a
+delta against it (lossless tensors XORed, quantized tensors as code deltas), under a new file
+name so the manifest switch stays atomic, unless that would make a chain longer than
+``keyframe_every`` files: then it stays whole, as a keyframe. Each delta file records the name
+and SHA-256 of its base; restoring an older step replays its chain back from the keyframe after
+it, checking every link.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -25,12 +29,13 @@ from .atomic import AtomicFile
 from .dtypes import as_numpy
 from .errors import BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError
 from .policy import Policy
+from .rebase import write_delta
 from .tensorfile import File, TensorInfo, Writer
 
 MANIFEST = "manifest.json"
 SERIES_FORMAT = "inshrink-series"
 SERIES_VERSION = 1
-_FILE = re.compile(r"^step_\d{12}\.ink$")
+_FILE = re.compile(r"^step_\d{12}(\.d)?\.ink$")
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,22 @@ class Checkpoint:
     base: str | None
     sha256: str
     bytes: int
+
+
+def decode_digest(exact: Mapping[str, np.ndarray], codes: Mapping[str, np.ndarray]) -> str:
+    """SHA-256 of what a delta decodes against: the exact bytes of a checkpoint's lossless
+    tensors and the codes of its quantized ones (spec section 23). It does not change when the
+    checkpoint's own file is rewritten as a delta, unlike the file's bytes."""
+    digest = hashlib.sha256()
+    for name in sorted(set(exact) | set(codes)):
+        digest.update(name.encode("utf-8") + b"\0")
+        if name in codes:
+            digest.update(b"C" + np.ascontiguousarray(codes[name], "<u2").tobytes())
+        else:
+            arr = np.ascontiguousarray(exact[name])
+            digest.update(b"X" + arr.dtype.str.encode() + repr(arr.shape).encode()
+                          + arr.reshape(-1).view(np.uint8).tobytes())
+    return digest.hexdigest()
 
 
 def file_sha256(path: str) -> str:
@@ -145,6 +166,8 @@ class Series:
         chain = [self._entry(step)]
         while chain[-1].base is not None:
             chain.append(by_file[chain[-1].base])
+            if len(chain) > len(by_file):
+                raise CorruptError(f"{self.directory}: the manifest's base links form a cycle")
         return chain[::-1]
 
     # -- saving ----------------------------------------------------------------------------
@@ -161,39 +184,53 @@ class Series:
         name = f"step_{step:012d}.ink"
         path = self._path(name)
         importance = dict(importance or {})
-        previous = self._checkpoints[-1] if self._checkpoints else None
-        keyframe = previous is None or self._since_keyframe() + 1 >= self.keyframe_every
-        base = base_codes = base_file = None
-        if not keyframe:
-            if self._previous is None:  # resumed: read back what the last checkpoint holds
-                self._previous, self._previous_codes = self._exact_tensors(previous)
-            base, base_codes = self._previous, self._previous_codes
-            base_file = {"file": previous.file, "sha256": previous.sha256}
         with Writer(path, dict(metadata or {}), threads=self.threads, policy=self.policy,
-                    base=base, base_codes=base_codes, base_file=base_file,
                     keep_codes=True) as writer:
             arrays = {key: as_numpy(value) for key, value in tensors.items()}
             for key, value in arrays.items():
                 writer.add(key, value, importance=importance.get(key), wait=False)
             report = writer.close()
             codes = writer.codes
-        entry = Checkpoint(step, name, keyframe, None if keyframe else previous.file,
-                           file_sha256(path), os.path.getsize(path))
-        self._write_manifest(self._checkpoints + [entry])
-        # what the next delta can refer to: the tensors this file holds exactly
-        self._previous = {info.name: arrays[info.name].copy() for info in report
-                          if info.lossless}
-        self._previous_codes = codes
+        exact = {info.name: arrays[info.name].copy() for info in report if info.lossless}
+        newest = Checkpoint(step, name, True, None, file_sha256(path), os.path.getsize(path))
+        entries = list(self._checkpoints)
+        replaced = None
+        if entries and entries[-1].keyframe and self._deltas_before(entries) + 2 <= \
+                self.keyframe_every:
+            replaced = entries[-1]
+            rewritten = self._rewrite_as_delta(replaced, newest, exact, codes)
+            entries = [replace(e, base=rewritten.file) if e.base == replaced.file else e
+                       for e in entries[:-1]] + [rewritten]
+        self._write_manifest(entries + [newest])
+        if replaced is not None:  # only now: the manifest no longer names it
+            os.unlink(self._path(replaced.file))
+        self._previous, self._previous_codes = exact, codes
         return report
 
-    def _since_keyframe(self) -> int:
-        """Deltas written since the last keyframe."""
+    def _deltas_before(self, entries: list[Checkpoint]) -> int:
+        """Deltas right before the last entry: the files a restore of the oldest of them
+        replays before reaching it."""
         count = 0
-        for e in reversed(self._checkpoints):
+        for e in reversed(entries[:-1]):
             if e.keyframe:
-                return count
+                break
             count += 1
         return count
+
+    def _rewrite_as_delta(self, entry: Checkpoint, base: Checkpoint, base_exact: dict,
+                          base_codes: dict) -> Checkpoint:
+        """Write ``entry`` again as a delta file against the newer checkpoint ``base``."""
+        if self._previous is None:  # resumed: read back what the entry holds
+            self._previous, self._previous_codes = self._exact_tensors(entry)
+        name = f"step_{entry.step:012d}.d.ink"
+        write_delta(self._path(entry.file), self._path(name),
+                    src_exact=self._previous, src_codes=self._previous_codes or {},
+                    base_exact=base_exact, base_codes=base_codes or {},
+                    base_file={"file": base.file,
+                               "sha256": decode_digest(base_exact, base_codes or {})})
+        path = self._path(name)
+        return Checkpoint(entry.step, name, False, base.file, file_sha256(path),
+                          os.path.getsize(path))
 
     def _exact_tensors(self, entry: Checkpoint) -> tuple[dict, dict]:
         """The lossless tensors and the codes of the lossy ones that ``entry`` holds."""
@@ -221,11 +258,12 @@ class Series:
             path = self._path(entry.file)
             self._check_file(entry)
             with File(path, threads=self.threads, base=state, base_codes=codes) as f:
-                expected = None if previous is None else {"file": previous.file,
-                                                          "sha256": previous.sha256}
-                if f.base != expected:
-                    raise BaseMismatchError(f"{path}: made against {f.base}, but the series "
-                                            f"chain gives {expected}")
+                expected = None if previous is None else decode_digest(state, codes)
+                if (f.base and f.base["sha256"]) != expected:
+                    raise BaseMismatchError(
+                        f"{path}: made against a base with digest "
+                        f"{f.base and f.base['sha256']}, but {previous and previous.file} "
+                        f"decodes to {expected}")
                 lossy = [i.name for i in f.infos() if not i.lossless]
                 # along the chain only what the next link needs: exact tensors and codes
                 state = f.load() if entry is chain[-1] else f.load(

@@ -40,7 +40,11 @@ def test_twenty_checkpoints_restore_exactly_with_keyframes(tmp_path):
     for step, state in enumerate(states):
         series.save(step * 10, state)
     entries = series.checkpoints()
-    assert [e.keyframe for e in entries] == [i % 5 == 0 for i in range(20)]
+    # the newest is whole; older ones are deltas against the next, with a keyframe kept
+    # wherever a chain would exceed five files
+    assert [e.keyframe for e in entries] == [i % 5 == 4 for i in range(20)]
+    assert [e.base for e in entries[:4]] == [entries[i + 1].file for i in range(4)]
+    assert len(series.chain(190)) == 1
     for step, state in enumerate(states):
         assert_same(series.load(step * 10), state)
         assert len(series.chain(step * 10)) <= 5
@@ -80,8 +84,9 @@ def test_resume_continues_the_chain(tmp_path):
     resumed = Series(tmp_path / "s", keyframe_every=10)
     assert resumed.steps() == [0, 1] and resumed.latest() == 1
     resumed.save(2, states[2])
-    assert resumed.checkpoints()[-1].base == "step_000000000001.ink"
-    assert_same(resumed.load(2), states[2])
+    assert resumed.checkpoints()[-2].base == "step_000000000002.ink"
+    for step in range(3):
+        assert_same(resumed.load(step), states[step])
     with pytest.raises(errors.InvalidArgumentError, match="after"):
         resumed.save(2, states[3])
 
@@ -90,16 +95,37 @@ def test_modified_or_missing_base_is_a_typed_error(tmp_path):
     series = Series(tmp_path / "s")
     for step, state in enumerate(trajectory(3)):
         series.save(step, state)
-    base = tmp_path / "s" / "step_000000000000.ink"
-    data = bytearray(base.read_bytes())
+    files = [e.file for e in series.checkpoints()]
+    assert files == ["step_000000000000.d.ink", "step_000000000001.d.ink",
+                     "step_000000000002.ink"]
+    newest = tmp_path / "s" / files[2]
+    data = bytearray(newest.read_bytes())
     data[100] ^= 1
-    base.write_bytes(bytes(data))
-    with pytest.raises(errors.BaseMismatchError, match="step_000000000000.ink"):
-        series.load(2)
-    assert any("step 2" in p for p in series.verify())
-    base.unlink()
+    newest.write_bytes(bytes(data))
+    with pytest.raises(errors.BaseMismatchError, match="step_000000000002.ink"):
+        series.load(0)
+    assert any("step 0" in p for p in series.verify())
+    (tmp_path / "s" / files[1]).unlink()
     with pytest.raises(errors.BaseMismatchError, match="missing"):
-        series.load(1)
+        series.load(0)
+
+
+def test_a_swapped_base_is_detected_by_content(tmp_path):
+    series = Series(tmp_path / "s")
+    states = trajectory(3)
+    for step, state in enumerate(states):
+        series.save(step, state)
+    # a newest file that is valid but holds other data, with the manifest updated to match:
+    # file checks pass, the decode digest recorded in the older delta does not
+    inshrink.save(tmp_path / "s" / "step_000000000002.ink", states[0])
+    from inshrink.series import file_sha256
+    import json
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    manifest["checkpoints"][2]["sha256"] = file_sha256(str(tmp_path / "s" /
+                                                           "step_000000000002.ink"))
+    (tmp_path / "s" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(errors.BaseMismatchError, match="digest"):
+        Series(tmp_path / "s").load(1)
 
 
 def test_delta_file_refuses_the_wrong_base(tmp_path):
@@ -107,7 +133,7 @@ def test_delta_file_refuses_the_wrong_base(tmp_path):
     states = trajectory(2)
     series.save(0, states[0])
     series.save(1, states[1])
-    delta = tmp_path / "s" / "step_000000000001.ink"
+    delta = tmp_path / "s" / "step_000000000000.d.ink"
     with pytest.raises(errors.BaseMismatchError):
         inshrink.load(delta)
     with pytest.raises(errors.BaseMismatchError):
@@ -119,13 +145,18 @@ def test_retention_keeps_chains_of_kept_steps(tmp_path):
     states = trajectory(10)
     for step, state in enumerate(states):
         series.save(step, state)
-    removed = series.retain(3)  # keep 7, 8, 9; 8 is a keyframe, 7 needs 4..6
-    assert series.steps() == [4, 5, 6, 7, 8, 9]
-    assert removed == [0, 1, 2, 3]
-    assert sorted(os.listdir(tmp_path / "s")) == ["manifest.json"] + [
-        f"step_{s:012d}.ink" for s in range(4, 10)]
+    removed = series.retain(3)  # older steps are deltas towards newer ones: nothing to keep
+    assert series.steps() == [7, 8, 9]
+    assert removed == [0, 1, 2, 3, 4, 5, 6]
+    assert sorted(os.listdir(tmp_path / "s")) == sorted(
+        ["manifest.json"] + [e.file for e in series.checkpoints()])
     for step in (7, 8, 9):
         assert_same(series.load(step), states[step])
+    needed = {c.file for c in series.chain(7)}
+    eight = series.checkpoints()[1].file
+    series.delete([8])  # 8 stays listed exactly when 7's chain goes through its file
+    assert (8 in series.steps()) == (eight in needed)
+    assert_same(series.load(7), states[7])
 
 
 def test_bad_arguments_and_empty_series(tmp_path):
@@ -238,27 +269,27 @@ def test_cli_series_commands(tmp_path):
     assert run("restore", tmp_path / "s", "-o", tmp_path / "last.safetensors").returncode == 0
     r = run("ls", tmp_path / "missing")
     assert r.returncode == 2 and "not a series" in r.stderr
-    (tmp_path / "s" / "step_000000000000.ink").write_bytes(b"broken")
+    (tmp_path / "s" / series.checkpoints()[0].file).write_bytes(b"broken")
     r = run("verify", tmp_path / "s")
     assert r.returncode == 1 and "FAIL" in r.stdout
 
 
 def test_code_delta_shrinks_drifting_quantized_weights(tmp_path):
-    series = Series(tmp_path / "s", policy=inshrink.Policy.uniform(
-        inshrink.QuantConfig(bins=16)), keyframe_every=10)
+    policy = inshrink.Policy.uniform(inshrink.QuantConfig(bins=16))
+    series = Series(tmp_path / "s", policy=policy, keyframe_every=10)
     states = trajectory(3, seed=4)
     for step, state in enumerate(states):
         series.save(step, state)
-    with inshrink.open(tmp_path / "s" / "step_000000000002.ink") as f:
+    older = tmp_path / "s" / series.checkpoints()[1].file  # step 1, a delta against step 2
+    with inshrink.open(older) as f:
         assert [s["id"] for s in f._entries["model.w"].codec] == ["codedelta", "quant"]
         with pytest.raises(errors.BaseMismatchError, match="codes"):
             f["model.w"]
-    inshrink.save(tmp_path / "alone.ink", states[2],
-                  policy=inshrink.Policy.uniform(inshrink.QuantConfig(bins=16)))
+    inshrink.save(tmp_path / "alone.ink", states[1], policy=policy)
     alone = inshrink.open(tmp_path / "alone.ink").info("model.w").stored_bytes
-    delta = inshrink.open(tmp_path / "s" / "step_000000000002.ink").info("model.w").stored_bytes
+    delta = inshrink.open(older).info("model.w").stored_bytes
     assert delta * 2 < alone
-    assert_same(series.load(2), inshrink.load(tmp_path / "alone.ink"))
+    assert_same(series.load(1), inshrink.load(tmp_path / "alone.ink"))
 
 
 def test_corrupt_code_delta_modulus_is_rejected(tmp_path):
@@ -269,7 +300,7 @@ def test_corrupt_code_delta_modulus_is_rejected(tmp_path):
     for step, state in enumerate(trajectory(2, seed=5)):
         series.save(step, state)
     from inshrink.container.reader import ContainerReader
-    path = tmp_path / "s" / "step_000000000001.ink"
+    path = tmp_path / "s" / series.checkpoints()[0].file
     reader = ContainerReader(path)
     doc = json.loads(reader.index.to_bytes())
     reader.close()

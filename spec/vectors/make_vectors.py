@@ -36,6 +36,7 @@ from inshrink.container.index import TensorEntry
 from inshrink.container.writer import ContainerWriter
 from inshrink.convert import compress_safetensors
 from inshrink.policy import Policy, QuantConfig
+from inshrink.series import decode_digest
 
 HERE = Path(__file__).resolve().parent
 FORMAT_VERSION = f"{layout.VERSION_MAJOR}.{layout.VERSION_MINOR}"
@@ -492,8 +493,7 @@ def build_delta(path: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         base_path = Path(tmp) / "delta_base.ink"
         write_plain(base_path, base)
-        base_file = {"file": "delta_base.ink",
-                     "sha256": hashlib.sha256(base_path.read_bytes()).hexdigest()}
+        base_file = {"file": "delta_base.ink", "sha256": decode_digest(base, {})}
     with inshrink.Writer(path, threads=1, base=base, base_file=base_file) as w:
         for name, arr in nxt.items():
             w.add(name, arr)
@@ -527,8 +527,7 @@ def build_qdelta(path: Path) -> dict:
         with inshrink.Writer(base_path, threads=1, policy=QDELTA_POLICY, keep_codes=True) as w:
             w.add("layer.weight", base["layer.weight"])
         codes = w.codes
-        base_file = {"file": "qdelta_base.ink",
-                     "sha256": hashlib.sha256(base_path.read_bytes()).hexdigest()}
+        base_file = {"file": "qdelta_base.ink", "sha256": decode_digest({}, codes)}
         reference_codes: dict = {}
         quant_reference_decode(base_path, codes_out=reference_codes)
     with inshrink.Writer(path, threads=1, policy=QDELTA_POLICY, base_codes=codes,
