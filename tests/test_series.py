@@ -315,3 +315,20 @@ def test_corrupt_code_delta_modulus_is_rejected(tmp_path):
     assert zlib.crc32(payload) == layout.crc32(payload)
     with pytest.raises(errors.CorruptError, match="modulus"):
         inshrink.open(path)
+
+
+def test_bin_count_changing_between_checkpoints(tmp_path):
+    coarse = inshrink.Policy.uniform(inshrink.QuantConfig(bins=8))
+    fine = inshrink.Policy.uniform(inshrink.QuantConfig(bins=40))
+    series = Series(tmp_path / "s", policy=fine)
+    states = trajectory(3, seed=6)
+    policies = [fine, coarse, fine]
+    for step, (state, policy) in enumerate(zip(states, policies)):
+        series.policy = policy
+        series.save(step, state)
+    for step, (state, policy) in enumerate(zip(states, policies)):
+        inshrink.save(tmp_path / "alone.ink", state, policy=policy)
+        assert_same(series.load(step), inshrink.load(tmp_path / "alone.ink"))
+    with inshrink.open(tmp_path / "s" / series.checkpoints()[0].file) as f:
+        codec = f._entries["model.w"].codec
+    assert codec[0]["id"] == "codedelta" and codec[0]["modulus"] >= 40
