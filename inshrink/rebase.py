@@ -16,7 +16,6 @@ from .codecs import chain, entropy, lossless, quant
 from .container.index import TensorEntry
 from .container.reader import ContainerReader
 from .container.writer import ContainerWriter
-from .kernels import delta as kernels
 
 
 def write_delta(src: str | os.PathLike, dst: str | os.PathLike, *,
@@ -61,13 +60,7 @@ def _rebase_quant(reader, writer, entry, new, stage, src_codes, base_codes, leve
     stored = []
     for c in range(entry.chunk_count):
         start, stop = entry.chunk_range(c)
-        prev, cur = base[start:stop], codes[start:stop]
-        deltas = np.empty_like(cur)
-        kernels.cyclic_delta(prev, cur, plan.modulus, deltas)
-        counts = np.zeros(plan.modulus, np.int64)
-        kernels.group_counts(prev, plan.modulus, counts)
-        grouped = np.empty_like(cur)
-        kernels.regroup(prev, deltas, counts, grouped)
+        grouped = quant.code_delta(base[start:stop], codes[start:stop], plan.modulus)
         packed = quant.pack_codes(grouped, plan.bits)
         coding, payload = entropy.encode(packed, level)
         if c == 0 and len(memoryview(payload)) >= entry.streams[0][0].length:

@@ -469,6 +469,17 @@ def chunk_stats(plan_: QuantPlan, x: np.ndarray, codes: np.ndarray) -> ChunkStat
                       int(flipped), int(nonzero))
 
 
+def code_delta(base_codes: np.ndarray, codes: np.ndarray, modulus: int) -> np.ndarray:
+    """What a code delta stores: (base - codes) mod ``modulus``, regrouped by base code."""
+    deltas = np.empty_like(codes)
+    delta_kernels.cyclic_delta(base_codes, codes, modulus, deltas)
+    counts = np.zeros(modulus, np.int64)
+    delta_kernels.group_counts(base_codes, modulus, counts)
+    grouped = np.empty_like(codes)
+    delta_kernels.regroup(base_codes, deltas, counts, grouped)
+    return grouped
+
+
 def encode_chunk(raw: np.ndarray, plan_: QuantPlan, level: int | None,
                  force: np.ndarray | None = None,
                  base_codes: np.ndarray | None = None) -> tuple[list, ChunkStats, np.ndarray]:
@@ -485,14 +496,7 @@ def encode_chunk(raw: np.ndarray, plan_: QuantPlan, level: int | None,
         codes[positions] = np.where(np.isfinite(x[positions]), nearest, 0)
         if plan_.levels.size == 0:
             codes[positions] = 0
-    stored = codes
-    if plan_.modulus is not None:
-        deltas = np.empty_like(codes)
-        delta_kernels.cyclic_delta(base_codes, codes, plan_.modulus, deltas)
-        counts = np.zeros(plan_.modulus, np.int64)
-        delta_kernels.group_counts(base_codes, plan_.modulus, counts)
-        stored = np.empty_like(codes)
-        delta_kernels.regroup(base_codes, deltas, counts, stored)
+    stored = codes if plan_.modulus is None else code_delta(base_codes, codes, plan_.modulus)
     packed = pack_codes(stored, plan_.bits)
     gaps = np.diff(positions, prepend=-1) - 1
     gaps = gaps.astype("<u4").view(np.uint8)
