@@ -246,10 +246,11 @@ class Series:
             step = self.latest()
             if step is None:
                 raise InvalidArgumentError(f"the series {self.directory} is empty")
-        return self._replay(step)[0]
+        return self._replay(step, codes_of_last=False)[0]
 
-    def _replay(self, step: int) -> tuple[dict, dict]:
-        """Decode the chain of ``step``: its tensors and the codes of its quantized ones."""
+    def _replay(self, step: int, codes_of_last: bool = True) -> tuple[dict, dict]:
+        """Decode the chain of ``step``: its tensors and (unless ``codes_of_last`` is false)
+        the codes of its quantized ones."""
         state: dict[str, np.ndarray] = {}
         codes: dict[str, np.ndarray] = {}
         previous = None
@@ -266,9 +267,11 @@ class Series:
                         f"decodes to {expected}")
                 lossy = [i.name for i in f.infos() if not i.lossless]
                 # along the chain only what the next link needs: exact tensors and codes
-                state = f.load() if entry is chain[-1] else f.load(
+                last = entry is chain[-1]
+                state = f.load() if last else f.load(
                     names=[n for n in f.keys() if n not in lossy])
-                codes = {name: f.codes(name) for name in lossy}
+                codes = {name: f.codes(name) for name in lossy} if codes_of_last or not last \
+                    else {}
             previous = entry
         return state, codes
 
