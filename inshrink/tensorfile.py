@@ -595,9 +595,23 @@ class File:
                 for name, e in entries.items()}
 
     def verify(self) -> None:
-        """Read and decode every record, checking every checksum and size; raise on a problem."""
-        for name in self._entries:
-            self.read_into(name, lambda start, chunk: None)
+        """Read and decode every record, checking every checksum and size; raise on a problem.
+
+        A delta tensor whose base was not given is checked down to its streams (checksums,
+        zstd frames, sizes); combining it with the base needs ``base``/``base_codes``.
+        """
+        for name, entry in self._entries.items():
+            if chain.is_delta(entry) and not self._has_base(entry):
+                for c in range(entry.chunk_count):
+                    chunks = [stream[c] for stream in entry.streams]
+                    for chunk, payload in zip(chunks, self._reader.read_chunks(chunks)):
+                        entropy.decode(chunk.coding, payload, chunk.size)
+            else:
+                self.read_into(name, lambda start, chunk: None)
+
+    def _has_base(self, entry: TensorEntry) -> bool:
+        source = self._base_codes if entry.codec[0]["id"] == quant.DELTA_ID else self._base
+        return source is not None and entry.name in source
 
     def close(self) -> None:
         if self._pool is not None:

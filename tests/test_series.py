@@ -332,3 +332,18 @@ def test_bin_count_changing_between_checkpoints(tmp_path):
     with inshrink.open(tmp_path / "s" / series.checkpoints()[0].file) as f:
         codec = f._entries["model.w"].codec
     assert codec[0]["id"] == "codedelta" and codec[0]["modulus"] >= 40
+
+
+def test_delta_files_verify_on_their_own(tmp_path):
+    series = Series(tmp_path / "s", policy="balanced")
+    for step, state in enumerate(trajectory(2, seed=8)):
+        series.save(step, state)
+    delta = tmp_path / "s" / series.checkpoints()[0].file
+    with inshrink.open(delta) as f:
+        f.verify()  # streams and checksums, without the base
+    data = bytearray(delta.read_bytes())
+    data[300] ^= 0x10
+    delta.write_bytes(bytes(data))
+    with pytest.raises(errors.CorruptError):
+        with inshrink.open(delta) as f:
+            f.verify()
