@@ -12,7 +12,8 @@ reports, in one run:
 2. the paper's ablation on the quantized weights of consecutive checkpoints in the second half
    of training: codes alone / cyclic delta / delta + run lengths / delta + regrouping by the
    previous code (the format's choice), each packed like the codec does and zstd-coded;
-3. lossless series: each delta file against the standalone lossless file;
+3. lossless: XOR against wrapping subtraction on the weights, and a lossless series: each delta
+   file against the standalone lossless file;
 4. restore time of the newest and the oldest checkpoint against loading a standalone file.
 """
 from __future__ import annotations
@@ -128,6 +129,29 @@ def ablation(ckpts, policy):
     return dict(totals)
 
 
+def lossless_ablation(ckpts):
+    """Byte-grouped zstd size of the fp32 weights of the last checkpoint: alone, XORed with
+    the previous checkpoint's, and as a wrapping uint32 difference (why the format uses XOR)."""
+    from inshrink.codecs import lossless
+    from inshrink.dtypes import by_name
+    stage = lossless.plan(by_name("F32"))
+    prev, cur = load_file(ckpts[-2][1]), load_file(ckpts[-1][1])
+    totals = defaultdict(int)
+    for name, a in cur.items():
+        b = prev.get(name)
+        if not name.startswith("model.") or a.dtype != np.float32 or b is None \
+                or b.shape != a.shape:
+            continue
+        x, y = a.reshape(-1).view(np.uint32), b.reshape(-1).view(np.uint32)
+        xor, sub = np.empty_like(x), np.empty_like(x)
+        kernels.xor_words(x, y, xor)
+        kernels.sub_words(x, y, sub)
+        for label, words in (("standalone", x), ("xor", xor), ("subtract", sub)):
+            planes = lossless.encode_chunk(np.ascontiguousarray(words).view(np.uint8), stage, 3)
+            totals[label] += sum(len(memoryview(p)) for _, p in planes)
+    return dict(totals)
+
+
 def lossless_series(ckpts, keyframe_every, tmp):
     series = inshrink.Series(os.path.join(tmp, "lossless"), keyframe_every=keyframe_every,
                              threads=1)
@@ -195,6 +219,11 @@ def main() -> None:
         print("| encoding | bytes | vs codes alone |\n|---|---:|---:|")
         for k, v in abl.items():
             print(f"| {k} | {v:,} | {abl['codes alone'] / v:.2f} |")
+        labl = lossless_ablation(ckpts)
+        print("\n## Lossless delta of the fp32 weights, last two checkpoints\n")
+        print("| encoding | bytes | vs standalone |\n|---|---:|---:|")
+        for k, v in labl.items():
+            print(f"| {k} | {v:,} | {labl['standalone'] / v:.3f} |")
         lrows = lossless_series(ckpts, args.keyframe_every, tmp)
         deltas = [r for r in lrows if not r["keyframe"]]
         worst = max(r["delta_bytes"] / r["standalone_bytes"] for r in deltas)
@@ -211,6 +240,7 @@ def main() -> None:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(dict(lossy=rows, roles=roles, second_half_gain=gain, ablation=abl,
+                               lossless_ablation=labl,
                                lossless=lrows, lossless_gain=lgain, restore=times), f,
                           indent=1)
     finally:
