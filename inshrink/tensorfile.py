@@ -215,6 +215,9 @@ class Writer:
         if lossy is not None:
             self._lossy[name] = lossy
             previous = None if self._base_codes is None else self._base_codes.get(name)
+            if previous is not None and (not isinstance(previous, np.ndarray)
+                                         or previous.dtype != np.uint16):
+                raise InvalidArgumentError(f"base_codes[{name!r}] must be a uint16 array")
             if previous is not None and previous.shape == (entry.numel,):
                 self._maybe_code_delta(entry, read, lossy, previous)
             if self.codes is not None:

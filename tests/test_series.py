@@ -347,3 +347,14 @@ def test_delta_files_verify_on_their_own(tmp_path):
     with pytest.raises(errors.CorruptError):
         with inshrink.open(delta) as f:
             f.verify()
+
+
+def test_writer_rejects_base_codes_of_another_type(tmp_path):
+    policy = inshrink.Policy.uniform(inshrink.QuantConfig(bins=8))
+    w = trajectory(1)[0]["model.w"]
+    with pytest.raises(errors.InvalidArgumentError, match="uint16"):
+        with inshrink.Writer(tmp_path / "x.ink", policy=policy,
+                             base_codes={"model.w": np.zeros(w.size, np.int64)},
+                             base_file={"file": "b.ink", "sha256": "0" * 64}) as writer:
+            writer.add("model.w", w)
+    assert not (tmp_path / "x.ink").exists()

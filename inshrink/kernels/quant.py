@@ -353,16 +353,6 @@ def lookup_decode(codes, levels, escape, values, out):
 
 
 @njit(nogil=True, cache=True)
-def count_escapes(codes, escape):
-    """Number of codes equal to ``escape``."""
-    count = 0
-    for i in range(codes.shape[0]):
-        if codes[i] == escape:
-            count += 1
-    return count
-
-
-@njit(nogil=True, cache=True)
 def pack_bits(codes, bits, out):
     """Pack ``bits``-wide codes into a little-endian bit stream."""
     width = np.uint64(bits)
