@@ -11,6 +11,7 @@ from .errors import (BaseMismatchError, ChecksumError, CorruptError, InshrinkErr
                      LimitExceededError, TensorNotFoundError, TruncatedError,
                      UnknownCodecError, UnsupportedFeatureError, UnsupportedVersionError)
 from .policy import PRESETS, Policy, QuantConfig
+from .search import Choice, Search, SearchResult, SearchSpace
 from .series import Series
 from .tensorfile import File, TensorInfo, Writer
 
@@ -18,7 +19,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "save", "load", "open", "File", "Writer", "TensorInfo", "Policy", "QuantConfig", "PRESETS",
-    "Series",
+    "Series", "Search", "SearchSpace", "SearchResult", "Choice",
     "InshrinkError", "InvalidArgumentError", "CorruptError", "TruncatedError",
     "ChecksumError", "UnsupportedVersionError", "UnsupportedFeatureError",
     "UnknownCodecError", "LimitExceededError", "TensorNotFoundError", "BaseMismatchError",

@@ -21,7 +21,7 @@ import json
 import os
 import re
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -30,9 +30,12 @@ from .dtypes import as_numpy
 from .errors import BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError
 from .policy import Policy
 from .rebase import write_delta
+from .search import Choice, Search, SearchResult
 from .tensorfile import File, TensorInfo, Writer
 
 MANIFEST = "manifest.json"
+SEARCH_KEY = "inshrink.search"
+"""Metadata key of the configuration search report (JSON) of a checkpoint."""
 SERIES_FORMAT = "inshrink-series"
 SERIES_VERSION = 1
 _FILE = re.compile(r"^step_\d{12}(\.d)?\.ink$")
@@ -88,16 +91,26 @@ class Series:
         any step replays a bounded chain.
     threads : int, optional
         Encoder/decoder threads.
+    search : Search, optional
+        The configuration search used by ``save(..., quality=...)`` (default:
+        ``Search()``, ε = 0.05 on a loss). A resumed series continues from the choice stored
+        with its latest checkpoint.
     """
 
     def __init__(self, directory: str | os.PathLike, policy: Policy | str | None = None, *,
-                 keyframe_every: int = 10, threads: int | None = None) -> None:
+                 keyframe_every: int = 10, threads: int | None = None,
+                 search: Search | None = None) -> None:
+        if search is not None and not isinstance(search, Search):
+            raise InvalidArgumentError("search must be an inshrink.search.Search")
         if type(keyframe_every) is not int or keyframe_every < 1:
             raise InvalidArgumentError("keyframe_every must be a positive integer")
         self.directory = os.fspath(directory)
         self.policy = policy
         self.keyframe_every = keyframe_every
         self.threads = threads
+        self.search = search
+        self.last_search: SearchResult | None = None  # what the latest save(quality=) chose
+        self._search_resumed = False
         os.makedirs(self.directory, exist_ok=True)
         self._checkpoints = self._read_manifest()
         # what the next delta refers to: the last checkpoint's exact tensors and its codes
@@ -174,8 +187,18 @@ class Series:
 
     def save(self, step: int, tensors: Mapping[str, Any],
              metadata: Mapping[str, str] | None = None,
-             importance: Mapping[str, Any] | None = None) -> list[TensorInfo]:
-        """Add checkpoint ``step`` (greater than every saved step); return its tensor report."""
+             importance: Mapping[str, Any] | None = None,
+             policy: Policy | str | None = None,
+             quality: Callable[[dict[str, np.ndarray]], float] | None = None
+             ) -> list[TensorInfo]:
+        """Add checkpoint ``step`` (greater than every saved step); return its tensor report.
+
+        ``policy`` replaces the series' policy for this checkpoint only; deltas work across
+        checkpoints of different policies. ``quality`` (``quality(state) -> float``, see
+        :meth:`inshrink.search.Search.choose`) runs the configuration search instead: the
+        chosen policy is used, the search report is stored in the checkpoint's metadata under
+        ``"inshrink.search"`` and kept in :attr:`last_search`.
+        """
         if type(step) is not int or step < 0:
             raise InvalidArgumentError("step must be a non-negative integer")
         if self._checkpoints and step <= self._checkpoints[-1].step:
@@ -184,9 +207,15 @@ class Series:
         name = f"step_{step:012d}.ink"
         path = self._path(name)
         importance = dict(importance or {})
-        with Writer(path, dict(metadata or {}), threads=self.threads, policy=self.policy,
+        policy = self.policy if policy is None else policy
+        metadata = dict(metadata or {})
+        arrays = {key: as_numpy(value) for key, value in tensors.items()}
+        if quality is not None:
+            result = self._search().choose(arrays, quality, importance)
+            policy, self.last_search = result.policy, result
+            metadata[SEARCH_KEY] = json.dumps(result.report)
+        with Writer(path, metadata, threads=self.threads, policy=policy,
                     keep_codes=True) as writer:
-            arrays = {key: as_numpy(value) for key, value in tensors.items()}
             for key, value in arrays.items():
                 writer.add(key, value, importance=importance.get(key), wait=False)
             report = writer.close()
@@ -206,6 +235,22 @@ class Series:
             os.unlink(self._path(replaced.file))
         self._previous, self._previous_codes = exact, codes
         return report
+
+    def _search(self) -> Search:
+        """The search, continuing from the latest checkpoint's choice after a restart."""
+        if self.search is None:
+            self.search = Search(threads=self.threads)
+        if not self._search_resumed and self.search.previous is None and self._checkpoints:
+            stored = self.metadata().get(SEARCH_KEY)
+            try:
+                chosen = json.loads(stored).get("chosen") if stored else None
+                if chosen is not None:
+                    self.search.previous = Choice.from_dict(chosen)
+            except (ValueError, AttributeError, InvalidArgumentError) as exc:
+                raise CorruptError(f"{self.directory}: the search report of step "
+                                   f"{self.latest()} is unreadable: {exc}") from None
+        self._search_resumed = True
+        return self.search
 
     def _deltas_before(self, entries: list[Checkpoint]) -> int:
         """Deltas right before the last entry: the files a restore of the oldest of them
@@ -247,6 +292,17 @@ class Series:
             if step is None:
                 raise InvalidArgumentError(f"the series {self.directory} is empty")
         return self._replay(step, codes_of_last=False)[0]
+
+    def metadata(self, step: int | None = None) -> dict[str, str]:
+        """The user metadata saved with ``step`` (default: the latest)."""
+        if step is None:
+            step = self.latest()
+            if step is None:
+                raise InvalidArgumentError("the series is empty")
+        entry = self._entry(step)
+        self._check_file(entry)
+        with File(self._path(entry.file)) as f:
+            return f.metadata
 
     def _replay(self, step: int, codes_of_last: bool = True) -> tuple[dict, dict]:
         """Decode the chain of ``step``: its tensors and (unless ``codes_of_last`` is false)

@@ -1,0 +1,508 @@
+"""Per-checkpoint configuration search (the paper's section 5).
+
+Given the state to compress and a quality callback (the caller's loss or accuracy on a few
+held-out batches), :class:`Search` picks the most compressive configuration of the weights
+whose quality stays within a relative ``epsilon`` of the uncompressed state:
+
+* the first checkpoint gets the *guided search* over the configuration cube (bins, embedding
+  bins, prune fraction, protect fraction), once per prune metric: quality is monotone along
+  every axis, so a binary search along the cube's diagonal finds a feasible point, and only
+  the sub-cubes that can hold a smaller feasible point are searched next, most promising
+  first (branch and bound on an expected size);
+* later checkpoints get the *neighbourhood search*: the previous choice and its neighbours one
+  step towards more precision (never more aggressive), smallest expected size first, the first
+  feasible one wins; when none is feasible, the guided search over the cube above the previous
+  choice.
+
+Every evaluation compresses the searched tensors with the candidate configuration, decodes
+them and calls the callback, so a chosen configuration is one whose *actual* encoding was
+measured within ``epsilon``; a hard cap bounds the evaluations, and when nothing feasible is
+found the weights are stored losslessly. Optimizer moments are not seen by a model-quality
+callback: they get the fixed configurations of the search space. The decisions behind the
+rules are recorded in ``docs/decisions.md``.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from . import dtypes
+from .errors import InvalidArgumentError
+from .policy import MAX_BINS, PRUNE_METRICS, Policy, QuantConfig, role_of
+
+Quality = Callable[[dict[str, np.ndarray]], float]
+Point = tuple[int, ...]  # indices on the axes, higher = more precise
+
+SEARCHED_ROLES = ("weight", "embedding")
+NEIGHBOURHOOD = 1
+"""Radius of the neighbourhood search, in steps along each axis."""
+SIGNIFICANT = 0.25
+"""The other prune metric is adopted when it lowers the quality drop by this share of ε."""
+
+
+def _ascending(name: str, values: Any, check: Callable[[Any], bool]) -> tuple:
+    values = tuple(values)
+    if not values or any(not check(v) for v in values) or list(values) != sorted(set(values)):
+        raise InvalidArgumentError(f"search space: {name} must be a non-empty, strictly "
+                                   f"increasing sequence of valid values, got {values!r}")
+    return values
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The configurations the search may choose from.
+
+    Parameters
+    ----------
+    bins, embedding_bins : tuple of int
+        Quantization levels for weights and for embedding tables (more levels = more precise).
+    prune : tuple of float
+        Fractions of each weight tensor set to zero (embeddings are never pruned).
+    protect : tuple of float
+        Fractions stored exactly (the largest by magnitude, and by sensitivity if given).
+    prune_metrics : tuple of str
+        "magnitude" and/or "sensitivity" (the latter only when importance is given).
+    exp_avg, exp_avg_sq : QuantConfig or None
+        Fixed configurations of the optimizer moments (None: lossless).
+    proxy_rel_l2 : float
+        Without a quality callback: the per-tensor relative L2 error bound of the weights.
+    """
+
+    bins: tuple[int, ...] = (4, 6, 8, 12, 16, 32, 64)
+    embedding_bins: tuple[int, ...] = (16, 32, 64)
+    prune: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
+    protect: tuple[float, ...] = (0.0005, 0.005, 0.01)
+    prune_metrics: tuple[str, ...] = PRUNE_METRICS
+    exp_avg: QuantConfig | None = QuantConfig(bins=8)
+    exp_avg_sq: QuantConfig | None = QuantConfig(bins=8)
+    proxy_rel_l2: float = 0.01
+
+    def __post_init__(self) -> None:
+        is_bins = lambda b: type(b) is int and 2 <= b <= MAX_BINS  # noqa: E731
+        is_fraction = lambda f: isinstance(f, (int, float)) and 0 <= f < 1  # noqa: E731
+        object.__setattr__(self, "bins", _ascending("bins", self.bins, is_bins))
+        object.__setattr__(self, "embedding_bins",
+                           _ascending("embedding_bins", self.embedding_bins, is_bins))
+        object.__setattr__(self, "prune", _ascending("prune", self.prune, is_fraction))
+        object.__setattr__(self, "protect", _ascending("protect", self.protect, is_fraction))
+        if self.prune[-1] + self.protect[-1] >= 1:
+            raise InvalidArgumentError("search space: largest prune + protect must be below 1")
+        metrics = tuple(self.prune_metrics)
+        if not metrics or any(m not in PRUNE_METRICS for m in metrics) or \
+                len(set(metrics)) != len(metrics):
+            raise InvalidArgumentError(f"search space: prune_metrics must be distinct values "
+                                       f"of {PRUNE_METRICS}")
+        object.__setattr__(self, "prune_metrics", metrics)
+        for name in ("exp_avg", "exp_avg_sq"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name),
+                                                                  QuantConfig):
+                raise InvalidArgumentError(f"search space: {name} must be a QuantConfig or None")
+        if not (isinstance(self.proxy_rel_l2, (int, float)) and 0 < self.proxy_rel_l2 < 1):
+            raise InvalidArgumentError("search space: proxy_rel_l2 must be in (0, 1)")
+
+    def axes(self) -> tuple[tuple, ...]:
+        """The cube's axes, each ordered from least to most precise."""
+        return (self.bins, self.embedding_bins, tuple(reversed(self.prune)), self.protect)
+
+    def top(self) -> Point:
+        return tuple(len(a) - 1 for a in self.axes())
+
+    def choice(self, point: Point, metric: str) -> "Choice":
+        bins, embedding_bins, prune, protect = (a[i] for a, i in zip(self.axes(), point))
+        return Choice(bins, embedding_bins, prune, protect, metric)
+
+    def point(self, choice: "Choice") -> Point:
+        """The cube point of a choice; a value not on an axis maps to the next more precise
+        one (the search never gets more aggressive than a previous choice)."""
+        values = (choice.bins, choice.embedding_bins, choice.prune, choice.protect)
+        point = []
+        for axis, value, up in zip(self.axes(), values, (1, 1, -1, 1)):
+            at = [i for i, v in enumerate(axis) if (v - value) * up >= 0]
+            point.append(at[0] if at else len(axis) - 1)
+        return tuple(point)
+
+    def moments(self) -> dict[str, QuantConfig | None]:
+        return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One configuration of the cube: what the search returns and stores."""
+
+    bins: int
+    embedding_bins: int
+    prune: float
+    protect: float
+    prune_metric: str = "magnitude"
+
+    def policy(self, space: SearchSpace) -> Policy:
+        """The policy that applies this choice (moments from the search space)."""
+        weight = QuantConfig(bins=self.bins, prune=self.prune, protect=self.protect,
+                             prune_metric=self.prune_metric)
+        embedding = QuantConfig(bins=self.embedding_bins, protect=self.protect)
+        return Policy({"weight": weight, "embedding": embedding, **space.moments()})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Choice":
+        """The inverse of :meth:`to_dict` (e.g. read back from a checkpoint's metadata)."""
+        try:
+            choice = cls(int(data["bins"]), int(data["embedding_bins"]), float(data["prune"]),
+                         float(data["protect"]), str(data["prune_metric"]))
+            choice.policy(SearchSpace())  # validates every value
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidArgumentError(f"not a search choice: {data!r}") from exc
+        return choice
+
+
+@dataclass
+class SearchResult:
+    """What :meth:`Search.choose` decided.
+
+    Attributes
+    ----------
+    policy : Policy
+        What to save the checkpoint with.
+    choice : Choice or None
+        The configuration of the weights; None when they stay lossless (nothing feasible) or
+        in proxy mode.
+    report : dict
+        JSON-serialisable: the mode, the baseline quality, every evaluation (configuration,
+        quality, relative drop, feasibility, stored bytes, phase) and why the choice was made.
+    """
+
+    policy: Policy
+    choice: Choice | None
+    report: dict = field(default_factory=dict)
+
+
+class _Evaluator:
+    """Evaluates configurations on the searched tensors, with a cache, the monotonicity
+    shortcuts and the evaluation cap."""
+
+    def __init__(self, search: "Search", tensors: dict[str, np.ndarray],
+                 searched: dict[str, np.ndarray], quality: Quality,
+                 importance: dict[str, Any], workdir: str) -> None:
+        self.search, self.space = search, search.space
+        self.tensors, self.searched, self.quality = tensors, searched, quality
+        self.importance, self.workdir = importance, workdir
+        self.results: dict[tuple[Point, str], dict] = {}
+        self.log: list[dict] = []
+        self.budget = search.max_evals  # a phase may lower it to share the cap
+        self.baseline = self._call(tensors)
+        if not math.isfinite(self.baseline):
+            raise InvalidArgumentError(f"the quality of the uncompressed state is "
+                                       f"{self.baseline}; the search needs a finite value")
+        self.raw_bytes = sum(a.nbytes for a in searched.values())
+        self.sizes = {name: (a.size, a.dtype.itemsize * 8) for name, a in searched.items()}
+        self.roles = {name: role_of(name, dtypes.of_numpy(a.dtype).name, a.shape)
+                      for name, a in searched.items()}
+
+    def _call(self, state: dict[str, np.ndarray]) -> float:
+        value = self.quality(state)
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(f"the quality callback returned {value!r}, "
+                                       f"not a number") from None
+
+    @property
+    def left(self) -> int:
+        return min(self.search.max_evals, self.budget) - len(self.log)
+
+    def drop(self, value: float) -> float:
+        """Relative quality drop from the baseline (positive = worse)."""
+        scale = abs(self.baseline) or 1.0
+        change = (self.baseline - value) if self.search.higher_is_better else \
+            (value - self.baseline)
+        return change / scale if math.isfinite(value) else math.inf
+
+    def expected_bits(self, point: Point) -> float:
+        """A monotone model of the stored size, to order and bound candidates: code bits of
+        the quantized elements, one bit per pruned one, value + position per protected one."""
+        c = self.space.choice(point, "magnitude")
+        total = 0.0
+        for name, (n, value_bits) in self.sizes.items():
+            bins, prune = (c.embedding_bins, 0.0) if self.roles[name] == "embedding" \
+                else (c.bins, c.prune)
+            total += n * ((1 - prune - c.protect) * math.log2(bins) + prune
+                          + c.protect * (value_bits + 32))
+        return total
+
+    def known(self, point: Point, metric: str) -> bool | None:
+        """Feasibility implied by monotonicity from what was evaluated, or None."""
+        for (p, m), r in self.results.items():
+            if m != metric:
+                continue
+            if r["feasible"] and all(a >= b for a, b in zip(point, p)):
+                return True
+            if not r["feasible"] and all(a <= b for a, b in zip(point, p)):
+                return False
+        return None
+
+    def evaluate(self, point: Point, metric: str, phase: str) -> dict | None:
+        """Evaluate (cached); None when the cap is reached."""
+        if (point, metric) in self.results:
+            return self.results[(point, metric)]
+        if self.left <= 0:
+            return None
+        choice = self.space.choice(point, metric)
+        decoded, stored = self._roundtrip(choice)
+        value = self._call({**self.tensors, **decoded})
+        drop = self.drop(value)
+        result = {"choice": choice.to_dict(), "phase": phase, "quality": value,
+                  "drop": drop if math.isfinite(drop) else None,
+                  "feasible": drop <= self.search.epsilon, "stored_bytes": stored,
+                  "ratio": self.raw_bytes / stored if stored else None}
+        self.results[(point, metric)] = result
+        self.log.append(result)
+        return result
+
+    def _roundtrip(self, choice: Choice) -> tuple[dict[str, np.ndarray], int]:
+        from .api import load, save  # the search sits above the codec
+        path = os.path.join(self.workdir, "candidate.ink")
+        infos = save(path, self.searched, policy=choice.policy(self.space),
+                     importance=self.importance, threads=self.search.threads)
+        decoded = load(path, threads=self.search.threads)
+        os.unlink(path)
+        return decoded, sum(i.stored_bytes for i in infos)
+
+
+def _diagonal(lo: Point, hi: Point) -> list[Point]:
+    steps = max(h - l for l, h in zip(lo, hi))
+    if steps == 0:
+        return [lo]
+    return [tuple(l + round(t * (h - l) / steps) for l, h in zip(lo, hi))
+            for t in range(steps + 1)]
+
+
+def _first_feasible(ev: _Evaluator, points: list[Point], metric: str,
+                    phase: str) -> Point | None:
+    """Binary search for the least precise feasible point of a monotone chain of points."""
+    def feasible(p: Point) -> bool | None:
+        known = ev.known(p, metric)
+        if known is not None:
+            return known
+        result = ev.evaluate(p, metric, phase)
+        return None if result is None else result["feasible"]
+
+    top = feasible(points[-1])
+    if not top:
+        return None
+    lo, hi = 0, len(points) - 1  # points[hi] is feasible
+    while lo < hi:
+        mid = (lo + hi) // 2
+        ok = feasible(points[mid])
+        if ok is None:
+            break  # cap reached: keep the feasible point we have
+        if ok:
+            hi = mid
+        else:
+            lo = mid + 1
+    return points[hi]
+
+
+class Search:
+    """Chooses a configuration per checkpoint; remembers the previous choice.
+
+    Parameters
+    ----------
+    epsilon : float
+        Allowed relative quality drop (0.05: within 5% of the uncompressed state's quality).
+    higher_is_better : bool
+        False for a loss (the default), True for an accuracy-like metric.
+    space : SearchSpace, optional
+        The configurations to choose from.
+    max_evals : int
+        Hard cap on quality evaluations per checkpoint (the baseline not counted).
+    threads : int, optional
+        Encoder/decoder threads for the candidate encodings.
+
+    Examples
+    --------
+    >>> search = Search(epsilon=0.05)                                   # doctest: +SKIP
+    >>> result = search.choose(state, quality=eval_loss)                # doctest: +SKIP
+    >>> inshrink.save("step_100.ink", state, policy=result.policy)      # doctest: +SKIP
+    """
+
+    def __init__(self, epsilon: float = 0.05, *, higher_is_better: bool = False,
+                 space: SearchSpace | None = None, max_evals: int = 24,
+                 threads: int | None = None) -> None:
+        if not (isinstance(epsilon, (int, float)) and 0 <= epsilon < math.inf):
+            raise InvalidArgumentError("epsilon must be a non-negative number")
+        if type(max_evals) is not int or max_evals < 1:
+            raise InvalidArgumentError("max_evals must be a positive integer")
+        if space is not None and not isinstance(space, SearchSpace):
+            raise InvalidArgumentError("space must be a SearchSpace")
+        self.epsilon = float(epsilon)
+        self.higher_is_better = bool(higher_is_better)
+        self.space = space or SearchSpace()
+        self.max_evals = max_evals
+        self.threads = threads
+        self.previous: Choice | None = None
+
+    def proxy_policy(self) -> Policy:
+        """Without a callback: per tensor, the fewest bins meeting the error bound."""
+        space = self.space
+        weight = QuantConfig(bins=space.bins[-1], protect=space.protect[0],
+                             max_rel_l2=space.proxy_rel_l2)
+        embedding = QuantConfig(bins=space.embedding_bins[-1], protect=space.protect[0],
+                                max_rel_l2=space.proxy_rel_l2)
+        return Policy({"weight": weight, "embedding": embedding, **space.moments()})
+
+    def choose(self, tensors: Mapping[str, Any], quality: Quality | None,
+               importance: Mapping[str, Any] | None = None) -> SearchResult:
+        """Choose the configuration for one checkpoint.
+
+        Parameters
+        ----------
+        tensors : mapping of str to array-like
+            The checkpoint's state (weights, optimizer state...).
+        quality : callable or None
+            ``quality(state) -> float`` on a dict like ``tensors`` with some tensors replaced
+            by their decoded versions. None: proxy mode (per-tensor error bounds).
+        importance : mapping of str to array-like, optional
+            Sensitivity scores (|g·w|) per tensor; enables the "sensitivity" prune metric.
+
+        Returns
+        -------
+        SearchResult
+        """
+        started = time.perf_counter()
+        if quality is None:
+            return SearchResult(self.proxy_policy(), None, {
+                "mode": "proxy", "max_rel_l2": self.space.proxy_rel_l2, "chosen": None})
+        if not callable(quality):
+            raise InvalidArgumentError("quality must be a callable or None")
+        if not isinstance(tensors, Mapping):
+            raise InvalidArgumentError("tensors must be a mapping of names to arrays")
+        arrays = {name: dtypes.as_numpy(v) for name, v in tensors.items()}
+        searched = {name: a for name, a in arrays.items()
+                    if role_of(name, dtypes.of_numpy(a.dtype).name, a.shape) in SEARCHED_ROLES}
+        importance = {name: v for name, v in (importance or {}).items() if name in searched}
+        metrics = [m for m in self.space.prune_metrics
+                   if m == "magnitude" or importance]
+        report: dict[str, Any] = {"epsilon": self.epsilon,
+                                  "higher_is_better": self.higher_is_better,
+                                  "max_evals": self.max_evals,
+                                  "searched_tensors": len(searched)}
+        if not searched:
+            report.update(mode="none", chosen=None, reason="no tensor to quantize")
+            choice = None
+        else:
+            with tempfile.TemporaryDirectory(prefix="inshrink-search-") as workdir:
+                ev = _Evaluator(self, arrays, searched, quality, importance, workdir)
+                if not metrics:
+                    report.update(mode="none", reason="no usable prune metric")
+                    choice = None
+                elif self.previous is None:
+                    choice, why = self._guided(ev, (0,) * 4, self.space.top(), metrics,
+                                               "guided")
+                    report.update(mode="guided", reason=why)
+                else:
+                    choice, why, mode = self._neighbourhood(ev, self.previous, metrics)
+                    report.update(mode=mode, reason=why)
+                report.update(baseline=ev.baseline, evaluations=ev.log,
+                              evaluations_used=len(ev.log),
+                              cap_reached=len(ev.log) >= self.max_evals,
+                              raw_bytes=ev.raw_bytes)
+                chosen = next((r for r in ev.log if choice is not None
+                               and r["choice"] == choice.to_dict()), None)
+                report["chosen_result"] = chosen
+        report["chosen"] = choice.to_dict() if choice else None
+        report["seconds"] = time.perf_counter() - started
+        if choice is not None:
+            self.previous = choice
+        policy = choice.policy(self.space) if choice else \
+            Policy(dict(self.space.moments()))  # weights lossless, moments as configured
+        return SearchResult(policy, choice, report)
+
+    # -- the two searches ------------------------------------------------------------------
+
+    def _best(self, ev: _Evaluator, metrics: list[str]) -> Choice | None:
+        """The smallest feasible evaluated configuration of the given metrics."""
+        feasible = [(r["stored_bytes"], i, p, m) for i, ((p, m), r) in
+                    enumerate(ev.results.items()) if r["feasible"] and m in metrics]
+        if not feasible:
+            return None
+        _, _, point, metric = min(feasible)
+        return self.space.choice(point, metric)
+
+    def _guided(self, ev: _Evaluator, lo: Point, hi: Point, metrics: list[str],
+                phase: str) -> tuple[Choice | None, str]:
+        """Guided search of the cube [lo, hi] once per prune metric."""
+        for k, metric in enumerate(metrics):
+            ev.budget = self.max_evals
+            ev.budget = len(ev.log) + ev.left // (len(metrics) - k)  # share the cap
+            self._guided_one(ev, lo, hi, metric, phase)
+        ev.budget = self.max_evals
+        best = self._best(ev, metrics)
+        if best is None:
+            return None, "no feasible configuration: weights stored losslessly"
+        return best, "smallest feasible configuration found by the guided search"
+
+    def _guided_one(self, ev: _Evaluator, lo: Point, hi: Point, metric: str,
+                    phase: str) -> None:
+        """Diagonal binary search, then the sub-cubes that can hold a smaller feasible point,
+        smallest expected size first, pruned by the best feasible size found so far."""
+        best_bits = math.inf
+        tie = itertools.count()
+        cubes = [(ev.expected_bits(lo), next(tie), lo, hi)]
+        while cubes and ev.left > 0:
+            bound, _, c_lo, c_hi = heapq.heappop(cubes)
+            if bound >= best_bits or ev.known(c_hi, metric) is False:
+                continue  # nothing smaller in there, or nothing feasible
+            found = _first_feasible(ev, _diagonal(c_lo, c_hi), metric, phase)
+            if found is None:
+                continue
+            best_bits = min(best_bits, ev.expected_bits(found))
+            for axes in itertools.product((False, True), repeat=len(found)):
+                if not any(axes):
+                    continue  # that sub-cube is dominated by the point found
+                if any(below and f == l for below, f, l in zip(axes, found, c_lo)):
+                    continue  # empty
+                sub_lo = tuple(l if below else f for below, f, l in zip(axes, found, c_lo))
+                sub_hi = tuple(f - 1 if below else h
+                               for below, f, h in zip(axes, found, c_hi))
+                heapq.heappush(cubes, (ev.expected_bits(sub_lo), next(tie), sub_lo, sub_hi))
+
+    def _neighbourhood(self, ev: _Evaluator, previous: Choice,
+                       metrics: list[str]) -> tuple[Choice | None, str, str]:
+        """Around the previous choice, never more aggressive; the guided search above it
+        when nothing there is feasible."""
+        space = self.space
+        start = space.point(previous)
+        metric = previous.prune_metric if previous.prune_metric in metrics else metrics[0]
+        current = ev.evaluate(start, metric, "neighbourhood")
+        why = []
+        for other in (m for m in metrics if m != metric):
+            alt = ev.evaluate(start, other, "metric check")
+            if current is not None and alt is not None and alt["drop"] is not None and (
+                    current["drop"] is None or
+                    alt["drop"] < current["drop"] - SIGNIFICANT * self.epsilon):
+                metric, current = other, alt
+                why.append(f"switched prune metric to {other}")
+        top = space.top()
+        ranges = [range(s, min(s + NEIGHBOURHOOD, t) + 1) for s, t in zip(start, top)]
+        candidates = sorted(itertools.product(*ranges), key=ev.expected_bits)
+        for point in candidates:
+            if ev.known(point, metric) is False:
+                continue
+            result = ev.evaluate(point, metric, "neighbourhood")
+            if result is None:
+                break
+            if result["feasible"]:
+                why.append("least precise feasible neighbour of the previous choice")
+                return space.choice(point, metric), "; ".join(why), "neighbourhood"
+        choice, reason = self._guided(ev, start, top, metrics, "fallback")
+        return choice, "; ".join(why + ["no feasible neighbour: " + reason]), "fallback"

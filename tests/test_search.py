@@ -1,0 +1,306 @@
+"""The configuration search: optimality on synthetic monotone feasibility, the evaluation cap,
+the neighbourhood rule, real quality callbacks, Series integration and bad input."""
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import inshrink
+from inshrink.errors import CorruptError, InvalidArgumentError
+from inshrink.search import Choice, Search, SearchSpace, _Evaluator
+
+SPACE = SearchSpace()
+POINTS = list(itertools.product(*(range(len(a)) for a in SPACE.axes())))
+METRICS = ("magnitude", "sensitivity")
+STATE = {"model.w": np.zeros((64, 64), np.float32),
+         "model.embed.weight": np.zeros((128, 32), np.float32)}
+IMPORTANCE = {"model.w": np.ones((64, 64), np.float32)}
+
+
+class Synthetic:
+    """A monotone feasibility oracle: a point is feasible iff it dominates a generator.
+    The candidate encodings are replaced by a marker, so the callback sees the choice."""
+
+    def __init__(self, generators):
+        self.generators = generators  # metric -> list of points
+        self.calls = 0
+
+    def feasible(self, point, metric):
+        return any(all(a >= b for a, b in zip(point, g)) for g in self.generators[metric])
+
+    def quality(self, state):
+        self.calls += 1
+        if "cfg" not in state:
+            return 1.0  # the uncompressed baseline
+        choice = Choice.from_dict(json.loads(state["cfg"].tobytes()))
+        return 1.0 if self.feasible(SPACE.point(choice), choice.prune_metric) else 2.0
+
+
+@pytest.fixture
+def synthetic_encoding(monkeypatch):
+    def roundtrip(self, choice):
+        marker = np.frombuffer(json.dumps(choice.to_dict()).encode(), np.uint8)
+        return {"cfg": marker}, int(self.expected_bits(SPACE.point(choice)))
+    monkeypatch.setattr(_Evaluator, "_roundtrip", roundtrip)
+
+
+def expected_bits(point):
+    search = Search(space=SPACE)
+    ev = _Evaluator.__new__(_Evaluator)
+    ev.space, ev.search = SPACE, search
+    ev.sizes = {n: (a.size, 32) for n, a in STATE.items()}
+    ev.roles = {"model.w": "weight", "model.embed.weight": "embedding"}
+    return ev.expected_bits(point)
+
+
+def optimum(oracle, metrics, above=(0, 0, 0, 0)):
+    feasible = [expected_bits(p) for p in POINTS for m in metrics
+                if oracle.feasible(p, m) and all(a >= b for a, b in zip(p, above))]
+    return min(feasible) if feasible else None
+
+
+# the patched encoding is stateless, so one fixture for every example is fine
+SYNTHETIC = settings(max_examples=60, deadline=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture])
+points = st.tuples(*(st.integers(0, len(a) - 1) for a in SPACE.axes()))
+generators = st.lists(points, min_size=0, max_size=4)
+
+
+@SYNTHETIC
+@given(generators, generators)
+def test_guided_search_finds_the_optimum(synthetic_encoding, gen_mag, gen_sens):
+    oracle = Synthetic({"magnitude": gen_mag, "sensitivity": gen_sens})
+    result = Search(epsilon=0.05, max_evals=10_000).choose(STATE, oracle.quality, IMPORTANCE)
+    best = optimum(oracle, METRICS)
+    if best is None:
+        assert result.choice is None
+        assert result.policy.roles.get("weight") is None
+        return
+    chosen = SPACE.point(result.choice)
+    assert oracle.feasible(chosen, result.choice.prune_metric)
+    assert expected_bits(chosen) == best
+    assert result.report["evaluations_used"] < 2 * len(POINTS)  # it did not enumerate
+
+
+@SYNTHETIC
+@given(generators, st.integers(1, 12))
+def test_cap_is_respected_and_nothing_infeasible_is_returned(synthetic_encoding, gen, cap):
+    oracle = Synthetic({"magnitude": gen, "sensitivity": gen})
+    search = Search(epsilon=0.05, max_evals=cap)
+    result = search.choose(STATE, oracle.quality, IMPORTANCE)
+    assert len(result.report["evaluations"]) <= cap
+    assert oracle.calls <= cap + 1  # + the baseline
+    if result.choice is not None:
+        assert oracle.feasible(SPACE.point(result.choice), result.choice.prune_metric)
+        assert result.report["chosen_result"]["feasible"]
+
+
+def test_guided_search_uses_few_evaluations(synthetic_encoding):
+    oracle = Synthetic({"magnitude": [(3, 1, 2, 1)], "sensitivity": []})
+    result = Search(max_evals=10_000).choose(STATE, oracle.quality)
+    assert SPACE.point(result.choice) == (3, 1, 2, 1)
+    assert result.report["evaluations_used"] <= 40  # of 378 configurations
+
+
+@SYNTHETIC
+@given(generators, points)
+def test_neighbourhood_never_more_aggressive(synthetic_encoding, gen, start):
+    oracle = Synthetic({"magnitude": gen, "sensitivity": gen})
+    search = Search(epsilon=0.05, max_evals=10_000)
+    previous = SPACE.choice(start, "magnitude")
+    search.previous = previous
+    result = search.choose(STATE, oracle.quality)
+    assert result.report["mode"] in ("neighbourhood", "fallback")
+    best = optimum(oracle, ("magnitude",), above=start)
+    if best is None:
+        assert result.choice is None
+        assert search.previous == previous  # nothing feasible: next time, the same start
+        return
+    chosen = SPACE.point(result.choice)
+    assert all(a >= b for a, b in zip(chosen, start))
+    assert oracle.feasible(chosen, result.choice.prune_metric)
+    if oracle.feasible(start, "magnitude"):
+        assert chosen == start and result.report["evaluations_used"] == 1
+    if result.report["mode"] == "fallback":
+        assert expected_bits(chosen) == best
+
+
+def test_neighbourhood_prefers_the_nearest_feasible_neighbour(synthetic_encoding):
+    start = (2, 0, 3, 0)
+    oracle = Synthetic({"magnitude": [(3, 0, 3, 0)], "sensitivity": []})
+    search = Search()
+    search.previous = SPACE.choice(start, "magnitude")
+    result = search.choose(STATE, oracle.quality)
+    assert result.report["mode"] == "neighbourhood"
+    assert SPACE.point(result.choice) == (3, 0, 3, 0)
+
+
+def test_neighbourhood_switches_metric_when_significantly_better(synthetic_encoding):
+    start = (2, 0, 3, 0)
+    oracle = Synthetic({"magnitude": [(5, 2, 5, 2)], "sensitivity": [start]})
+    search = Search()
+    search.previous = SPACE.choice(start, "magnitude")
+    result = search.choose(STATE, oracle.quality, IMPORTANCE)
+    assert result.choice == SPACE.choice(start, "sensitivity")
+    assert "switched prune metric" in result.report["reason"]
+
+
+def test_sensitivity_needs_importance(synthetic_encoding):
+    oracle = Synthetic({"magnitude": [(6, 2, 5, 2)], "sensitivity": [(0, 0, 0, 0)]})
+    result = Search().choose(STATE, oracle.quality)  # no importance: magnitude only
+    assert result.choice.prune_metric == "magnitude"
+    assert all(e["choice"]["prune_metric"] == "magnitude" for e in result.report["evaluations"])
+
+
+# -- real encodings ---------------------------------------------------------------------------
+
+def _model(seed=0):
+    rng = np.random.default_rng(seed)
+    state = {"model.layer.weight": rng.standard_normal((128, 96)).astype(np.float32),
+             "model.tok_emb.weight": rng.standard_normal((64, 96)).astype(np.float32),
+             "model.layer.bias": rng.standard_normal(128).astype(np.float32),
+             "optimizer.state.0.exp_avg": rng.standard_normal((128, 96)).astype(np.float32),
+             "optimizer.state.0.exp_avg_sq": rng.random((128, 96)).astype(np.float32),
+             "optimizer.state.0.step": np.array(10.0, np.float32)}
+    x = rng.integers(0, 64, 256)
+
+    def loss(s):
+        h = s["model.tok_emb.weight"][x] @ s["model.layer.weight"].T + s["model.layer.bias"]
+        return float(np.log1p(np.mean(h.astype(np.float64) ** 2)))
+    return state, loss
+
+
+@pytest.mark.parametrize("epsilon", [0.001, 0.01, 0.05])
+def test_real_search_choice_meets_epsilon_when_saved(tmp_path, epsilon):
+    state, loss = _model()
+    search = Search(epsilon)
+    result = search.choose(state, loss)
+    assert result.choice is not None
+    path = tmp_path / "c.ink"
+    inshrink.save(path, state, policy=result.policy)
+    restored = inshrink.load(path)
+    drop = (loss(restored) - loss(state)) / abs(loss(state))
+    assert drop <= epsilon
+    assert result.report["chosen_result"]["quality"] == pytest.approx(loss(restored))
+    json.dumps(result.report)  # serialisable
+    # the moments follow the space's fixed configurations, tiny tensors stay exact
+    infos = {i.name: i for i in inshrink.open(path).infos()}
+    assert not infos["optimizer.state.0.exp_avg_sq"].lossless
+    assert infos["model.layer.bias"].lossless
+    assert np.array_equal(restored["model.layer.bias"], state["model.layer.bias"])
+
+
+def test_smaller_epsilon_is_never_more_compressive():
+    state, loss = _model()
+    sizes = [Search(eps).choose(state, loss).report["chosen_result"]["stored_bytes"]
+             for eps in (0.001, 0.05)]
+    assert sizes[0] >= sizes[1]
+
+
+def test_accuracy_direction():
+    state, loss = _model()
+    accuracy = lambda s: 1.0 / (1.0 + loss(s))  # noqa: E731
+    result = Search(0.01, higher_is_better=True).choose(state, accuracy)
+    assert result.report["chosen_result"]["quality"] >= accuracy(state) * 0.99
+
+
+def test_nan_quality_is_infeasible():
+    state, _ = _model()
+    calls = []
+
+    def quality(s):
+        calls.append(1)
+        return 1.0 if len(calls) == 1 else math.nan
+    result = Search().choose(state, quality)
+    assert result.choice is None and result.report["mode"] == "guided"
+    assert result.policy.roles.get("weight") is None
+
+
+def test_proxy_mode_without_callback(tmp_path):
+    state, _ = _model()
+    result = Search(space=SearchSpace(proxy_rel_l2=0.02)).choose(state, None)
+    assert result.report["mode"] == "proxy" and result.choice is None
+    infos = inshrink.save(tmp_path / "p.ink", state, policy=result.policy)
+    weight = {i.name: i for i in infos}["model.layer.weight"]
+    assert weight.error["rel_l2_error"] <= 0.02
+
+
+def test_no_quantizable_tensor():
+    result = Search().choose({"b": np.ones(3, np.float32)}, lambda s: 1.0)
+    assert result.choice is None and result.report["mode"] == "none"
+
+
+def test_series_runs_the_search_and_resumes_it(tmp_path):
+    state, loss = _model()
+    series = inshrink.Series(tmp_path, search=Search(0.05))
+    series.save(1, state, quality=loss)
+    first = series.last_search
+    assert first.report["mode"] == "guided"
+    stored = json.loads(series.metadata(1)["inshrink.search"])
+    assert stored["chosen"] == first.choice.to_dict()
+    # a new process: the search continues from the stored choice
+    resumed = inshrink.Series(tmp_path)
+    state2 = {k: v * np.float32(1.001) for k, v in state.items()}
+    resumed.save(2, state2, quality=loss)
+    assert resumed.last_search.report["mode"] in ("neighbourhood", "fallback")
+    chosen = SPACE.point(resumed.last_search.choice)
+    assert all(a >= b for a, b in zip(chosen, SPACE.point(first.choice)))
+    assert set(resumed.load(1)) == set(state)
+
+
+def test_series_with_an_unreadable_search_report(tmp_path):
+    state, loss = _model()
+    series = inshrink.Series(tmp_path)
+    series.save(1, state, metadata={"inshrink.search": "{not json"})
+    with pytest.raises(CorruptError):
+        inshrink.Series(tmp_path).save(2, state, quality=loss)
+
+
+def test_space_point_maps_off_axis_values_upwards():
+    assert SPACE.point(Choice(10, 20, 0.15, 0.001)) == (3, 1, 4, 1)  # 12 bins, 32, 0.1, 0.005
+    assert SPACE.point(Choice(1000, 1000, 0.0, 0.5)) == SPACE.top()
+    for p in POINTS[::17]:
+        assert SPACE.point(SPACE.choice(p, "magnitude")) == p
+
+
+def test_choice_round_trip_and_bad_dicts():
+    c = Choice(8, 16, 0.1, 0.005, "sensitivity")
+    assert Choice.from_dict(c.to_dict()) == c
+    for bad in ({}, {"bins": "x"}, {**c.to_dict(), "bins": 0},
+                {**c.to_dict(), "prune_metric": "other"}, {**c.to_dict(), "prune": 2.0}):
+        with pytest.raises(InvalidArgumentError):
+            Choice.from_dict(bad)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"bins": ()}, {"bins": (8, 4)}, {"bins": (1, 4)}, {"bins": (4.0,)},
+    {"prune": (0.0, 0.99), "protect": (0.02,)}, {"protect": (-0.1,)},
+    {"prune_metrics": ("gradient",)}, {"prune_metrics": ()}, {"exp_avg": 8},
+    {"proxy_rel_l2": 0.0}])
+def test_bad_search_space(kwargs):
+    with pytest.raises(InvalidArgumentError):
+        SearchSpace(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"epsilon": -0.1}, {"epsilon": math.inf},
+                                    {"max_evals": 0}, {"space": "big"}])
+def test_bad_search_arguments(kwargs):
+    with pytest.raises(InvalidArgumentError):
+        Search(**kwargs)
+
+
+def test_bad_callbacks():
+    state, _ = _model()
+    with pytest.raises(InvalidArgumentError):
+        Search().choose(state, lambda s: "good")
+    with pytest.raises(InvalidArgumentError):
+        Search().choose(state, lambda s: math.nan)  # the baseline must be finite
+    with pytest.raises(InvalidArgumentError):
+        Search().choose(state, "not callable")
+    with pytest.raises(InvalidArgumentError):
+        Search().choose([1, 2], lambda s: 1.0)
+    with pytest.raises(InvalidArgumentError):
+        inshrink.Series("unused-dir-never-created", search="fast")
