@@ -241,16 +241,22 @@ class Series:
         if self.search is None:
             self.search = Search(threads=self.threads)
         if not self._search_resumed and self.search.previous is None and self._checkpoints:
-            stored = self.metadata().get(SEARCH_KEY)
-            try:
-                chosen = json.loads(stored).get("chosen") if stored else None
-                if chosen is not None:
-                    self.search.previous = Choice.from_dict(chosen)
-            except (ValueError, AttributeError, InvalidArgumentError) as exc:
-                raise CorruptError(f"{self.directory}: the search report of step "
-                                   f"{self.latest()} is unreadable: {exc}") from None
+            self.search.previous = self.search_choice()
         self._search_resumed = True
         return self.search
+
+    def search_choice(self, step: int | None = None) -> Choice | None:
+        """The configuration the search chose for ``step`` (default: the latest), from its
+        stored report; None if it was not saved by a search or chose lossless weights."""
+        if step is None:
+            step = self.latest()
+        stored = self.metadata(step).get(SEARCH_KEY)
+        try:
+            chosen = json.loads(stored).get("chosen") if stored else None
+            return None if chosen is None else Choice.from_dict(chosen)
+        except (ValueError, AttributeError, InvalidArgumentError) as exc:
+            raise CorruptError(f"{self.directory}: the search report of step {step} is "
+                               f"unreadable: {exc}") from None
 
     def _deltas_before(self, entries: list[Checkpoint]) -> int:
         """Deltas right before the last entry: the files a restore of the oldest of them

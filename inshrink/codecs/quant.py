@@ -16,9 +16,8 @@ exact values, in the tensor's dtype. Each then goes through the per-chunk zstd/r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-import ml_dtypes
 import numpy as np
 
 from ..dtypes import DType

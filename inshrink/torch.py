@@ -1,0 +1,596 @@
+"""PyTorch integration: model and optimizer state as named arrays, gradient capture, and a
+:class:`Checkpointer` for training loops.
+
+Only this module imports torch; ``import inshrink`` never does. Tensor names follow the
+conventions :func:`inshrink.policy.role_of` recognises: ``model.<state_dict name>`` for
+parameters and buffers, ``optimizer.state.<index>.<key>`` for optimizer state (``exp_avg``,
+``exp_avg_sq``, ``momentum_buffer``, ``step``...).
+
+>>> ckpt = Checkpointer("ckpts/", model, optimizer, eval_batches=batches)  # doctest: +SKIP
+>>> ckpt.save(step)                                                        # doctest: +SKIP
+>>> step = ckpt.restore()                                                  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+__all__ = ["Checkpointer", "GradientEMA", "quality_from", "state_to_numpy", "load_state",
+           "to_numpy", "to_torch", "OPTIMIZER_METADATA", "SEARCH_METADATA"]
+
+import contextlib
+import functools
+import json
+import os
+import time
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import ml_dtypes
+import numpy as np
+import torch
+from torch.func import functional_call
+
+from .dtypes import as_numpy
+from .errors import InvalidArgumentError
+from .policy import Policy
+from .search import Quality, Search, SearchSpace
+from .series import SEARCH_KEY as SEARCH_METADATA, Series
+
+MODEL = "model."
+OPTIMIZER = "optimizer."
+STATE = "optimizer.state."
+GROUPS = "optimizer.param_groups."
+OPTIMIZER_METADATA = "inshrink.torch.optimizer"
+_FORMAT = 1
+
+# JSON cannot tell a tuple from a list, nor hold a tensor: such values become tagged objects
+_TUPLE = "__tuple__"
+_TENSOR = "__tensor__"
+
+# numpy dtypes torch cannot wrap directly, viewed through a same-width integer
+_VIA_INT = {
+    np.dtype(ml_dtypes.bfloat16): (np.int16, torch.bfloat16),
+    np.dtype(ml_dtypes.float8_e4m3fn): (np.int8, torch.float8_e4m3fn),
+    np.dtype(ml_dtypes.float8_e5m2): (np.int8, torch.float8_e5m2),
+}
+
+# optimizer state that has its parameter's shape, checked on load
+_PER_ELEMENT = frozenset({"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer",
+                          "square_avg", "acc_delta", "sum"})
+
+
+# -- conversions ---------------------------------------------------------------------------
+
+def to_numpy(tensor: torch.Tensor, name: str = "tensor") -> np.ndarray:
+    """A CPU tensor's data as a numpy array, sharing its memory where possible.
+
+    bf16 and fp8 come back as :mod:`ml_dtypes` arrays (viewed, not converted);
+    non-contiguous tensors and tensors on other devices are copied.
+    """
+    if tensor.layout != torch.strided:
+        raise InvalidArgumentError(f"{name}: {tensor.layout} tensors are not supported")
+    tensor = tensor.detach().cpu().resolve_conj().resolve_neg()
+    try:
+        return as_numpy(tensor.contiguous())
+    except (TypeError, RuntimeError) as exc:  # e.g. complex32, quantized tensors
+        raise InvalidArgumentError(f"{name}: cannot convert {tensor.dtype}: {exc}") from None
+
+
+def to_torch(array: np.ndarray) -> torch.Tensor:
+    """A numpy array (ml_dtypes bf16/fp8 included) as a CPU tensor sharing its memory.
+
+    Read-only arrays (memory maps) are copied: torch tensors are always writable.
+    """
+    array = as_numpy(array)
+    if not array.flags.writeable:
+        array = array.copy()
+    via = _VIA_INT.get(array.dtype)
+    if via is not None:
+        return torch.from_numpy(array.view(via[0])).view(via[1])
+    return torch.from_numpy(array)
+
+
+def _names(names: Sequence[str], limit: int = 10) -> str:
+    """A bounded, readable list of names for an error message."""
+    names = sorted(names)
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+# -- optimizer state as JSON plus named arrays ---------------------------------------------
+
+def _encode(value: Any, name: str, arrays: dict[str, np.ndarray]) -> Any:
+    """``value`` as JSON-able data; its tensors go to ``arrays`` under names from their path."""
+    if isinstance(value, torch.Tensor):
+        if name in arrays:
+            raise InvalidArgumentError(f"two optimizer values map to the tensor name {name!r}")
+        arrays[name] = to_numpy(value, name)
+        return {_TENSOR: None}
+    if isinstance(value, tuple):
+        return {_TUPLE: [_encode(v, f"{name}.{i}", arrays) for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [_encode(v, f"{name}.{i}", arrays) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise InvalidArgumentError(f"{name}: dictionaries need string keys to be stored")
+        return {k: _encode(v, f"{name}.{k}", arrays) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise InvalidArgumentError(f"{name}: cannot store a {type(value).__name__} value")
+
+
+def _decode(data: Any, name: str, tensors: Mapping[str, np.ndarray], used: set[str]) -> Any:
+    """The inverse of :func:`_encode`."""
+    if isinstance(data, dict):
+        if set(data) == {_TENSOR}:
+            if name not in tensors:
+                raise InvalidArgumentError(f"the checkpoint lacks the optimizer tensor {name!r}")
+            used.add(name)
+            return to_torch(tensors[name])
+        if set(data) == {_TUPLE}:
+            return tuple(_decode(v, f"{name}.{i}", tensors, used)
+                         for i, v in enumerate(data[_TUPLE]))
+        return {k: _decode(v, f"{name}.{k}", tensors, used) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_decode(v, f"{name}.{i}", tensors, used) for i, v in enumerate(data)]
+    return data
+
+
+def _optimizer_to_numpy(optimizer: torch.optim.Optimizer,
+                        arrays: dict[str, np.ndarray]) -> str:
+    """Put the optimizer's tensors into ``arrays``; return the rest as JSON."""
+    state_dict = optimizer.state_dict()
+    # [key, values] pairs: JSON object keys would turn the integer indices into strings
+    state = [[key, {k: _encode(v, f"{STATE}{key}.{k}", arrays) for k, v in values.items()}]
+             for key, values in state_dict["state"].items()]
+    groups = [_encode(group, f"{GROUPS}{g}", arrays)
+              for g, group in enumerate(state_dict["param_groups"])]
+    return json.dumps({"format": _FORMAT, "state": state, "param_groups": groups})
+
+
+def _optimizer_from_numpy(optimizer: torch.optim.Optimizer, tensors: Mapping[str, np.ndarray],
+                          metadata: Mapping[str, str], used: set[str]) -> dict:
+    """The optimizer state_dict that ``tensors`` and ``metadata`` describe, checked against
+    ``optimizer``'s parameters."""
+    try:
+        doc = json.loads(metadata[OPTIMIZER_METADATA])
+        state, groups = doc["state"], doc["param_groups"]
+        if doc.get("format") != _FORMAT:
+            raise ValueError(f"unknown format {doc.get('format')!r}")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"the metadata holds no optimizer state "
+                                   f"({OPTIMIZER_METADATA!r}: {exc})") from None
+    state_dict = {
+        "state": {key: {k: _decode(v, f"{STATE}{key}.{k}", tensors, used)
+                        for k, v in values.items()} for key, values in state},
+        "param_groups": [_decode(group, f"{GROUPS}{g}", tensors, used)
+                         for g, group in enumerate(groups)],
+    }
+    _check_optimizer(optimizer, state_dict)
+    return state_dict
+
+
+def _check_optimizer(optimizer: torch.optim.Optimizer, state_dict: dict) -> None:
+    """Raise unless ``state_dict`` fits the optimizer's groups and parameter shapes."""
+    groups = state_dict["param_groups"]
+    sizes = [len(g["params"]) for g in groups]
+    expected = [len(g["params"]) for g in optimizer.param_groups]
+    if sizes != expected:
+        raise InvalidArgumentError(f"the checkpoint's optimizer has parameter groups of sizes "
+                                   f"{sizes}, this optimizer {expected}")
+    params = {index: p for saved, live in zip(groups, optimizer.param_groups)
+              for index, p in zip(saved["params"], live["params"])}
+    for index, values in state_dict["state"].items():
+        param = params.get(index)
+        if param is None:
+            raise InvalidArgumentError(f"optimizer state for unknown parameter {index!r}")
+        for key, value in values.items():
+            if key in _PER_ELEMENT and isinstance(value, torch.Tensor) \
+                    and value.shape != param.shape:
+                raise InvalidArgumentError(
+                    f"{STATE}{index}.{key} has shape {tuple(value.shape)}, its parameter "
+                    f"{tuple(param.shape)}")
+
+
+# -- model and optimizer state -------------------------------------------------------------
+
+def state_to_numpy(model: torch.nn.Module | None = None,
+                   optimizer: torch.optim.Optimizer | None = None,
+                   ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """A model's and an optimizer's state as named numpy arrays plus string metadata.
+
+    Parameters
+    ----------
+    model : torch.nn.Module, optional
+        Its ``state_dict()`` (parameters and persistent buffers) becomes ``model.<name>``.
+    optimizer : torch.optim.Optimizer, optional
+        Its tensors become ``optimizer.state.<index>.<key>`` (and
+        ``optimizer.param_groups.<group>.<key>`` for tensor hyperparameters); everything else
+        (hyperparameters, non-tensor state) is JSON under the metadata key
+        ``"inshrink.torch.optimizer"``.
+
+    Returns
+    -------
+    tensors : dict of str to numpy.ndarray
+        CPU tensors' arrays share their memory (nothing is copied), so save them before the
+        next optimizer step. bf16/fp8 are :mod:`ml_dtypes` arrays; 0-d tensors (Adam's
+        ``step``) 0-d arrays.
+    metadata : dict of str to str
+        What :func:`load_state` needs besides the tensors.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    metadata: dict[str, str] = {}
+    if model is not None:
+        for name, value in model.state_dict().items():
+            if not isinstance(value, torch.Tensor):
+                raise InvalidArgumentError(f"{MODEL}{name}: model state that is not a tensor "
+                                           f"({type(value).__name__}) cannot be stored")
+            arrays[MODEL + name] = to_numpy(value, MODEL + name)
+    if optimizer is not None:
+        metadata[OPTIMIZER_METADATA] = _optimizer_to_numpy(optimizer, arrays)
+    return arrays, metadata
+
+
+def _model_state(model: torch.nn.Module, tensors: Mapping[str, np.ndarray], strict: bool,
+                 used: set[str]) -> dict[str, torch.Tensor]:
+    """The model state_dict held by ``tensors``, checked against the model's."""
+    live = model.state_dict()
+    missing = [MODEL + n for n in live if MODEL + n not in tensors]
+    extra = [n for n in tensors if n.startswith(MODEL) and n[len(MODEL):] not in live]
+    if strict and (missing or extra):
+        raise InvalidArgumentError(
+            "the checkpoint does not match the model: "
+            + "; ".join(f"{what} {_names(names)}" for what, names in
+                        (("missing", missing), ("unexpected", extra)) if names))
+    state = {}
+    for name, current in live.items():
+        if MODEL + name not in tensors:
+            continue
+        value = to_torch(tensors[MODEL + name])
+        if isinstance(current, torch.Tensor) and value.shape != current.shape:
+            raise InvalidArgumentError(f"{MODEL}{name} has shape {tuple(value.shape)}, the "
+                                       f"model expects {tuple(current.shape)}")
+        state[name] = value
+        used.add(MODEL + name)
+    return state
+
+
+def load_state(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None,
+               model: torch.nn.Module | None = None,
+               optimizer: torch.optim.Optimizer | None = None, strict: bool = True) -> None:
+    """Load what :func:`state_to_numpy` produced into a model and/or an optimizer.
+
+    Everything is checked before either is modified.
+
+    Parameters
+    ----------
+    tensors : mapping of str to numpy.ndarray
+        E.g. from :func:`inshrink.load` or :meth:`inshrink.Series.load`. The optimizer takes
+        over arrays of its own dtype without a copy (as ``torch.load`` does), so do not reuse
+        them afterwards.
+    metadata : mapping of str to str
+        Needed with an optimizer (its hyperparameters and non-tensor state).
+    model, optimizer : optional
+        What to load into; tensors of the other one are ignored.
+    strict : bool
+        Raise for model tensors missing from ``tensors`` and for names that neither the model
+        nor the optimizer use.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Names missing or unexpected (named in the message), wrong shapes, optimizer groups
+        that differ, no optimizer metadata.
+    """
+    if not isinstance(tensors, Mapping):
+        raise InvalidArgumentError("tensors must be a mapping of names to arrays")
+    used: set[str] = set()
+    model_state = None if model is None else _model_state(model, tensors, strict, used)
+    optimizer_state = None
+    if optimizer is not None:
+        optimizer_state = _optimizer_from_numpy(optimizer, tensors, metadata or {}, used)
+    unused = [n for n in tensors if n not in used
+              and not (model is None and n.startswith(MODEL))
+              and not (optimizer is None and n.startswith(OPTIMIZER))]
+    if strict and unused:
+        raise InvalidArgumentError(f"unexpected tensors in the checkpoint: {_names(unused)}")
+    try:
+        if model_state is not None:
+            model.load_state_dict(model_state, strict=strict)
+        if optimizer_state is not None:
+            optimizer.load_state_dict(optimizer_state)
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise InvalidArgumentError(f"torch refused the checkpoint: {exc}") from None
+
+
+# -- gradient capture ----------------------------------------------------------------------
+
+class GradientEMA:
+    """An exponential moving average of each parameter's gradient, for importance scores.
+
+    ``EMA_t = beta * g_t + (1 - beta) * EMA_{t-1}`` (``EMA_0 = 0``; ``beta`` weights the
+    newest gradient), kept on the CPU in float32: one extra fp32 copy of the parameters.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Its parameters that require gradients are tracked.
+    beta : float
+        Weight of the newest gradient, in (0, 1].
+    auto : bool
+        Update after every backward pass through ``register_post_accumulate_grad_hook``. With
+        gradient accumulation over micro-batches, pass False and call :meth:`update` once per
+        optimizer step instead (a hook sees each partial sum).
+    active : bool
+        Whether updates are captured; switch it on some steps before a checkpoint to skip the
+        copies the rest of the time.
+    """
+
+    def __init__(self, model: torch.nn.Module, beta: float = 0.9, *, auto: bool = True,
+                 active: bool = True) -> None:
+        if not (isinstance(beta, (int, float)) and 0 < beta <= 1):
+            raise InvalidArgumentError("beta must be in (0, 1]")
+        self.beta = float(beta)
+        self.active = active
+        self._params: dict[str, torch.nn.Parameter] = {}
+        self._aliases: dict[str, list[str]] = {}  # tied weights: every state_dict name
+        first: dict[int, str] = {}
+        for name, param in model.named_parameters(remove_duplicate=False):
+            if not param.requires_grad:
+                continue
+            key = first.setdefault(id(param), name)
+            self._aliases.setdefault(key, []).append(name)
+            self._params[key] = param
+        self._ema: dict[str, torch.Tensor] = {}
+        self._counts: dict[str, int] = {}
+        self._handles = [param.register_post_accumulate_grad_hook(
+            functools.partial(self._hook, name)) for name, param in self._params.items()] \
+            if auto else []
+
+    @property
+    def steps(self) -> int:
+        """Updates seen (of the most updated parameter)."""
+        return max(self._counts.values(), default=0)
+
+    def _hook(self, name: str, param: torch.Tensor) -> None:
+        if self.active and param.grad is not None:
+            self._accumulate(name, param.grad)
+
+    @torch.no_grad()
+    def _accumulate(self, name: str, grad: torch.Tensor) -> None:
+        grad = grad.detach().to("cpu", torch.float32)
+        ema = self._ema.get(name)
+        if ema is None:
+            ema = self._ema[name] = torch.zeros(grad.shape, dtype=torch.float32)
+        ema.mul_(1 - self.beta).add_(grad, alpha=self.beta)
+        self._counts[name] = self._counts.get(name, 0) + 1
+
+    def update(self) -> None:
+        """Fold every parameter's current ``.grad`` into the average (if :attr:`active`)."""
+        if not self.active:
+            return
+        for name, param in self._params.items():
+            if param.grad is not None:
+                self._accumulate(name, param.grad)
+
+    @torch.no_grad()
+    def importance(self) -> dict[str, np.ndarray]:
+        """``|EMA * w|`` per parameter seen, under ``model.<name>`` (fp32 arrays)."""
+        scores = {}
+        for name, ema in self._ema.items():
+            weight = self._params[name].detach().to("cpu", torch.float32)
+            score = (ema * weight).abs_().numpy()
+            for alias in self._aliases[name]:
+                scores[MODEL + alias] = score
+        return scores
+
+    def reset(self) -> None:
+        """Forget every gradient seen."""
+        self._ema.clear()
+        self._counts.clear()
+
+    def remove(self) -> None:
+        """Remove the hooks (updates then only come from :meth:`update`)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+# -- quality callback ----------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """``model.eval()`` for the block, then every submodule's own mode back."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def _substitute(model: torch.nn.Module,
+                state: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """The model's state_dict with the ``model.*`` tensors of ``state`` in place of its own,
+    in the live tensors' dtypes and devices."""
+    live = model.state_dict()
+    unknown = [n for n in state if n.startswith(MODEL) and n[len(MODEL):] not in live]
+    if unknown:
+        raise InvalidArgumentError(f"tensors not in the model: {_names(unknown)}")
+    values = {}
+    for name, current in live.items():
+        if MODEL + name not in state:
+            values[name] = current
+            continue
+        value = to_torch(state[MODEL + name])
+        if value.shape != current.shape:
+            raise InvalidArgumentError(f"{MODEL}{name} has shape {tuple(value.shape)}, the "
+                                       f"model expects {tuple(current.shape)}")
+        values[name] = value.to(device=current.device, dtype=current.dtype)
+    return values
+
+
+def _forward(model: torch.nn.Module, values: dict[str, torch.Tensor], inputs: Any) -> Any:
+    """The model's output on ``inputs`` (a tuple: arguments, a dict: keyword arguments)."""
+    if isinstance(inputs, dict):
+        return functional_call(model, values, (), inputs)
+    args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    return functional_call(model, values, args)
+
+
+def quality_from(model: torch.nn.Module, batches: Sequence[tuple[Any, Any]],
+                 loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+                 metric: Callable[[Any, Any], float] | None = None) -> Quality:
+    """A quality callback for :class:`inshrink.search.Search`: the model evaluated with
+    substituted weights.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Never modified: the weights are substituted with ``torch.func.functional_call``, in
+        eval mode and without gradients (each submodule's mode is restored afterwards).
+    batches : sequence of (inputs, targets)
+        Held-out batches on the model's device; ``inputs`` a tensor, a tuple of positional
+        arguments or a dict of keyword arguments.
+    loss_fn : callable, optional
+        ``loss_fn(outputs, targets) -> scalar tensor`` (default: cross-entropy); the quality
+        is its mean over the batches, lower is better.
+    metric : callable, optional
+        Instead of a loss: ``metric(outputs, targets) -> float``, higher is better
+        (``Search(higher_is_better=True)``).
+
+    Returns
+    -------
+    callable
+        ``quality(state) -> float``; tensors ``state`` lacks keep the live model's values.
+    """
+    if loss_fn is not None and metric is not None:
+        raise InvalidArgumentError("give either loss_fn or metric, not both")
+    batches = list(batches)
+    if not batches:
+        raise InvalidArgumentError("batches must hold at least one (inputs, targets) pair")
+    score = metric or loss_fn or torch.nn.functional.cross_entropy
+
+    def quality(state: dict[str, np.ndarray]) -> float:
+        values = _substitute(model, state)
+        with _eval_mode(model), torch.no_grad():
+            total = sum(float(score(_forward(model, values, inputs), targets))
+                        for inputs, targets in batches)
+        return total / len(batches)
+
+    return quality
+
+
+# -- checkpointer --------------------------------------------------------------------------
+
+class Checkpointer:
+    """Compressed checkpoints of a model and its optimizer in a training loop.
+
+    Each :meth:`save` adds a step to an :class:`inshrink.Series` in ``directory``. With
+    ``eval_batches``, an :class:`inshrink.search.Search` chooses per checkpoint the most
+    compressive weight configuration whose quality on those batches stays within
+    ``epsilon`` of the uncompressed model's; without, the series' ``policy`` applies.
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+        The series' directory (an existing series is resumed).
+    model : torch.nn.Module
+    optimizer : torch.optim.Optimizer, optional
+    eval_batches : sequence of (inputs, targets), optional
+        Held-out batches for the quality callback (see :func:`quality_from`).
+    loss_fn, metric : callable, optional
+        See :func:`quality_from`.
+    epsilon : float
+        Allowed relative quality drop of a checkpoint.
+    policy : Policy, str or None
+        The series' policy, for saves without ``eval_batches`` (``None``: lossless).
+    space : inshrink.search.SearchSpace, optional
+        Configurations the search may choose.
+    max_evals : int
+        Quality evaluations per checkpoint at most.
+    keyframe_every : int
+        See :class:`inshrink.Series`.
+    grad_ema : bool
+        Capture a gradient EMA (:class:`GradientEMA`, attribute ``ema``) for importance
+        scores that protect the most sensitive weights.
+    ema_beta : float
+        Weight of the newest gradient in that average.
+    threads : int, optional
+        Encoder/decoder threads.
+
+    Attributes
+    ----------
+    series : inshrink.Series
+    search : inshrink.search.Search or None
+        None without ``eval_batches``.
+    ema : GradientEMA or None
+    seconds : float
+        Time spent in :meth:`save` so far (the checkpointing overhead).
+    """
+
+    def __init__(self, directory: str | os.PathLike, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer | None = None, *,
+                 eval_batches: Sequence[tuple[Any, Any]] | None = None,
+                 loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+                 metric: Callable[[Any, Any], float] | None = None, epsilon: float = 0.05,
+                 policy: Policy | str | None = "balanced",
+                 space: SearchSpace | None = None,
+                 max_evals: int = 24, keyframe_every: int = 10, grad_ema: bool = True,
+                 ema_beta: float = 0.9, threads: int | None = None) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise InvalidArgumentError("model must be a torch.nn.Module")
+        self.model = model
+        self.optimizer = optimizer
+        self.search = None
+        self.quality: Quality | None = None
+        if eval_batches is not None:
+            self.quality = quality_from(model, eval_batches, loss_fn, metric)
+            self.search = Search(epsilon, higher_is_better=metric is not None, space=space,
+                                 max_evals=max_evals, threads=threads)
+        self.series = Series(directory, policy, keyframe_every=keyframe_every, threads=threads,
+                             search=self.search)
+        self.ema = GradientEMA(model, ema_beta) if grad_ema else None
+        self.seconds = 0.0
+
+    def _importance(self, state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        if self.ema is None or self.ema.steps == 0:
+            return None
+        return {n: v for n, v in self.ema.importance().items() if n in state}
+
+    def save(self, step: int) -> dict[str, Any]:
+        """Checkpoint the model and optimizer as ``step`` (after every saved step).
+
+        Returns
+        -------
+        dict
+            ``step``, ``bytes`` (of the new file), ``search`` (the search's report, or None)
+            and ``seconds`` (this save).
+        """
+        started = time.perf_counter()
+        state, metadata = state_to_numpy(self.model, self.optimizer)
+        importance = self._importance(state)
+        self.series.save(step, state, metadata=metadata, importance=importance,
+                         quality=self.quality)
+        report = self.series.last_search.report if self.quality is not None else None
+        seconds = time.perf_counter() - started
+        self.seconds += seconds
+        return {"step": step, "bytes": self.series.checkpoints()[-1].bytes, "search": report,
+                "seconds": seconds}
+
+    def restore(self, step: int | None = None) -> int:
+        """Load ``step`` (default: the latest) into the model and optimizer; return the step.
+
+        The search continues from the restored checkpoint's choice, and the gradient average
+        starts afresh.
+        """
+        if step is None:
+            step = self.series.latest()
+            if step is None:
+                raise InvalidArgumentError(f"no checkpoint in {self.series.directory}")
+        tensors = self.series.load(step)
+        metadata = self.series.metadata(step)
+        load_state(tensors, metadata, self.model, self.optimizer)
+        if self.search is not None:
+            self.search.previous = self.series.search_choice(step)
+        if self.ema is not None:
+            self.ema.reset()
+        return step
