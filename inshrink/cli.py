@@ -221,7 +221,21 @@ def cmd_info(args) -> int:
     ratio = total / stored if stored else float("inf")
     print(f"{len(infos)} tensors, {total:,} bytes -> {stored:,} stored ({ratio:.3f}x); "
           f"file {os.path.getsize(args.input):,} bytes; metadata keys: {len(metadata)}")
+    _print_search(metadata)
     return EXIT_OK
+
+
+def _print_search(metadata: dict) -> None:
+    """One line on the configuration search that chose this checkpoint's policy, if any."""
+    try:
+        report = json.loads(metadata["inshrink.search"])
+        chosen = report.get("chosen")
+    except (KeyError, ValueError, AttributeError):
+        return
+    what = "lossless weights" if chosen is None else ", ".join(
+        f"{k}={v}" for k, v in chosen.items())
+    print(f"search: {report.get('mode')}, epsilon {report.get('epsilon')}, "
+          f"{report.get('evaluations_used', 0)} evaluations -> {what}")
 
 
 def _num(value) -> str:

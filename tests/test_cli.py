@@ -102,3 +102,17 @@ def test_help_and_version(tmp_path):
     assert r.returncode == 0 and "compress" in r.stdout and "verify" in r.stdout
     assert run("--version", cwd=tmp_path).returncode == 0
     assert run("frobnicate", cwd=tmp_path).returncode == 2
+
+
+def test_info_shows_the_search_choice(tmp_path):
+    import inshrink
+    rng = np.random.default_rng(0)
+    state = {"model.layer.weight": rng.standard_normal((128, 64)).astype(np.float32)}
+    series = inshrink.Series(tmp_path)
+    series.save(1, state, quality=lambda s: 1.0 + float(np.mean(
+        (s["model.layer.weight"] - state["model.layer.weight"]) ** 2)))
+    r = run("info", series.checkpoints()[0].file, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    chosen = series.last_search.choice
+    assert f"search: guided, epsilon 0.05" in r.stdout
+    assert f"bins={chosen.bins}" in r.stdout
