@@ -114,5 +114,5 @@ def test_info_shows_the_search_choice(tmp_path):
     r = run("info", series.checkpoints()[0].file, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     chosen = series.last_search.choice
-    assert f"search: guided, epsilon 0.05" in r.stdout
+    assert "search: guided, epsilon 0.05" in r.stdout
     assert f"bins={chosen.bins}" in r.stdout
