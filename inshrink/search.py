@@ -254,6 +254,11 @@ class _Evaluator:
         """Evaluate (cached); None when the cap is reached."""
         if (point, metric) in self.results:
             return self.results[(point, metric)]
+        if self.space.choice(point, metric).prune == 0:
+            for (p, _), result in list(self.results.items()):
+                if p == point:  # without pruning, the metric changes nothing
+                    self.results[(point, metric)] = result
+                    return result
         if self.left <= 0:
             return None
         choice = self.space.choice(point, metric)
@@ -416,9 +421,8 @@ class Search:
                               evaluations_used=len(ev.log),
                               cap_reached=len(ev.log) >= self.max_evals,
                               raw_bytes=ev.raw_bytes)
-                chosen = next((r for r in ev.log if choice is not None
-                               and r["choice"] == choice.to_dict()), None)
-                report["chosen_result"] = chosen
+                report["chosen_result"] = None if choice is None else \
+                    ev.results[(self.space.point(choice), choice.prune_metric)]
         report["chosen"] = choice.to_dict() if choice else None
         report["seconds"] = time.perf_counter() - started
         if choice is not None:

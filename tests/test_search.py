@@ -15,6 +15,7 @@ from inshrink.search import Choice, Search, SearchSpace, _Evaluator
 SPACE = SearchSpace()
 POINTS = list(itertools.product(*(range(len(a)) for a in SPACE.axes())))
 METRICS = ("magnitude", "sensitivity")
+NO_PRUNE = len(SPACE.prune) - 1  # the prune axis runs from the largest fraction to 0
 STATE = {"model.w": np.zeros((64, 64), np.float32),
          "model.embed.weight": np.zeros((128, 32), np.float32)}
 IMPORTANCE = {"model.w": np.ones((64, 64), np.float32)}
@@ -29,7 +30,11 @@ class Synthetic:
         self.calls = 0
 
     def feasible(self, point, metric):
-        return any(all(a >= b for a, b in zip(point, g)) for g in self.generators[metric])
+        def above(gens):
+            return any(all(a >= b for a, b in zip(point, g)) for g in gens)
+        if point[2] == NO_PRUNE:  # without pruning the metric changes nothing
+            return any(above(gens) for gens in self.generators.values())
+        return above(self.generators[metric])
 
     def quality(self, state):
         self.calls += 1
@@ -304,3 +309,13 @@ def test_bad_callbacks():
         Search().choose([1, 2], lambda s: 1.0)
     with pytest.raises(InvalidArgumentError):
         inshrink.Series("unused-dir-never-created", search="fast")
+
+
+def test_without_pruning_the_metric_check_costs_nothing(synthetic_encoding):
+    start = (2, 0, NO_PRUNE, 0)
+    oracle = Synthetic({"magnitude": [start], "sensitivity": []})
+    search = Search()
+    search.previous = SPACE.choice(start, "sensitivity")
+    result = search.choose(STATE, oracle.quality, IMPORTANCE)
+    assert SPACE.point(result.choice) == start
+    assert result.report["evaluations_used"] == 1 and oracle.calls == 2  # + the baseline
