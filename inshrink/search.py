@@ -44,6 +44,8 @@ Point = tuple[int, ...]  # indices on the axes, higher = more precise
 SEARCHED_ROLES = ("weight", "embedding")
 NEIGHBOURHOOD = 1
 """Radius of the neighbourhood search, in steps along each axis."""
+SAMPLE = 16_384
+"""Elements per tensor encoded to estimate the size of a configuration."""
 SIGNIFICANT = 0.25
 """The other prune metric is adopted when it lowers the quality drop by this share of ε."""
 
@@ -207,6 +209,11 @@ class _Evaluator:
         self.sizes = {name: (a.size, a.dtype.itemsize * 8) for name, a in searched.items()}
         self.roles = {name: role_of(name, dtypes.of_numpy(a.dtype).name, a.shape)
                       for name, a in searched.items()}
+        # the expected size of every point, built when first needed; a neighbourhood search
+        # reuses the previous checkpoint's (it only orders a few candidates)
+        self.shapes = tuple(sorted((n, a.shape, a.dtype.str) for n, a in searched.items()))
+        cached = search._size_table
+        self._bits = cached[1] if cached and cached[0] == self.shapes else None
 
     def _call(self, state: dict[str, np.ndarray]) -> float:
         value = self.quality(state)
@@ -228,16 +235,52 @@ class _Evaluator:
         return change / scale if math.isfinite(value) else math.inf
 
     def expected_bits(self, point: Point) -> float:
-        """A monotone model of the stored size, to order and bound candidates: code bits of
-        the quantized elements, one bit per pruned one, value + position per protected one."""
-        c = self.space.choice(point, "magnitude")
-        total = 0.0
-        for name, (n, value_bits) in self.sizes.items():
-            bins, prune = (c.embedding_bins, 0.0) if self.roles[name] == "embedding" \
-                else (c.bins, c.prune)
-            total += n * ((1 - prune - c.protect) * math.log2(bins) + prune
-                          + c.protect * (value_bits + 32))
-        return total
+        """Expected stored bits of the searched tensors at a configuration, to order and bound
+        candidates (the choice itself goes by measured bytes)."""
+        if self._bits is None:
+            self._bits = self._size_table()
+            self.search._size_table = (self.shapes, self._bits)
+        return float(self._bits[point])
+
+    def _size_table(self) -> np.ndarray:
+        """Expected bits at every point of the cube: per (bins, prune) the bits per element
+        measured by encoding a sample of every searched tensor (pruned zeros are not free:
+        they add a code), plus value and position bits per protected element."""
+        space = self.space
+        bins_axis, emb_axis, prune_axis, protect_axis = space.axes()
+        weights = {n: a for n, a in self.searched.items() if self.roles[n] != "embedding"}
+        embeddings = {n: a for n, a in self.searched.items() if self.roles[n] == "embedding"}
+        weight_bits = np.array([[self._sample_bits(weights, QuantConfig(
+            bins=b, prune=p, protect=0.0)) for p in prune_axis] for b in bins_axis])
+        emb_bits = np.array([self._sample_bits(embeddings, QuantConfig(bins=b, protect=0.0))
+                             for b in emb_axis])
+        protect_bits = sum(a.size * (a.dtype.itemsize * 8 + 32)
+                           for a in self.searched.values()) * np.array(protect_axis)
+        return (weight_bits[:, None, :, None] + emb_bits[None, :, None, None]
+                + protect_bits[None, None, None, :])
+
+    def _sample_bits(self, tensors: dict[str, np.ndarray], config: QuantConfig) -> float:
+        """Stored bits of ``tensors`` estimated from their first SAMPLE elements each."""
+        if not tensors:
+            return 0.0
+        from .api import save
+        sample, scale = {}, {}
+        for name, a in tensors.items():
+            flat = a.reshape(-1)
+            n = min(flat.size, SAMPLE) // 64 * 64
+            sample[name] = flat[:n].reshape(-1, 64)  # keeps the tensor's role
+            scale[name] = flat.size / n
+        path = os.path.join(self.workdir, "sample.ink")
+        infos = save(path, sample, policy=Policy.uniform(config), threads=self.search.threads)
+        os.unlink(path)
+        return sum(8 * i.stored_bytes * scale[i.name] for i in infos)
+
+    def region_min(self, lo: Point, hi: Point) -> tuple[float, Point]:
+        """The smallest expected size in the cube [lo, hi] and the point that has it."""
+        self.expected_bits(lo)  # builds the table
+        region = self._bits[tuple(slice(l, h + 1) for l, h in zip(lo, hi))]
+        at = np.unravel_index(int(np.argmin(region)), region.shape)
+        return float(region[at]), tuple(int(l + i) for l, i in zip(lo, at))
 
     def known(self, point: Point, metric: str) -> bool | None:
         """Feasibility implied by monotonicity from what was evaluated, or None."""
@@ -355,6 +398,7 @@ class Search:
         self.max_evals = max_evals
         self.threads = threads
         self.previous: Choice | None = None
+        self._size_table: tuple[tuple, np.ndarray] | None = None
 
     def proxy_policy(self) -> Policy:
         """Without a callback: per tensor, the fewest bins meeting the error bound."""
@@ -411,6 +455,7 @@ class Search:
                     report.update(mode="none", reason="no usable prune metric")
                     choice = None
                 elif self.previous is None:
+                    ev._bits = None  # a fresh search measures sizes afresh
                     choice, why = self._guided(ev, (0,) * 4, self.space.top(), metrics,
                                                "guided")
                     report.update(mode="guided", reason=why)
@@ -457,28 +502,39 @@ class Search:
 
     def _guided_one(self, ev: _Evaluator, lo: Point, hi: Point, metric: str,
                     phase: str) -> None:
-        """Diagonal binary search, then the sub-cubes that can hold a smaller feasible point,
-        smallest expected size first, pruned by the best feasible size found so far."""
+        """Diagonal binary search, then best-first branch and bound over the sub-cubes it
+        leaves: a cube is searched only if its smallest expected size can beat the best
+        feasible point found, and not at all when its most precise corner is infeasible."""
         best_bits = math.inf
         tie = itertools.count()
-        cubes = [(ev.expected_bits(lo), next(tie), lo, hi)]
+        cubes = [(ev.region_min(lo, hi)[0], next(tie), lo, hi)]
         while cubes and ev.left > 0:
             bound, _, c_lo, c_hi = heapq.heappop(cubes)
             if bound >= best_bits or ev.known(c_hi, metric) is False:
-                continue  # nothing smaller in there, or nothing feasible
+                continue
+            if ev.known(c_lo, metric):  # all of it is feasible: try its smallest point
+                result = ev.evaluate(ev.region_min(c_lo, c_hi)[1], metric, phase)
+                if result is not None and result["feasible"]:
+                    best_bits = min(best_bits, bound)
+                continue
             found = _first_feasible(ev, _diagonal(c_lo, c_hi), metric, phase)
             if found is None:
                 continue
-            best_bits = min(best_bits, ev.expected_bits(found))
+            # implied feasible is not enough: a choice is one whose encoding was measured
+            result = ev.evaluate(found, metric, phase)
+            if result is not None and result["feasible"]:
+                best_bits = min(best_bits, ev.expected_bits(found))
+            # per axis: below the point found, or at/above it (2^4 regions, none empty);
+            # sizes need not grow with precision, so the region above it is searched too
             for axes in itertools.product((False, True), repeat=len(found)):
-                if not any(axes):
-                    continue  # that sub-cube is dominated by the point found
                 if any(below and f == l for below, f, l in zip(axes, found, c_lo)):
-                    continue  # empty
+                    continue
                 sub_lo = tuple(l if below else f for below, f, l in zip(axes, found, c_lo))
                 sub_hi = tuple(f - 1 if below else h
                                for below, f, h in zip(axes, found, c_hi))
-                heapq.heappush(cubes, (ev.expected_bits(sub_lo), next(tie), sub_lo, sub_hi))
+                if sub_lo != sub_hi or sub_lo != found:
+                    heapq.heappush(cubes, (ev.region_min(sub_lo, sub_hi)[0], next(tie),
+                                           sub_lo, sub_hi))
 
     def _neighbourhood(self, ev: _Evaluator, previous: Choice,
                        metrics: list[str]) -> tuple[Choice | None, str, str]:

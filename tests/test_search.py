@@ -44,21 +44,31 @@ class Synthetic:
         return 1.0 if self.feasible(SPACE.point(choice), choice.prune_metric) else 2.0
 
 
+# expected sizes that do not grow monotonically with precision (as real ones: pruning adds a
+# code), so the search must not assume they do
+SHAPE = tuple(len(a) for a in SPACE.axes())
+TABLE = np.random.default_rng(7).permutation(np.arange(np.prod(SHAPE), dtype=float) * 10 + 1000)
+TABLE = (TABLE.reshape(SHAPE) + 50 * np.indices(SHAPE).sum(axis=0))
+
+
 @pytest.fixture
 def synthetic_encoding(monkeypatch):
     def roundtrip(self, choice):
         marker = np.frombuffer(json.dumps(choice.to_dict()).encode(), np.uint8)
-        return {"cfg": marker}, int(self.expected_bits(SPACE.point(choice)))
+        return {"cfg": marker}, int(self._size_table()[SPACE.point(choice)])
     monkeypatch.setattr(_Evaluator, "_roundtrip", roundtrip)
+    monkeypatch.setattr(_Evaluator, "_size_table", lambda self: TABLE)
+
+
+@pytest.fixture
+def monotone_sizes(monkeypatch, synthetic_encoding):
+    """Sizes growing with precision on every axis (bins weigh most)."""
+    sizes = np.tensordot(np.array([1000.0, 100.0, 10.0, 1.0]), np.indices(SHAPE), axes=1)
+    monkeypatch.setattr(_Evaluator, "_size_table", lambda self: sizes + 1)
 
 
 def expected_bits(point):
-    search = Search(space=SPACE)
-    ev = _Evaluator.__new__(_Evaluator)
-    ev.space, ev.search = SPACE, search
-    ev.sizes = {n: (a.size, 32) for n, a in STATE.items()}
-    ev.roles = {"model.w": "weight", "model.embed.weight": "embedding"}
-    return ev.expected_bits(point)
+    return float(TABLE[point])
 
 
 def optimum(oracle, metrics, above=(0, 0, 0, 0)):
@@ -127,13 +137,16 @@ def test_neighbourhood_never_more_aggressive(synthetic_encoding, gen, start):
     chosen = SPACE.point(result.choice)
     assert all(a >= b for a, b in zip(chosen, start))
     assert oracle.feasible(chosen, result.choice.prune_metric)
-    if oracle.feasible(start, "magnitude"):
-        assert chosen == start and result.report["evaluations_used"] == 1
+    if oracle.feasible(start, "magnitude"):  # nothing tried that is larger than the start
+        assert result.report["mode"] == "neighbourhood"
+        assert expected_bits(chosen) <= expected_bits(start)
+        assert all(e["stored_bytes"] <= expected_bits(start)
+                   for e in result.report["evaluations"])
     if result.report["mode"] == "fallback":
         assert expected_bits(chosen) == best
 
 
-def test_neighbourhood_prefers_the_nearest_feasible_neighbour(synthetic_encoding):
+def test_neighbourhood_prefers_the_nearest_feasible_neighbour(monotone_sizes):
     start = (2, 0, 3, 0)
     oracle = Synthetic({"magnitude": [(3, 0, 3, 0)], "sensitivity": []})
     search = Search()
@@ -143,7 +156,7 @@ def test_neighbourhood_prefers_the_nearest_feasible_neighbour(synthetic_encoding
     assert SPACE.point(result.choice) == (3, 0, 3, 0)
 
 
-def test_neighbourhood_switches_metric_when_significantly_better(synthetic_encoding):
+def test_neighbourhood_switches_metric_when_significantly_better(monotone_sizes):
     start = (2, 0, 3, 0)
     oracle = Synthetic({"magnitude": [(5, 2, 5, 2)], "sensitivity": [start]})
     search = Search()
@@ -311,7 +324,7 @@ def test_bad_callbacks():
         inshrink.Series("unused-dir-never-created", search="fast")
 
 
-def test_without_pruning_the_metric_check_costs_nothing(synthetic_encoding):
+def test_without_pruning_the_metric_check_costs_nothing(monotone_sizes):
     start = (2, 0, NO_PRUNE, 0)
     oracle = Synthetic({"magnitude": [start], "sensitivity": []})
     search = Search()
@@ -319,3 +332,14 @@ def test_without_pruning_the_metric_check_costs_nothing(synthetic_encoding):
     result = search.choose(STATE, oracle.quality, IMPORTANCE)
     assert SPACE.point(result.choice) == start
     assert result.report["evaluations_used"] == 1 and oracle.calls == 2  # + the baseline
+
+
+def test_expected_sizes_come_from_real_encodings():
+    state, loss = _model()
+    search = Search(0.05)
+    result = search.choose(state, loss)
+    shapes, table = search._size_table
+    assert table.shape == SHAPE
+    for e in result.report["evaluations"]:
+        estimate = table[SPACE.point(Choice.from_dict(e["choice"]))] / 8
+        assert 0.7 < e["stored_bytes"] / estimate < 1.3
