@@ -41,6 +41,7 @@ Runs (``--only`` takes these names, comma-separated; ``ref`` always runs first):
     int8       int8, F=10                   eps0.01   inshrink eps 0.01, F=10
     eps0.05    inshrink eps 0.05, F=10      eps0.1    inshrink eps 0.1, F=10
     f5, f20    inshrink eps 0.05, F=5 / 20  k2x       inshrink eps 0.05, F=10, every 2K steps
+                                            khalf     inshrink eps 0.05, F=10, every K/2 steps
     none       none, F=10 (not in the default list)
 
 Outputs: JSON (``--out``, default ``benchmarks/results/fault.json``, written after every run),
@@ -241,8 +242,12 @@ class InshrinkMethod(Method):
         import inspect
         from inshrink.torch import Checkpointer
         self.dir = os.path.join(workdir, "inshrink")
-        kwargs = dict(eval_batches=task.calib_batches, loss_fn=task.loss_fn, epsilon=epsilon,
+        kwargs = dict(eval_batches=task.calib_batches, epsilon=epsilon,
                       keyframe_every=keyframe_every, max_evals=max_evals)
+        if task.search_metric is not None:
+            kwargs["metric"] = task.search_metric  # higher is better
+        else:
+            kwargs["loss_fn"] = task.loss_fn
         if "threads" in inspect.signature(Checkpointer).parameters:
             kwargs["threads"] = 1
         self.ck = Checkpointer(self.dir, self.model, self.optimizer, **kwargs)
@@ -319,9 +324,10 @@ RUNS = {
     "f5": dict(method="inshrink", epsilon=0.05, failures=5),
     "f20": dict(method="inshrink", epsilon=0.05, failures=20),
     "k2x": dict(method="inshrink", epsilon=0.05, failures=10, every_mult=2),
+    "khalf": dict(method="inshrink", epsilon=0.05, failures=10, every_mult=0.5),
 }
 DEFAULT_RUNS = ["ref", "seed", "lossless", "fp16", "int8", "eps0.01", "eps0.05", "eps0.1",
-                "f5", "f20", "k2x"]
+                "f5", "f20", "k2x", "khalf"]
 QUICK_RUNS = ["ref", "seed", "lossless", "fp16", "int8", "eps0.05"]
 
 
@@ -355,7 +361,7 @@ def make_method(spec: dict, task: fm.Task, workdir: str) -> Method:
 def run_one(model_name: str, run_name: str, spec: dict, args, ref: dict | None) -> dict:
     seed = args.seed + spec.get("seed_offset", 0)
     task = fm.make_task(model_name, seed=seed, quick=args.quick, **args.overrides[model_name])
-    n, every = task.steps, task.ckpt_every * spec.get("every_mult", 1)
+    n, every = task.steps, max(1, int(task.ckpt_every * spec.get("every_mult", 1)))
     fails = failure_steps(n, every, spec["failures"])
     workdir = tempfile.mkdtemp(prefix=f"fault_{model_name}_{run_name}_", dir=args.workdir)
     method = make_method(spec, task, workdir)
@@ -583,10 +589,11 @@ def plot(results: list[dict], path: str) -> None:
     cap = 1000.0  # %: worse points are drawn at the cap, hollow, their value in the label
     for ax, model in zip(axes[0], models):
         rows = [r for r in results if r["model"] == model]
+        key = fm.TASKS[model].quality  # the model's primary quality: loss or accuracy
         ys = []
         for r in rows:
             color, marker = style.get(r["method"], ("tab:green", "x"))
-            y = 100 * r["degradation"].get("loss", float("nan"))
+            y = 100 * r["degradation"].get(key, float("nan"))
             label = r["run"] if r["method"] != "inshrink" else (
                 f"eps={r['epsilon']:g} F={r['failures']} K={r['ckpt_every']}")
             off = not math.isfinite(y) or y > cap
@@ -602,8 +609,8 @@ def plot(results: list[dict], path: str) -> None:
         ax.set_xlim(0.8, max(ratios + [2.0]) * 2.5)
         ax.set_ylim(min(ys + [0.0]) * 1.5 - 1, max(ys + [1.0]) * 3 + 1)
         ax.axhline(0, color="k", lw=0.5)
-        spread = [abs(100 * r["degradation"]["loss"]) for r in rows if r["run"] == "seed"
-                  and math.isfinite(r["degradation"].get("loss", float("nan")))]
+        spread = [abs(100 * r["degradation"][key]) for r in rows if r["run"] == "seed"
+                  and math.isfinite(r["degradation"].get(key, float("nan")))]
         if spread:
             ax.axhspan(-spread[0], spread[0], color="tab:green", alpha=0.12,
                        label=f"|seed + 1 - ref| = {spread[0]:.2f}%")
@@ -611,7 +618,8 @@ def plot(results: list[dict], path: str) -> None:
         ax.set_xscale("log")
         ax.set_yscale("symlog", linthresh=1.0)
         ax.set_xlabel("end-to-end compression ratio of the series (log)")
-        ax.set_ylabel("relative degradation of held-out loss, % (symlog)")
+        ax.set_ylabel(f"relative degradation of held-out {'accuracy' if key == 'acc' else 'loss'}"
+                      f", % (symlog)")
         ax.set_title(f"{model}: final quality after failures and restores "
                      f"(inshrink: diamonds)", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)

@@ -75,8 +75,8 @@ def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> float:
 
 @dataclass(frozen=True)
 class LMConfig:
-    steps: int = 800
-    ckpt_every: int = 16
+    steps: int = 1200
+    ckpt_every: int = 60
     d_model: int = 128
     layers: int = 2
     heads: int = 4
@@ -96,8 +96,8 @@ class LMConfig:
 
 @dataclass(frozen=True)
 class CNNConfig:
-    steps: int = 2000
-    ckpt_every: int = 40
+    steps: int = 6000
+    ckpt_every: int = 300
     batch: int = 32
     lr: float = 0.01
     momentum: float = 0.9
@@ -194,6 +194,7 @@ class Task:
     quality = "loss"          # the primary quality measure, lower is better
     loss_fn = None            # loss_fn(outputs, targets) -> scalar tensor
     metric = None             # optional metric(outputs, targets) -> float, higher is better
+    search_metric = None      # what a searching codec keeps within epsilon (None: the loss)
 
     def __init__(self, cfg, seed: int = 0):
         self.cfg = cfg
@@ -297,8 +298,10 @@ class LMTask(Task):
 
 class CNNTask(Task):
     name = "cnn"
+    quality = "acc"           # a classifier: accuracy, as the paper's vision models
     loss_fn = staticmethod(cnn_loss)
     metric = staticmethod(accuracy)
+    search_metric = staticmethod(accuracy)
 
     def __init__(self, cfg: CNNConfig | None = None, seed: int = 0):
         cfg = cfg or CONFIGS["cnn"]
