@@ -41,7 +41,8 @@ Runs (``--only`` takes these names, comma-separated; ``ref`` always runs first):
     int8       int8, F=10                   eps0.01   inshrink eps 0.01, F=10
     eps0.05    inshrink eps 0.05, F=10      eps0.1    inshrink eps 0.1, F=10
     f5, f20    inshrink eps 0.05, F=5 / 20  k2x       inshrink eps 0.05, F=10, every 2K steps
-                                            khalf     inshrink eps 0.05, F=10, every K/2 steps
+    mom2       inshrink eps 0.05, F=10,     khalf     inshrink eps 0.05, F=10, every K/2 steps
+               optimizer moments 2 levels
     none       none, F=10 (not in the default list)
 
 Outputs: JSON (``--out``, default ``benchmarks/results/fault.json``, written after every run),
@@ -237,13 +238,19 @@ class LosslessMethod(Method):
 class InshrinkMethod(Method):
     name = "inshrink"
 
-    def __init__(self, task, workdir, epsilon: float, keyframe_every=10, max_evals=24):
+    def __init__(self, task, workdir, epsilon: float, keyframe_every=10, max_evals=24,
+                 moment_bins: int | None = None):
         super().__init__(task, workdir)
         import inspect
         from inshrink.torch import Checkpointer
         self.dir = os.path.join(workdir, "inshrink")
         kwargs = dict(eval_batches=task.calib_batches, epsilon=epsilon,
                       keyframe_every=keyframe_every, max_evals=max_evals)
+        if moment_bins is not None:  # the moments' fixed configuration, instead of the default
+            from inshrink import QuantConfig
+            from inshrink.search import SearchSpace
+            kwargs["space"] = SearchSpace(exp_avg=QuantConfig(bins=moment_bins),
+                                          exp_avg_sq=QuantConfig(bins=moment_bins))
         if task.search_metric is not None:
             kwargs["metric"] = task.search_metric  # higher is better
         else:
@@ -325,9 +332,10 @@ RUNS = {
     "f20": dict(method="inshrink", epsilon=0.05, failures=20),
     "k2x": dict(method="inshrink", epsilon=0.05, failures=10, every_mult=2),
     "khalf": dict(method="inshrink", epsilon=0.05, failures=10, every_mult=0.5),
+    "mom2": dict(method="inshrink", epsilon=0.05, failures=10, moment_bins=2),
 }
 DEFAULT_RUNS = ["ref", "seed", "lossless", "fp16", "int8", "eps0.01", "eps0.05", "eps0.1",
-                "f5", "f20", "k2x", "khalf"]
+                "f5", "f20", "k2x", "khalf", "mom2"]
 QUICK_RUNS = ["ref", "seed", "lossless", "fp16", "int8", "eps0.05"]
 
 
@@ -354,7 +362,8 @@ def make_method(spec: dict, task: fm.Task, workdir: str) -> Method:
     if m in ("fp16", "int8"):
         return CastMethod(task, workdir, m)
     if m == "inshrink":
-        return InshrinkMethod(task, workdir, spec["epsilon"])
+        return InshrinkMethod(task, workdir, spec["epsilon"],
+                              moment_bins=spec.get("moment_bins"))
     raise ValueError(m)
 
 

@@ -83,8 +83,8 @@ class SearchSpace:
     prune: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
     protect: tuple[float, ...] = (0.0005, 0.005, 0.01)
     prune_metrics: tuple[str, ...] = PRUNE_METRICS
-    exp_avg: QuantConfig | None = QuantConfig(bins=8)
-    exp_avg_sq: QuantConfig | None = QuantConfig(bins=8)
+    exp_avg: QuantConfig | None = QuantConfig(bins=4)
+    exp_avg_sq: QuantConfig | None = QuantConfig(bins=4)
     proxy_rel_l2: float = 0.01
 
     def __post_init__(self) -> None:
