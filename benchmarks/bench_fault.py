@@ -603,8 +603,7 @@ def plot(results: list[dict], path: str) -> None:
         for r in rows:
             color, marker = style.get(r["method"], ("tab:green", "x"))
             y = 100 * r["degradation"].get(key, float("nan"))
-            label = r["run"] if r["method"] != "inshrink" else (
-                f"eps={r['epsilon']:g} F={r['failures']} K={r['ckpt_every']}")
+            label = r["run"]
             off = not math.isfinite(y) or y > cap
             if off:
                 label += " (diverged)" if not math.isfinite(y) else f" ({y:.3g}%)"
