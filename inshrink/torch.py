@@ -321,14 +321,23 @@ class GradientEMA:
     active : bool
         Whether updates are captured; switch it on some steps before a checkpoint to skip the
         copies the rest of the time.
+    window : int, optional
+        With ``auto``: capture only the last ``window`` backward passes before the next
+        checkpoint, expected ``interval`` passes after :meth:`start_interval` (the paper
+        records ~50 batches before each checkpoint). None: every pass.
     """
 
     def __init__(self, model: torch.nn.Module, beta: float = 0.9, *, auto: bool = True,
-                 active: bool = True) -> None:
+                 active: bool = True, window: int | None = None) -> None:
         if not (isinstance(beta, (int, float)) and 0 < beta <= 1):
             raise InvalidArgumentError("beta must be in (0, 1]")
+        if window is not None and (type(window) is not int or window < 1):
+            raise InvalidArgumentError("window must be a positive integer or None")
         self.beta = float(beta)
         self.active = active
+        self.window = window
+        self.interval: int | None = None  # passes between checkpoints, once known
+        self.passes = 0  # backward passes since start_interval, captured or not
         self._params: dict[str, torch.nn.Parameter] = {}
         self._aliases: dict[str, list[str]] = {}  # tied weights: every state_dict name
         first: dict[int, str] = {}
@@ -340,6 +349,7 @@ class GradientEMA:
             self._params[key] = param
         self._ema: dict[str, torch.Tensor] = {}
         self._counts: dict[str, int] = {}
+        self._counter = next(iter(self._params), None)
         self._handles = [param.register_post_accumulate_grad_hook(
             functools.partial(self._hook, name)) for name, param in self._params.items()] \
             if auto else []
@@ -350,8 +360,27 @@ class GradientEMA:
         return max(self._counts.values(), default=0)
 
     def _hook(self, name: str, param: torch.Tensor) -> None:
-        if self.active and param.grad is not None:
+        if name == self._counter:  # one parameter counts the passes
+            self.passes += 1
+        if self.capturing and param.grad is not None:
             self._accumulate(name, param.grad)
+
+    @property
+    def capturing(self) -> bool:
+        """Whether the current backward pass is folded into the average."""
+        if not self.active:
+            return False
+        if self.window is None or self.interval is None:
+            return True
+        return self.passes > self.interval - self.window
+
+    def start_interval(self, interval: int | None) -> None:
+        """A checkpoint was just taken and the next is expected ``interval`` backward passes
+        later (None: unknown, capture every pass): forget the average and count afresh."""
+        if interval is not None and (type(interval) is not int or interval < 1):
+            raise InvalidArgumentError("interval must be a positive integer or None")
+        self.interval, self.passes = interval, 0
+        self.reset()
 
     @torch.no_grad()
     def _accumulate(self, name: str, grad: torch.Tensor) -> None:
@@ -514,6 +543,9 @@ class Checkpointer:
         scores that protect the most sensitive weights.
     ema_beta : float
         Weight of the newest gradient in that average.
+    ema_window : int or None
+        Capture gradients only in the last this many steps before each checkpoint (the
+        interval is learned from the steps of the last two saves); None: every step.
     threads : int, optional
         Encoder/decoder threads.
 
@@ -535,7 +567,8 @@ class Checkpointer:
                  policy: Policy | str | None = "balanced",
                  space: SearchSpace | None = None,
                  max_evals: int = 24, keyframe_every: int = 10, grad_ema: bool = True,
-                 ema_beta: float = 0.9, threads: int | None = None) -> None:
+                 ema_beta: float = 0.9, ema_window: int | None = 50,
+                 threads: int | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise InvalidArgumentError("model must be a torch.nn.Module")
         self.model = model
@@ -548,7 +581,8 @@ class Checkpointer:
                                  max_evals=max_evals, threads=threads)
         self.series = Series(directory, policy, keyframe_every=keyframe_every, threads=threads,
                              search=self.search)
-        self.ema = GradientEMA(model, ema_beta) if grad_ema else None
+        self.ema = GradientEMA(model, ema_beta, window=ema_window) if grad_ema else None
+        self._last_step: int | None = None
         self.seconds = 0.0
 
     def _importance(self, state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
@@ -571,6 +605,10 @@ class Checkpointer:
         self.series.save(step, state, metadata=metadata, importance=importance,
                          quality=self.quality)
         report = self.series.last_search.report if self.quality is not None else None
+        if self.ema is not None:  # the next checkpoint is expected as far ahead as this one
+            gap = None if self._last_step is None else step - self._last_step
+            self.ema.start_interval(gap)
+        self._last_step = step
         seconds = time.perf_counter() - started
         self.seconds += seconds
         return {"step": step, "bytes": self.series.checkpoints()[-1].bytes, "search": report,
@@ -580,7 +618,7 @@ class Checkpointer:
         """Load ``step`` (default: the latest) into the model and optimizer; return the step.
 
         The search continues from the restored checkpoint's choice, and the gradient average
-        starts afresh.
+        starts afresh (captured again in the last ``ema_window`` steps before the next save).
         """
         if step is None:
             step = self.series.latest()
@@ -592,5 +630,6 @@ class Checkpointer:
         if self.search is not None:
             self.search.previous = self.series.search_choice(step)
         if self.ema is not None:
-            self.ema.reset()
+            self.ema.start_interval(self.ema.interval)
+        self._last_step = step
         return step

@@ -269,6 +269,48 @@ def test_gradient_ema_matches_a_hand_computation():
     assert ema.steps == 0
 
 
+def test_gradient_ema_captures_only_the_window_before_a_checkpoint():
+    model = nn.Linear(3, 2, bias=False)
+    ema = GradientEMA(model, beta=0.9, window=3)
+    grads = [torch.full((2, 3), float(i + 1)) for i in range(10)]
+    for g in grads[:4]:  # interval unknown: every pass
+        model.zero_grad()
+        backward_with(model, g)
+    assert ema.steps == 4 and ema.capturing
+    ema.start_interval(10)
+    assert ema.steps == 0 and ema.passes == 0
+    expected = np.zeros((2, 3))
+    for i, g in enumerate(grads):
+        model.zero_grad()
+        backward_with(model, g)
+        if i >= 7:  # the last 3 of 10 passes
+            expected = 0.9 * g.numpy() + 0.1 * expected
+    assert ema.passes == 10 and ema.steps == 3
+    np.testing.assert_allclose(ema.importance()["model.weight"],
+                               np.abs(expected * model.weight.detach().numpy()), rtol=1e-6)
+    for bad in (0, -1, 2.5):
+        with pytest.raises(errors.InvalidArgumentError):
+            GradientEMA(model, window=bad)
+        with pytest.raises(errors.InvalidArgumentError):
+            ema.start_interval(bad)
+
+
+def test_checkpointer_captures_gradients_before_each_save(tmp_path):
+    model = mlp()
+    optimizer = adamw(model)
+    ckpt = Checkpointer(tmp_path / "w", model, optimizer, ema_window=2)
+    train(model, optimizer, 5, seed=1)
+    ckpt.save(5)  # first interval: every step captured
+    assert ckpt.ema.interval is None and ckpt.ema.steps == 0  # reset for the next one
+    train(model, optimizer, 5, seed=2)
+    ckpt.save(10)
+    assert ckpt.ema.interval == 5
+    train(model, optimizer, 5, seed=3)
+    assert ckpt.ema.steps == 2  # only the 2 steps before the expected save
+    ckpt.restore()
+    assert ckpt.ema.steps == 0 and ckpt.ema.passes == 0 and ckpt.ema.interval == 5
+
+
 def test_gradient_ema_manual_updates_and_tied_weights():
     model = nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5, bias=False))
     model[1].weight = model[0].weight  # tied: one parameter, two state_dict names
@@ -346,7 +388,7 @@ def test_checkpointer_with_a_policy_saves_restores_and_training_continues(tmp_pa
         train(model, optimizer, 4, seed=step * 10)
         report = ckpt.save(step * 4)
         assert report["step"] == step * 4 and report["bytes"] > 0 and report["search"] is None
-    assert ckpt.ema.steps == 12 and ckpt.seconds > 0
+    assert ckpt.ema.interval == 4 and ckpt.seconds > 0
     reference = train(model, optimizer, 4, seed=100)
 
     resumed = mlp(seed=9, norm=True)
