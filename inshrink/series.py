@@ -318,24 +318,32 @@ class Series:
         previous = None
         chain = self.chain(step)
         for entry in chain:
-            path = self._path(entry.file)
-            self._check_file(entry)
-            with File(path, threads=self.threads, base=state, base_codes=codes) as f:
-                expected = None if previous is None else decode_digest(state, codes)
-                if (f.base and f.base["sha256"]) != expected:
-                    raise BaseMismatchError(
-                        f"{path}: made against a base with digest "
-                        f"{f.base and f.base['sha256']}, but {previous and previous.file} "
-                        f"decodes to {expected}")
-                lossy = [i.name for i in f.infos() if not i.lossless]
-                # along the chain only what the next link needs: exact tensors and codes
-                last = entry is chain[-1]
-                state = f.load() if last else f.load(
-                    names=[n for n in f.keys() if n not in lossy])
-                codes = {name: f.codes(name) for name in lossy} if codes_of_last or not last \
-                    else {}
+            last = entry is chain[-1]
+            state, codes = self._decode_link(entry, previous, state, codes, whole=last,
+                                             with_codes=codes_of_last or not last)
             previous = entry
         return state, codes
+
+    def _decode_link(self, entry: Checkpoint, previous: Checkpoint | None,
+                     state: dict[str, np.ndarray], codes: dict[str, np.ndarray], *,
+                     whole: bool, with_codes: bool = True) -> tuple[dict, dict]:
+        """Decode one link of a chain against what the link before it decoded to: every
+        tensor (``whole``) or only what the next link needs (exact tensors), plus the codes
+        of its quantized tensors. Checks the file's hash and its base's digest first."""
+        path = self._path(entry.file)
+        self._check_file(entry)
+        with File(path, threads=self.threads, base=state, base_codes=codes) as f:
+            expected = None if previous is None else decode_digest(state, codes)
+            if (f.base and f.base["sha256"]) != expected:
+                raise BaseMismatchError(
+                    f"{path}: made against a base with digest "
+                    f"{f.base and f.base['sha256']}, but {previous and previous.file} "
+                    f"decodes to {expected}")
+            lossy = [i.name for i in f.infos() if not i.lossless]
+            decoded = f.load() if whole else f.load(
+                names=[n for n in f.keys() if n not in lossy])
+            new_codes = {name: f.codes(name) for name in lossy} if with_codes else {}
+        return decoded, new_codes
 
     def _check_file(self, entry: Checkpoint) -> None:
         path = self._path(entry.file)
@@ -370,11 +378,25 @@ class Series:
         return self.delete(self.steps()[:-last])
 
     def verify(self) -> list[str]:
-        """Check every file against the manifest and its own checksums; return problems."""
-        problems = []
+        """Check every file against the manifest and its own checksums, and every delta
+        against its base, decoding each link once (keyframe first); return the problems."""
+        problems: list[str] = []
+        after: dict[str | None, list[Checkpoint]] = {}
         for e in self._checkpoints:
+            after.setdefault(e.base, []).append(e)
+        reached: set[int] = set()
+        todo = [(e, None, {}, {}) for e in after.get(None, [])]
+        while todo:
+            entry, previous, state, codes = todo.pop()
+            reached.add(entry.step)
             try:
-                self.load(e.step)  # every link of its chain: hashes, bases, checksums
+                state, codes = self._decode_link(entry, previous, state, codes, whole=True)
             except (InshrinkError, OSError) as exc:
-                problems.append(f"step {e.step}: {exc}")
+                problems.append(f"step {entry.step}: {exc}")
+                continue  # what depends on it is reported below as unreachable
+            todo.extend((e, entry, state, codes) for e in after.get(entry.file, []))
+        for e in self._checkpoints:
+            if e.step not in reached:
+                problems.append(f"step {e.step}: cannot be restored: its base {e.base} "
+                                f"does not lead to a readable keyframe")
         return problems

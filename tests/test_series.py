@@ -358,3 +358,27 @@ def test_writer_rejects_base_codes_of_another_type(tmp_path):
                              base_file={"file": "b.ink", "sha256": "0" * 64}) as writer:
             writer.add("model.w", w)
     assert not (tmp_path / "x.ink").exists()
+
+
+def test_verify_decodes_each_link_once_and_names_what_breaks(tmp_path, monkeypatch):
+    series = Series(tmp_path / "s", keyframe_every=4)
+    for step, state in enumerate(trajectory(7)):
+        series.save(step, state)
+    calls = []
+    original = Series._decode_link
+    monkeypatch.setattr(Series, "_decode_link",
+                        lambda self, entry, *a, **k: calls.append(entry.step)
+                        or original(self, entry, *a, **k))
+    assert series.verify() == []
+    assert sorted(calls) == list(range(7))  # each checkpoint decoded once
+    middle = next(e for e in series.checkpoints() if e.base is not None
+                  and any(d.base == e.file for d in series.checkpoints()))
+    path = tmp_path / "s" / middle.file
+    data = bytearray(path.read_bytes())
+    data[200] ^= 1
+    path.write_bytes(bytes(data))
+    problems = series.verify()
+    broken = [e.step for e in series.checkpoints() if middle in series.chain(e.step)]
+    assert len(broken) >= 2  # the corrupt file and what is restored through it
+    assert sorted(int(p.split(":")[0].split()[1]) for p in problems) == sorted(broken)
+    assert any(f"step {middle.step}: " in p and middle.file in p for p in problems)
