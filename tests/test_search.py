@@ -343,3 +343,23 @@ def test_expected_sizes_come_from_real_encodings():
     for e in result.report["evaluations"]:
         estimate = table[SPACE.point(Choice.from_dict(e["choice"]))] / 8
         assert 0.7 < e["stored_bytes"] / estimate < 1.3
+
+
+def test_search_on_bf16_weights_with_empty_and_scalar_tensors(tmp_path):
+    import ml_dtypes
+    state, loss = _model()
+    state = {k: (v.astype(ml_dtypes.bfloat16) if k.startswith("model.") else v)
+             for k, v in state.items()}
+    state["model.empty"] = np.zeros((0, 5), np.float32)
+    state["model.scalar"] = np.array(3.0, np.float32)
+    seen = []
+
+    def quality(s):
+        seen.append(s["model.layer.weight"].dtype)
+        return loss({k: np.asarray(v, np.float32) for k, v in s.items()})
+    result = Search(0.05).choose(state, quality)
+    assert result.choice is not None and set(seen) == {np.dtype(ml_dtypes.bfloat16)}
+    inshrink.save(tmp_path / "b.ink", state, policy=result.policy)
+    back = inshrink.load(tmp_path / "b.ink")
+    assert back["model.layer.weight"].dtype == ml_dtypes.bfloat16
+    assert back["model.empty"].shape == (0, 5) and back["model.scalar"] == 3.0
