@@ -206,7 +206,6 @@ class _Evaluator:
             raise InvalidArgumentError(f"the quality of the uncompressed state is "
                                        f"{self.baseline}; the search needs a finite value")
         self.raw_bytes = sum(a.nbytes for a in searched.values())
-        self.sizes = {name: (a.size, a.dtype.itemsize * 8) for name, a in searched.items()}
         self.roles = {name: role_of(name, dtypes.of_numpy(a.dtype).name, a.shape)
                       for name, a in searched.items()}
         # the expected size of every point, built when first needed; a neighbourhood search
