@@ -425,6 +425,13 @@ class Search:
         Returns
         -------
         SearchResult
+
+        Notes
+        -----
+        Each evaluation encodes the weights and embedding tables to a temporary file (in the
+        system's temporary directory) and decodes them, so the search needs the memory of one
+        decoded copy of those tensors besides ``tensors`` itself, and the disk of one
+        compressed copy.
         """
         started = time.perf_counter()
         if quality is None:
