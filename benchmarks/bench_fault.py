@@ -241,11 +241,10 @@ class InshrinkMethod(Method):
     def __init__(self, task, workdir, epsilon: float, keyframe_every=10, max_evals=24,
                  moment_bins: int | None = None):
         super().__init__(task, workdir)
-        import inspect
         from inshrink.torch import Checkpointer
         self.dir = os.path.join(workdir, "inshrink")
         kwargs = dict(eval_batches=task.calib_batches, epsilon=epsilon,
-                      keyframe_every=keyframe_every, max_evals=max_evals)
+                      keyframe_every=keyframe_every, max_evals=max_evals, threads=1)
         if moment_bins is not None:  # the moments' fixed configuration, instead of the default
             from inshrink import QuantConfig
             from inshrink.search import SearchSpace
@@ -255,8 +254,6 @@ class InshrinkMethod(Method):
             kwargs["metric"] = task.search_metric  # higher is better
         else:
             kwargs["loss_fn"] = task.loss_fn
-        if "threads" in inspect.signature(Checkpointer).parameters:
-            kwargs["threads"] = 1
         self.ck = Checkpointer(self.dir, self.model, self.optimizer, **kwargs)
         self.epsilon = epsilon
         self.log = []

@@ -227,8 +227,9 @@ def cmd_info(args) -> int:
 
 def _print_search(metadata: dict) -> None:
     """One line on the configuration search that chose this checkpoint's policy, if any."""
+    from .series import SEARCH_KEY
     try:
-        report = json.loads(metadata["inshrink.search"])
+        report = json.loads(metadata[SEARCH_KEY])
         chosen = report.get("chosen")
     except (KeyError, ValueError, AttributeError):
         return
