@@ -1,4 +1,4 @@
-"""Checksum repair for mutated .ink files (standard library only).
+"""Checksum repair for mutated .ink files (standard library and zstandard only).
 
 Almost every byte of an .ink file is covered by a CRC-32, so a randomly mutated file is nearly
 always rejected at the first checksum and the code behind it (index validation, codec chain,
@@ -14,6 +14,9 @@ mistake in the code under test is not copied here::
     tail    32 B  index_offset[0:8] index_length[8:16] index_crc[16:20]
                   tail_crc[20:24] = CRC-32 of [0, 20); magic[24:32]
 
+The index payload is JSON, or one zstd frame of it when header bit 1 of required_features
+(bytes [16, 24)) is set.
+
 Every function accepts arbitrary bytes and never raises.
 """
 from __future__ import annotations
@@ -22,8 +25,12 @@ import json
 import struct
 import zlib
 
+import zstandard
+
 HEADER, RECORD, TAIL = 64, 32, 32
 MAGIC = b"\x89INK\r\n\x1a\n"
+ZINDEX = 1 << 1
+MAX_INDEX = 64 << 20
 
 
 def crc(data) -> bytes:
@@ -47,15 +54,23 @@ def index_location(data) -> tuple[int, int] | None:
     return offset, length
 
 
+def index_compressed(data) -> bool:
+    """Whether the header marks the index payload as a zstd frame."""
+    return len(data) >= 24 and bool(struct.unpack_from("<Q", data, 16)[0] & ZINDEX)
+
+
 def read_index(data) -> tuple[int, object] | None:
     """(index record offset, parsed index JSON), or None when there is no parseable index."""
     where = index_location(data)
     if where is None:
         return None
     offset, length = where
+    payload = bytes(data[offset + RECORD:offset + RECORD + length])
     try:
-        return offset, json.loads(bytes(data[offset + RECORD:offset + RECORD + length]))
-    except Exception:  # bad UTF-8 or JSON, deep nesting, huge integers
+        if index_compressed(data):
+            payload = zstandard.ZstdDecompressor().decompress(payload, max_output_size=MAX_INDEX)
+        return offset, json.loads(payload)
+    except Exception:  # bad frame, bad UTF-8 or JSON, deep nesting, huge integers
         return None
 
 
@@ -114,6 +129,8 @@ def fix_chunks(data) -> bytes | None:
         payload = json.dumps(doc, separators=(",", ":")).encode("ascii")
     except Exception:
         return None
+    if index_compressed(buf):
+        payload = zstandard.ZstdCompressor(write_content_size=True).compress(payload)
     return replace_index(buf, offset, payload)
 
 

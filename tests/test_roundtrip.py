@@ -2,7 +2,7 @@
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -176,3 +176,41 @@ def test_read_paths_agree(tmp_path, use_mmap, threads):
                     out[offset:offset + chunk.size] = chunk.tobytes()
             f.read_into(k, sink, in_order=False)
             assert bytes(out) == v.tobytes()
+
+
+def _header_version_and_features(path) -> tuple[int, int, int]:
+    data = open(path, "rb").read(24)
+    return (int.from_bytes(data[8:10], "little"), int.from_bytes(data[10:12], "little"),
+            int.from_bytes(data[16:24], "little"))
+
+
+def test_large_index_is_stored_compressed_and_small_one_plain(tmp_path):
+    from inshrink.container import layout
+    many = {f"block.{i}.norm.weight": np.full(3, i, np.float32) for i in range(60)}
+    inshrink.save(tmp_path / "many.ink", many, metadata={"note": "x" * 5000})
+    major, minor, required = _header_version_and_features(tmp_path / "many.ink")
+    assert (major, minor) == (1, 3) and required == layout.FEATURE_ZINDEX
+    back = inshrink.load(tmp_path / "many.ink")
+    assert list(back) == list(many)
+    for name in many:
+        assert_bit_exact(many[name], back[name])
+    with inshrink.open(tmp_path / "many.ink") as f:
+        assert f.metadata == {"note": "x" * 5000}
+    # The index is what a compressed index saves: far below the JSON's length.
+    assert (tmp_path / "many.ink").stat().st_size < 60 * 4 * 64 + 4000
+
+    inshrink.save(tmp_path / "one.ink", {"x": np.ones(3, np.float32)})
+    assert _header_version_and_features(tmp_path / "one.ink") == (1, 0, 0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(names=st.lists(st.text(min_size=1, max_size=40), min_size=0, max_size=40, unique=True),
+       note=st.text(max_size=3000))
+def test_property_index_round_trips_plain_or_compressed(tmp_path_factory, names, note):
+    path = tmp_path_factory.mktemp("zindex") / "f.ink"
+    tensors = {n: np.arange(i % 5, dtype=np.int16) for i, n in enumerate(names)}
+    inshrink.save(path, tensors, metadata={"note": note})
+    with inshrink.open(path) as f:
+        assert list(f) == names and f.metadata == {"note": note}
+        for n in names:
+            assert_bit_exact(tensors[n], f[n])

@@ -307,7 +307,10 @@ def test_corrupt_code_delta_modulus_is_rejected(tmp_path):
     doc["tensors"][0]["codec"][0]["modulus"] = 3  # fewer than the levels
     payload = json.dumps(doc, separators=(",", ":")).encode()
     from inshrink.container import layout
+    from inshrink.container.index import pack_index
     data = path.read_bytes()
+    if int.from_bytes(data[16:24], "little") & layout.FEATURE_ZINDEX:
+        payload = pack_index(payload)
     offset = int.from_bytes(data[-32:-24], "little")
     rebuilt = (data[:offset] + layout.pack_record_header(layout.KIND_INDEX, payload) + payload
                + layout.pack_tail(offset, payload))

@@ -1,6 +1,6 @@
 """Codec chains: build the chain for a new tensor, and check a chain read from a file.
 
-Format 1.2 knows four chains, each ending in one array->streams stage followed by per-chunk
+Format 1.3 knows four chains, each ending in one array->streams stage followed by per-chunk
 zstd/raw coding: ``[bytegroup]`` (lossless), ``[quant]`` (dynamic quantization),
 ``[xor, bytegroup]`` (lossless delta: the bytes are XORed with the same tensor of the base file
 before byte grouping) and ``[codedelta, quant]`` (quantization-aware delta: codes stored as

@@ -1,4 +1,4 @@
-"""Byte layouts, constants and limits of the .ink container, format version 1.0.
+"""Byte layouts, constants and limits of the .ink container, format version 1.x.
 
 Everything here mirrors a table in spec/FORMAT.md; change both together.
 """
@@ -12,7 +12,7 @@ from ..errors import (ChecksumError, CorruptError, TruncatedError, UnsupportedFe
 
 MAGIC = b"\x89INK\r\n\x1a\n"
 VERSION_MAJOR = 1
-VERSION_MINOR = 2           # the newest minor this code writes and reads
+VERSION_MINOR = 3           # the newest minor this code writes and reads
 MINOR_FOR_STAGE = {"bytegroup": 0, "quant": 1, "xor": 2, "codedelta": 2}  # lowest minor needed
 ALIGNMENT = 64
 
@@ -25,7 +25,8 @@ KIND_INDEX = 2
 
 # Feature bits; a reader must reject unknown required bits.
 FEATURE_DELTA = 1 << 0      # required, since 1.2: some tensors decode against a base file
-KNOWN_REQUIRED_FEATURES = FEATURE_DELTA
+FEATURE_ZINDEX = 1 << 1     # required, since 1.3: the index payload is a zstd frame
+KNOWN_REQUIRED_FEATURES = FEATURE_DELTA | FEATURE_ZINDEX
 
 # Normative limits (spec/FORMAT.md, "Limits").
 MAX_INDEX_BYTES = 64 << 20

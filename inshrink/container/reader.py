@@ -8,7 +8,7 @@ import threading
 
 from ..errors import ChecksumError, CorruptError, LimitExceededError, TruncatedError
 from . import layout
-from .index import Chunk, Index, parse
+from .index import Chunk, Index, parse, unpack_index
 
 
 class ContainerReader:
@@ -64,6 +64,8 @@ class ContainerReader:
                 or expected_end != self.size):
             raise CorruptError("tail does not point at an index record ending before it")
         payload = self.read_record(index_offset, length, index_crc, layout.KIND_INDEX)
+        if required & layout.FEATURE_ZINDEX:
+            payload = unpack_index(payload)
         index = parse(payload, index_offset)
         if bool(required & layout.FEATURE_DELTA) != (index.base is not None):
             raise CorruptError("the delta feature bit and the index's base reference disagree")

@@ -10,7 +10,7 @@ import os
 
 from ..atomic import AtomicFile
 from . import layout
-from .index import Chunk, Index, TensorEntry
+from .index import Chunk, Index, TensorEntry, pack_index
 
 
 class ContainerWriter:
@@ -58,15 +58,21 @@ class ContainerWriter:
         """Write index and tail, fsync, and atomically move the file into place (``base``:
         the file that delta-coded tensors refer to)."""
         payload = Index(self.tensors, metadata, safetensors_header, base).to_bytes()
+        required = layout.FEATURE_DELTA if base is not None else 0
+        frame = pack_index(payload)
+        if frame is not None:
+            payload = frame
+            required |= layout.FEATURE_ZINDEX
         offset, _ = self._record(layout.KIND_INDEX, payload)
         self._write(layout.pack_tail(offset, payload))
         minor = max((layout.MINOR_FOR_STAGE.get(stage["id"], layout.VERSION_MINOR)
                      for t in self.tensors for stage in t.codec), default=0)
         if any(t.report is not None for t in self.tensors):
             minor = max(minor, 1)
-        required = layout.FEATURE_DELTA if base is not None else 0
         if base is not None:
             minor = max(minor, 2)
+        if frame is not None:
+            minor = max(minor, 3)
         if minor:  # the header went out first; mark the lowest minor the file needs
             self._file.flush()
             os.pwrite(self._file.fileno(), layout.pack_header(minor, 0, required), 0)

@@ -1,4 +1,4 @@
-"""Generate the test vectors of the .ink container format 1.0 (spec/FORMAT.md, "Test vectors").
+"""Generate the test vectors of the .ink container format 1.x (spec/FORMAT.md, "Test vectors").
 
 Usage (from the repository root)::
 
@@ -32,7 +32,7 @@ import inshrink
 from inshrink import dtypes
 from inshrink.codecs import lossless
 from inshrink.container import layout
-from inshrink.container.index import TensorEntry
+from inshrink.container.index import TensorEntry, pack_index, unpack_index
 from inshrink.container.writer import ContainerWriter
 from inshrink.convert import compress_safetensors
 from inshrink.policy import Policy, QuantConfig
@@ -212,12 +212,32 @@ def dump_index(doc: dict) -> bytes:
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def edit_index(data: bytes, edit: Callable[[dict], None]) -> bytes:
-    """Apply ``edit`` to the parsed index document and write it back with fixed CRCs."""
+def header_field(data: bytes, name: str) -> int:
+    names = ["magic", "major", "minor", "size", "required", "optional", "reserved", "crc"]
+    return dict(zip(names, HEADER.unpack(data[:layout.HEADER_SIZE])))[name]
+
+
+def index_is_compressed(data: bytes) -> bool:
+    return bool(header_field(data, "required") & layout.FEATURE_ZINDEX)
+
+
+def index_doc(data: bytes) -> dict:
+    """The parsed index document of a valid file, compressed (``zindex``) or not."""
     _, payload = index_location(data)
-    doc = json.loads(payload)
+    return json.loads(unpack_index(payload) if index_is_compressed(data) else payload)
+
+
+def edit_index(data: bytes, edit: Callable[[dict], None]) -> bytes:
+    """Apply ``edit`` to the parsed index document and write it back with fixed CRCs (as a
+    zstd frame again if the file's index was one)."""
+    compressed = index_is_compressed(data)
+    doc = index_doc(data)
     edit(doc)
-    return replace_index_payload(data, dump_index(doc))
+    new = dump_index(doc)
+    if compressed:
+        new = pack_index(new)
+        assert new is not None
+    return replace_index_payload(data, new)
 
 
 def replace_chunk_payload(data: bytes, offset: int, payload: bytes) -> bytes:
@@ -619,6 +639,16 @@ def build_forward_compat(path: Path) -> dict:
     return contents(tensors)
 
 
+@positive("zindex", "an index of more than 1 KiB, which the writer stores as one zstd frame "
+                    "(required feature bit 1, zindex, minor version 3): 6 small tensors")
+def build_zindex(path: Path) -> dict:
+    tensors = {f"encoder.layers.{i}.attention.output.bias": mantissa_noise_f32(f"zindex-{i}", 3)
+               for i in range(6)}
+    write_plain(path, tensors)
+    assert index_is_compressed(path.read_bytes())
+    return contents(tensors)
+
+
 # --------------------------------------------------------------------------------------------
 # Negative vectors
 # --------------------------------------------------------------------------------------------
@@ -645,8 +675,7 @@ def negative(name: str, base: str, error: str, raised_by: str, description: str)
 
 
 def first_chunk(data: bytes, tensor: int = 0, stream: int = 0, chunk: int = 0) -> list:
-    _, payload = index_location(data)
-    return json.loads(payload)["tensors"][tensor]["streams"][stream][chunk]
+    return index_doc(data)["tensors"][tensor]["streams"][stream][chunk]
 
 
 @negative("bad_magic", "minimal", "CorruptError", "open",
@@ -683,7 +712,32 @@ def neg_unsupported_major(data: bytes) -> bytes:
 @negative("unknown_required_feature", "minimal", "UnsupportedFeatureError", "open",
           "required feature bit 1 (unknown) set, header CRC fixed")
 def neg_unknown_required_feature(data: bytes) -> bytes:
-    return patch_header(data, required=2)
+    return patch_header(data, required=1 << 63)
+
+
+@negative("zindex_bad_frame", "zindex", "CorruptError", "open",
+          "the compressed index replaced by bytes that are not a zstd frame; record header and "
+          "tail CRCs fixed")
+def neg_zindex_bad_frame(data: bytes) -> bytes:
+    return replace_index_payload(data, b"not a zstd frame")
+
+
+@negative("zindex_no_size", "zindex", "CorruptError", "open",
+          "the compressed index re-written as a zstd frame that does not declare its content "
+          "size; record header and tail CRCs fixed")
+def neg_zindex_no_size(data: bytes) -> bytes:
+    text = json.dumps(index_doc(data), ensure_ascii=False, separators=(",", ":")).encode()
+    frame = zstandard.ZstdCompressor(level=3, write_content_size=False).compress(text)
+    return replace_index_payload(data, frame)
+
+
+@negative("zindex_over_limit", "zindex", "LimitExceededError", "open",
+          "the compressed index replaced by a small zstd frame that declares 64 MiB + 1 bytes "
+          "of content (zeros); record header and tail CRCs fixed")
+def neg_zindex_over_limit(data: bytes) -> bytes:
+    frame = zstandard.ZstdCompressor(level=3, write_content_size=True).compress(
+        bytes(layout.MAX_INDEX_BYTES + 1))
+    return replace_index_payload(data, frame)
 
 
 @negative("delta_without_base", "minimal", "CorruptError", "open",
