@@ -44,6 +44,11 @@ Runs (``--only`` takes these names, comma-separated; ``ref`` always runs first):
     mom2       inshrink eps 0.05, F=10,     khalf     inshrink eps 0.05, F=10, every K/2 steps
                optimizer moments 2 levels
     none       none, F=10 (not in the default list)
+    mom1       inshrink eps 0.05, F=10, exp_avg 1 level, exp_avg_sq 2 levels (not in the
+               default list, nor are the next three)
+    e01mom2    inshrink eps 0.01, F=10, moments 2 levels
+    e01mom1    inshrink eps 0.01, F=10, exp_avg 1 level, exp_avg_sq 2 levels
+    e01mom11   inshrink eps 0.01, F=10, both moments 1 level
 
 Outputs: JSON (``--out``, default ``benchmarks/results/fault.json``, written after every run),
 a markdown table (printed, and next to the JSON as ``.md``) and a plot (``--plot``, default
@@ -248,8 +253,10 @@ class InshrinkMethod(Method):
         if moment_bins is not None:  # the moments' fixed configuration, instead of the default
             from inshrink import QuantConfig
             from inshrink.search import SearchSpace
-            kwargs["space"] = SearchSpace(exp_avg=QuantConfig(bins=moment_bins),
-                                          exp_avg_sq=QuantConfig(bins=moment_bins))
+            first, second = (moment_bins if isinstance(moment_bins, tuple)
+                             else (moment_bins, moment_bins))
+            kwargs["space"] = SearchSpace(exp_avg=QuantConfig(bins=first),
+                                          exp_avg_sq=QuantConfig(bins=second))
         if task.search_metric is not None:
             kwargs["metric"] = task.search_metric  # higher is better
         else:
@@ -330,6 +337,10 @@ RUNS = {
     "k2x": dict(method="inshrink", epsilon=0.05, failures=10, every_mult=2),
     "khalf": dict(method="inshrink", epsilon=0.05, failures=10, every_mult=0.5),
     "mom2": dict(method="inshrink", epsilon=0.05, failures=10, moment_bins=2),
+    "mom1": dict(method="inshrink", epsilon=0.05, failures=10, moment_bins=(1, 2)),
+    "e01mom2": dict(method="inshrink", epsilon=0.01, failures=10, moment_bins=2),
+    "e01mom1": dict(method="inshrink", epsilon=0.01, failures=10, moment_bins=(1, 2)),
+    "e01mom11": dict(method="inshrink", epsilon=0.01, failures=10, moment_bins=(1, 1)),
 }
 DEFAULT_RUNS = ["ref", "seed", "lossless", "fp16", "int8", "eps0.01", "eps0.05", "eps0.1",
                 "f5", "f20", "k2x", "khalf", "mom2"]

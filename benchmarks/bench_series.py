@@ -1,7 +1,7 @@
 """Checkpoint series benchmark: delta files against standalone files, on a real training run.
 
     python benchmarks/bench_series.py [--dir benchmarks/data/series20] [--policy balanced]
-                                      [--keyframe-every 10] [--json out.json]
+                                      [--moment-bins N] [--keyframe-every 10] [--json out.json]
 
 Reads every ``ckpt_<step>.safetensors`` of ``--dir`` (written by ``train.py --save-every``) and
 reports, in one run:
@@ -19,6 +19,7 @@ reports, in one run:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import json
 import os
@@ -190,15 +191,24 @@ def main() -> None:
     ap.add_argument("--dir", default=os.path.join(common.REPO_ROOT, "benchmarks", "data",
                                                   "series20"))
     ap.add_argument("--policy", default="balanced")
+    ap.add_argument("--moment-bins", type=int,
+                    help="the preset with Adam's exp_avg and exp_avg_sq at this many levels")
     ap.add_argument("--keyframe-every", type=int, default=10)
     ap.add_argument("--json")
     args = ap.parse_args()
+    policy = args.policy
+    if args.moment_bins:
+        roles = dict(inshrink.policy.resolve(policy).roles)
+        for role in ("exp_avg", "exp_avg_sq"):
+            roles[role] = dataclasses.replace(roles[role], bins=args.moment_bins)
+        policy = inshrink.Policy(roles)
+        args.policy = f"{args.policy}, moments at {args.moment_bins} levels"
     ckpts = checkpoints(args.dir)
     if len(ckpts) < 4:
         raise SystemExit(f"need at least 4 checkpoints in {args.dir} (train.py --save-every)")
     tmp = tempfile.mkdtemp(dir=common.tmp_root())
     try:
-        series, rows, roles = lossy_series(ckpts, args.policy, args.keyframe_every, tmp)
+        series, rows, roles = lossy_series(ckpts, policy, args.keyframe_every, tmp)
         print(f"## Lossy series, policy {args.policy!r}, keyframe every {args.keyframe_every}\n")
         print("| step | kind | file bytes | standalone bytes | standalone / file |")
         print("|---:|---|---:|---:|---:|")
@@ -214,7 +224,7 @@ def main() -> None:
         print("|---|---:|---:|---:|---:|")
         for role, (raw, alone, mine) in sorted(roles.items()):
             print(f"| {role} | {raw:,} | {alone:,} | {mine:,} | {alone / mine:.2f} |")
-        abl = ablation(ckpts, args.policy)
+        abl = ablation(ckpts, policy)
         print("\n## Ablation: quantized weights' codes, consecutive checkpoints, second half\n")
         print("| encoding | bytes | vs codes alone |\n|---|---:|---:|")
         for k, v in abl.items():
@@ -230,7 +240,7 @@ def main() -> None:
         lgain = sum(r["standalone_bytes"] for r in deltas) / sum(r["delta_bytes"] for r in deltas)
         print(f"\n## Lossless series\n\ndelta files: standalone / delta = {lgain:.3f} overall; "
               f"largest delta / standalone = {worst:.4f} (must be <= 1)")
-        times = restore_times(series, ckpts, args.policy, tmp)
+        times = restore_times(series, ckpts, policy, tmp)
         print("\n## Restore (best of 3)\n\n| step | files read | seconds | / standalone |")
         print("|---|---:|---:|---:|")
         for key in ("newest", "oldest"):

@@ -93,6 +93,16 @@ def _encode_lossless(raw: np.ndarray, start: int, stop: int, *, stage: lossless.
             for coding, payload in lossless.encode_chunk(raw, stage, level)], None
 
 
+# Tensors up to this size may be stored as one byte plane (Writer._lossless_stage).
+TINY_TENSOR_BYTES = 16384
+
+
+def _record_bytes(payload: int) -> int:
+    """File bytes a record with this payload takes: header, payload, padding."""
+    size = layout.RECORD_HEADER_SIZE + payload
+    return size + layout.padding(size)
+
+
 def _executor(threads: int) -> Executor | None:
     return ThreadPoolExecutor(threads, thread_name_prefix="inshrink") if threads > 1 else None
 
@@ -226,7 +236,7 @@ class Writer:
             entry.streams = [[] for _ in range(lossy.plan.streams)]
             encoder = functools.partial(lossy.encode, level=self._level)
         else:
-            stage = chain.for_new_tensor(dtype)
+            stage = self._lossless_stage(entry, read)
             entry.codec = [stage.to_dict()]
             entry.streams = [[] for _ in range(stage.streams)]
             encoder = functools.partial(_encode_lossless, stage=stage, level=self._level)
@@ -240,6 +250,22 @@ class Writer:
         self._container.tensors.append(entry)
         for c in range(entry.chunk_count):
             self._submit(entry, encoder, read, c)
+
+    def _lossless_stage(self, entry: TensorEntry, read: Callable[[int, int], Any]
+                        ) -> lossless.ByteGroup:
+        """The dtype's byte grouping, or one plane for a tiny tensor when that file is smaller:
+        every plane is a record with a 32-byte header and padding to 64 bytes, which outweighs
+        what grouping saves on a few hundred bytes (norm weights, biases, their moments)."""
+        stage = chain.for_new_tensor(entry.dtype)
+        nbytes = entry.numel * entry.dtype.itemsize
+        if stage.word == 1 or entry.chunk_count != 1 or nbytes > TINY_TENSOR_BYTES:
+            return stage
+        raw = np.frombuffer(read(0, nbytes), np.uint8)
+        one = lossless.ByteGroup(1, False)
+        cost = [sum(_record_bytes(len(memoryview(payload))) for _, payload, _ in
+                    _encode_lossless(raw, 0, entry.numel, stage=s, level=self._level)[0])
+                for s in (stage, one)]
+        return one if cost[1] < cost[0] else stage
 
     def _maybe_code_delta(self, entry: TensorEntry, read: Callable[[int, int], Any],
                           lossy: LossyTensor, previous: np.ndarray) -> None:

@@ -86,9 +86,13 @@ def sample(workdir) -> Sample:
     tensors = _tensors()
     metadata = {"format": "pt", "step": "1000", "note": "caf\u00e9"}
     path = workdir / "sample.ink"
-    with inshrink.Writer(path, metadata, chunk_bytes=64, threads=1) as writer:
-        for name, array in tensors.items():
-            writer.add(name, array)
+    # Keep every dtype's byte planes (the writer may store tiny tensors as one plane): the
+    # mutations below should reach many records and plane layouts.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(inshrink.tensorfile, "TINY_TENSOR_BYTES", 0)
+        with inshrink.Writer(path, metadata, chunk_bytes=64, threads=1) as writer:
+            for name, array in tensors.items():
+                writer.add(name, array)
     data = path.read_bytes()
     covered, chunk_records = _covered(data)
     return Sample(data, tensors, metadata, covered, chunk_records)

@@ -214,3 +214,33 @@ def test_property_index_round_trips_plain_or_compressed(tmp_path_factory, names,
         assert list(f) == names and f.metadata == {"note": note}
         for n in names:
             assert_bit_exact(tensors[n], f[n])
+
+
+@settings(max_examples=30, deadline=None)
+@given(arr=hnp.arrays(st.sampled_from([np.float32, np.float64, np.float16, np.int32,
+                                       np.uint16]),
+                      hnp.array_shapes(min_dims=0, max_dims=2, max_side=70)))
+def test_property_tiny_tensor_layout_is_never_larger(tmp_path_factory, arr):
+    """A tiny tensor may be stored as one plane; that choice never makes the file bigger and
+    decodes bit-exactly."""
+    d = tmp_path_factory.mktemp("tiny")
+    tensors = {"x": arr, "y": np.ascontiguousarray(np.flip(arr))}
+    inshrink.save(d / "chosen.ink", tensors)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(inshrink.tensorfile, "TINY_TENSOR_BYTES", 0)
+        inshrink.save(d / "planes.ink", tensors)
+    assert (d / "chosen.ink").stat().st_size <= (d / "planes.ink").stat().st_size
+    back = inshrink.load(d / "chosen.ink")
+    assert_bit_exact(arr, back["x"])
+
+
+def test_tiny_bias_is_one_record(tmp_path):
+    norm = np.random.default_rng(0).normal(0, 0.02, 16).astype(np.float32)
+    inshrink.save(tmp_path / "n.ink", {"ln.weight": norm})
+    from inshrink.container.reader import ContainerReader
+    reader = ContainerReader(tmp_path / "n.ink")
+    entry = reader.index.tensors[0]
+    reader.close()
+    assert entry.codec == [{"id": "bytegroup", "word": 1, "rotate": False}]
+    assert len(entry.streams) == 1
+    assert_bit_exact(norm, inshrink.load(tmp_path / "n.ink")["ln.weight"])

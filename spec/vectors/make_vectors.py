@@ -16,6 +16,8 @@ vectors are listed in ``manifest.json`` with the error class a reader must raise
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import hashlib
 import json
 import struct
@@ -29,7 +31,7 @@ import numpy as np
 import zstandard
 
 import inshrink
-from inshrink import dtypes
+from inshrink import dtypes, tensorfile
 from inshrink.codecs import lossless
 from inshrink.container import layout
 from inshrink.container.index import TensorEntry, pack_index, unpack_index
@@ -268,9 +270,26 @@ class Positive:
 POSITIVE: list[Positive] = []
 
 
+@contextlib.contextmanager
+def per_dtype_grouping():
+    """Keep the byte grouping of section 10.5's table even for tiny tensors (the reference
+    writer may store those as one plane): the vectors exist to exercise every plane layout,
+    and the negative vectors patch particular planes."""
+    saved = tensorfile.TINY_TENSOR_BYTES
+    tensorfile.TINY_TENSOR_BYTES = 0
+    try:
+        yield
+    finally:
+        tensorfile.TINY_TENSOR_BYTES = saved
+
+
 def positive(name: str, covers: str, base: str | None = None):
     def register(fn):
-        POSITIVE.append(Positive(name, covers, fn, base))
+        @functools.wraps(fn)
+        def build(path: Path) -> dict:
+            with per_dtype_grouping():
+                return fn(path)
+        POSITIVE.append(Positive(name, covers, build, base))
         return fn
     return register
 
@@ -597,9 +616,9 @@ def build_safetensors(path: Path) -> dict:
     return contents(ordered, metadata, text)
 
 
-@positive("alt_bytegroup", "bytegroup parameters a default writer never chooses (word smaller "
-                           "than the float word, rotation off for floats and on for integers, "
-                           "word 8 across a C64 element, word 1 for wide types) and "
+@positive("alt_bytegroup", "bytegroup parameters other than the per-dtype defaults (word "
+                           "smaller than the float word, rotation off for floats and on for "
+                           "integers, word 8 across a C64 element, word 1 for wide types) and "
                            "chunk_elements=5 with a partial last chunk")
 def build_alt_bytegroup(path: Path) -> dict:
     bg = lossless.ByteGroup
