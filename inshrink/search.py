@@ -78,8 +78,8 @@ class SearchSpace:
         Without a quality callback: the per-tensor relative L2 error bound of the weights.
     """
 
-    bins: tuple[int, ...] = (4, 6, 8, 12, 16, 32, 64)
-    embedding_bins: tuple[int, ...] = (16, 32, 64)
+    bins: tuple[int, ...] = (4, 6, 8, 12, 16, 32, 64, 128, 256)
+    embedding_bins: tuple[int, ...] = (16, 32, 64, 128, 256)
     prune: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
     protect: tuple[float, ...] = (0.0005, 0.005, 0.01)
     prune_metrics: tuple[str, ...] = PRUNE_METRICS

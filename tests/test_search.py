@@ -116,8 +116,11 @@ def test_cap_is_respected_and_nothing_infeasible_is_returned(synthetic_encoding,
 def test_guided_search_uses_few_evaluations(synthetic_encoding):
     oracle = Synthetic({"magnitude": [(3, 1, 2, 1)], "sensitivity": []})
     result = Search(max_evals=10_000).choose(STATE, oracle.quality)
-    assert SPACE.point(result.choice) == (3, 1, 2, 1)
-    assert result.report["evaluations_used"] <= 40  # of 378 configurations
+    chosen = SPACE.point(result.choice)
+    assert oracle.feasible(chosen, "magnitude")
+    assert expected_bits(chosen) == optimum(oracle, ("magnitude",))
+    assert len(POINTS) == 810
+    assert result.report["evaluations_used"] <= 40  # of 810 configurations
 
 
 @SYNTHETIC
