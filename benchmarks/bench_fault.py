@@ -44,11 +44,9 @@ Runs (``--only`` takes these names, comma-separated; ``ref`` always runs first):
     mom2       inshrink eps 0.05, F=10,     khalf     inshrink eps 0.05, F=10, every K/2 steps
                optimizer moments 2 levels
     none       none, F=10 (not in the default list)
-    mom1       inshrink eps 0.05, F=10, exp_avg 1 level, exp_avg_sq 2 levels (not in the
-               default list, nor are the next three)
-    e01mom2    inshrink eps 0.01, F=10, moments 2 levels
-    e01mom1    inshrink eps 0.01, F=10, exp_avg 1 level, exp_avg_sq 2 levels
-    e01mom11   inshrink eps 0.01, F=10, both moments 1 level
+    mom1       inshrink eps 0.05, F=10, first moment (exp_avg, SGD's momentum) one linear
+               level (its mean, with the 0.05% largest kept exactly), exp_avg_sq 2 levels
+    e01mom1    the same at eps 0.01
 
 Outputs: JSON (``--out``, default ``benchmarks/results/fault.json``, written after every run),
 a markdown table (printed, and next to the JSON as ``.md``) and a plot (``--plot``, default
@@ -253,10 +251,9 @@ class InshrinkMethod(Method):
         if moment_bins is not None:  # the moments' fixed configuration, instead of the default
             from inshrink import QuantConfig
             from inshrink.search import SearchSpace
-            first, second = (moment_bins if isinstance(moment_bins, tuple)
-                             else (moment_bins, moment_bins))
-            kwargs["space"] = SearchSpace(exp_avg=QuantConfig(bins=first),
-                                          exp_avg_sq=QuantConfig(bins=second))
+            (b1, d1), (b2, d2) = moment_bins  # (levels, domain or None: the role's default)
+            kwargs["space"] = SearchSpace(exp_avg=QuantConfig(bins=b1, domain=d1),
+                                          exp_avg_sq=QuantConfig(bins=b2, domain=d2))
         if task.search_metric is not None:
             kwargs["metric"] = task.search_metric  # higher is better
         else:
@@ -336,11 +333,12 @@ RUNS = {
     "f20": dict(method="inshrink", epsilon=0.05, failures=20),
     "k2x": dict(method="inshrink", epsilon=0.05, failures=10, every_mult=2),
     "khalf": dict(method="inshrink", epsilon=0.05, failures=10, every_mult=0.5),
-    "mom2": dict(method="inshrink", epsilon=0.05, failures=10, moment_bins=2),
-    "mom1": dict(method="inshrink", epsilon=0.05, failures=10, moment_bins=(1, 2)),
-    "e01mom2": dict(method="inshrink", epsilon=0.01, failures=10, moment_bins=2),
-    "e01mom1": dict(method="inshrink", epsilon=0.01, failures=10, moment_bins=(1, 2)),
-    "e01mom11": dict(method="inshrink", epsilon=0.01, failures=10, moment_bins=(1, 1)),
+    "mom2": dict(method="inshrink", epsilon=0.05, failures=10,
+                 moment_bins=((2, None), (2, None))),
+    "mom1": dict(method="inshrink", epsilon=0.05, failures=10,
+                 moment_bins=((1, "linear"), (2, None))),
+    "e01mom1": dict(method="inshrink", epsilon=0.01, failures=10,
+                    moment_bins=((1, "linear"), (2, None))),
 }
 DEFAULT_RUNS = ["ref", "seed", "lossless", "fp16", "int8", "eps0.01", "eps0.05", "eps0.1",
                 "f5", "f20", "k2x", "khalf", "mom2"]

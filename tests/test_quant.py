@@ -110,6 +110,19 @@ def test_optimizer_moments_keep_sign_and_never_flush(tmp_path):
     assert np.all((v2[pos] == nearest.astype(np.float32)) | (v2[pos] == v[pos]))
 
 
+def test_one_level_for_signed_moments_is_their_mean(tmp_path):
+    """A single level cannot keep signs; it must not push every element one way."""
+    m = np.random.default_rng(2).normal(1e-5, 1e-3, 20000).astype(np.float32)
+    config = QuantConfig(bins=1, protect=0.0, domain="signed_log")
+    report, out, _ = save_load(tmp_path, {"optimizer.state.0.exp_avg": m},
+                               Policy({"exp_avg": config}))
+    m2 = out["optimizer.state.0.exp_avg"]
+    assert len(np.unique(m2)) == 1
+    assert abs(float(m2[0])) < 1e-4
+    # about the error of storing zeros (the linear fit weighs buckets by size, not only count)
+    assert report["optimizer.state.0.exp_avg"].error["rel_l2_error"] <= 1.01
+
+
 @pytest.mark.parametrize("value", [0.0, 1.5, -2.0])
 def test_constant_tensors(tmp_path, value):
     x = np.full((100, 100), value, np.float32)

@@ -377,6 +377,10 @@ def plan(sketch: Sketch, config: QuantConfig, dtype: DType, bins: int | None = N
         config = replace(config, bins=bins)
     if config.domain == "log" and sketch.neg.any():
         config = replace(config, domain="signed_log")
+    if config.domain != "linear" and config.bins == 1 and sketch.pos.any() and sketch.neg.any():
+        # one log-domain level keeps one sign only (every value pushed one way); the single
+        # linear level, a weighted mean, is the better single value for signed data
+        config = replace(config, domain="linear")
     lo, hi, prune_below, protect_at = _thresholds(sketch, config)
     centroids = _fit_centroids(sketch, lo, hi, config)
     rounded = centroids.astype(dtype.numpy).astype(np.float64)
