@@ -42,11 +42,15 @@ Runs (``--only`` takes these names, comma-separated; ``ref`` always runs first):
     eps0.05    inshrink eps 0.05, F=10      eps0.1    inshrink eps 0.1, F=10
     f5, f20    inshrink eps 0.05, F=5 / 20  k2x       inshrink eps 0.05, F=10, every 2K steps
     mom2       inshrink eps 0.05, F=10,     khalf     inshrink eps 0.05, F=10, every K/2 steps
-               optimizer moments 2 levels
+               both moments 2 levels        mom4      inshrink eps 0.05, F=10, both moments
+    v2         inshrink eps 0.05, F=10,               4 levels (the default before the first
+               exp_avg_sq 2 levels                    moment went to one level)
     none       none, F=10 (not in the default list)
-    mom1       inshrink eps 0.05, F=10, first moment (exp_avg, SGD's momentum) one linear
-               level (its mean, with the 0.05% largest kept exactly), exp_avg_sq 2 levels
-    e01mom1    the same at eps 0.01
+
+The ``inshrink`` runs use the search's default moment configurations unless they say otherwise:
+the first moment (Adam's ``exp_avg``, SGD's momentum) one linear level (its mean, the 0.05%
+largest entries kept exactly), ``exp_avg_sq`` 4 log-domain levels. ``--lm-beta2`` sets AdamW's
+beta2 for the lm task (default 0.95).
 
 Outputs: JSON (``--out``, default ``benchmarks/results/fault.json``, written after every run),
 a markdown table (printed, and next to the JSON as ``.md``) and a plot (``--plot``, default
@@ -335,13 +339,13 @@ RUNS = {
     "khalf": dict(method="inshrink", epsilon=0.05, failures=10, every_mult=0.5),
     "mom2": dict(method="inshrink", epsilon=0.05, failures=10,
                  moment_bins=((2, None), (2, None))),
-    "mom1": dict(method="inshrink", epsilon=0.05, failures=10,
-                 moment_bins=((1, "linear"), (2, None))),
-    "e01mom1": dict(method="inshrink", epsilon=0.01, failures=10,
-                    moment_bins=((1, "linear"), (2, None))),
+    "mom4": dict(method="inshrink", epsilon=0.05, failures=10,
+                 moment_bins=((4, None), (4, None))),
+    "v2": dict(method="inshrink", epsilon=0.05, failures=10,
+               moment_bins=((1, "linear"), (2, None))),
 }
 DEFAULT_RUNS = ["ref", "seed", "lossless", "fp16", "int8", "eps0.01", "eps0.05", "eps0.1",
-                "f5", "f20", "k2x", "khalf", "mom2"]
+                "f5", "f20", "k2x", "khalf", "mom4", "mom2", "v2"]
 QUICK_RUNS = ["ref", "seed", "lossless", "fp16", "int8", "eps0.05"]
 
 
@@ -676,6 +680,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--steps", help="override N: '600' or 'lm=600,cnn=2000'")
     ap.add_argument("--every", help="override K: '12' or 'lm=12,cnn=40'")
+    ap.add_argument("--lm-beta2", type=float, help="AdamW beta2 of the lm task (default 0.95)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default=common.tmp_root(),
                     help="where the series directories go (default /dev/shm)")
@@ -698,6 +703,8 @@ def main(argv=None) -> int:
     args.overrides = parse_overrides(args.steps, models, "steps")
     for m, v in parse_overrides(args.every, models, "ckpt_every").items():
         args.overrides[m].update(v)
+    if args.lm_beta2 is not None and "lm" in args.overrides:
+        args.overrides["lm"]["beta2"] = args.lm_beta2
     out = args.out or os.path.join(RESULTS, "fault_quick.json" if args.quick else "fault.json")
     plot_path = args.plot or (os.path.join(RESULTS, "fault_quick.png") if args.quick else
                               os.path.join(common.REPO_ROOT, "benchmarks",

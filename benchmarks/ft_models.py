@@ -4,7 +4,7 @@ Two tasks, each a real (small) training run on the CPU, single-threaded:
 
 * ``lm``: a byte-level transformer language model (``train.ByteLM``: 2 layers, d_model 128,
   4 heads, context 128, ~0.48 M parameters) on the Python standard library's source text
-  (``train.stdlib_corpus``, the first 6 MB), AdamW (betas 0.9/0.95, weight decay 0.1 on
+  (``train.stdlib_corpus``, the first 6 MB), AdamW (betas 0.9/0.95 unless ``beta2`` is set, weight decay 0.1 on
   matrices), warmup then cosine decay to 10 %, gradient clipping at 1.0. Quality: loss on
   held-out text (the last 150 KB of the 6 MB, 128 windows of 128 bytes, lower is better).
 * ``cnn``: a small CNN on scikit-learn's bundled ``load_digits`` (8x8 images, 10 classes):
@@ -86,6 +86,7 @@ class LMConfig:
     warmup: int = 30
     weight_decay: float = 0.1
     lr_min: float = 0.1
+    beta2: float = 0.95
     data_bytes: int = 6_000_000
     test_bytes: int = 150_000
     calib_bytes: int = 50_000
@@ -285,7 +286,7 @@ class LMTask(Task):
         no_decay = [p for p in model.parameters() if p.dim() < 2]
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                  {"params": no_decay, "weight_decay": 0.0}],
-                                lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+                                lr=cfg.lr, betas=(0.9, cfg.beta2), eps=1e-8)
         return model, opt
 
     def batch(self, step: int):
