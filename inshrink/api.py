@@ -28,7 +28,7 @@ def save(path: str | os.PathLike, tensors: Mapping[str, Any],
         User metadata, kept verbatim (compatible with safetensors' ``__metadata__``).
     policy : Policy, str or None
         Lossy compression: a :class:`inshrink.Policy`, or a preset name (``"balanced"``,
-        ``"aggressive"``; ``"lossless"``). ``None``: everything lossless.
+        ``"aggressive"``, ``"compact"``; ``"lossless"``). ``None``: everything lossless.
     importance : mapping of str to array-like, optional
         Per-element sensitivity scores (e.g. |gradient × weight|) for some tensors, used to
         protect (and prune, with ``prune_metric="sensitivity"``) quantized tensors.

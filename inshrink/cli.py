@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
         "lossy compression", "quantize weights and optimizer moments (small tensors, integers "
         "and steps stay exact); --lossy alone means --preset balanced")
     lossy.add_argument("--lossy", action="store_true", help="quantize (default preset)")
-    lossy.add_argument("--preset", choices=["balanced", "aggressive", "lossless"],
+    lossy.add_argument("--preset", choices=["balanced", "aggressive", "compact", "lossless"],
                        help="a named policy (implies --lossy)")
     lossy.add_argument("--bins", type=int, help="quantization levels per tensor (k)")
     lossy.add_argument("--prune", type=float, help="fraction of smallest values set to 0")

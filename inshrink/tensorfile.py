@@ -131,7 +131,7 @@ class Writer:
         Called with the number of tensor bytes each time a chunk is written.
     policy : Policy, str or None
         Which tensors are quantized and how (:mod:`inshrink.policy`): a :class:`Policy`, a
-        preset name (``"lossless"``, ``"balanced"``, ``"aggressive"``) or ``None``
+        preset name (``"lossless"``, ``"balanced"``, ``"aggressive"``, ``"compact"``) or ``None``
         (lossless, the default).
     base : mapping of str to numpy.ndarray, optional
         The tensors of the previous checkpoint exactly as a reader decodes them; a lossless

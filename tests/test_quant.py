@@ -149,6 +149,20 @@ def test_small_and_exact_tensors_stay_lossless(tmp_path):
     assert not report["w.weight"].lossless
 
 
+def test_compact_preset_keeps_moment_signs_in_two_levels(tmp_path):
+    rng = np.random.default_rng(4)
+    m = (rng.standard_normal((128, 64)) * 1e-3).astype(np.float32)
+    v = rng.lognormal(-14, 2, (128, 64)).astype(np.float32)
+    tensors = {"w.weight": weights(), "optimizer.state.0.exp_avg": m,
+               "optimizer.state.0.exp_avg_sq": v}
+    report, out, _ = save_load(tmp_path, tensors, "compact")
+    for name, x in (("optimizer.state.0.exp_avg", m), ("optimizer.state.0.exp_avg_sq", v)):
+        exact = out[name] == x  # the protected 0.05%
+        assert len(np.unique(out[name][~exact])) <= 2
+        assert np.all(np.sign(out[name]) == np.sign(x))
+    assert len(np.unique(out["w.weight"])) <= 16 + np.ceil(0.0005 * out["w.weight"].size)
+
+
 def test_override_can_quantize_a_small_tensor(tmp_path):
     policy = Policy({"weight": QuantConfig(bins=8)}, overrides={"*.bias": QuantConfig(bins=4)})
     report, out, _ = save_load(tmp_path, {"a.bias": weights((300,))}, policy)
