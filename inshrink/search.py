@@ -564,6 +564,11 @@ class Search:
                 why.append(f"switched prune metric to {other}")
         top = space.top()
         ranges = [range(s, min(s + NEIGHBOURHOOD, t) + 1) for s, t in zip(start, top)]
+        corner = tuple(r[-1] for r in ranges)
+        if current is not None and not current["feasible"] and corner != start:
+            # the neighbourhood's most precise point first: if it fails, so does every other
+            # neighbour (monotonicity), and one evaluation sends us to the fallback
+            ev.evaluate(corner, metric, "neighbourhood")
         candidates = sorted(itertools.product(*ranges), key=ev.expected_bits)
         for point in candidates:
             if ev.known(point, metric) is False:

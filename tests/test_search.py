@@ -123,6 +123,19 @@ def test_guided_search_uses_few_evaluations(synthetic_encoding):
     assert result.report["evaluations_used"] <= 40  # of 810 configurations
 
 
+def test_infeasible_neighbourhood_costs_one_corner_evaluation(synthetic_encoding):
+    start = (1, 0, 1, 0)
+    oracle = Synthetic({"magnitude": [(5, 2, 4, 1)], "sensitivity": []})  # far above it
+    search = Search(epsilon=0.05, max_evals=10_000)
+    search.previous = SPACE.choice(start, "magnitude")
+    result = search.choose(STATE, oracle.quality)
+    near = [e for e in result.report["evaluations"] if e["phase"] == "neighbourhood"]
+    assert len(near) == 2  # the previous choice, then the neighbourhood's most precise corner
+    assert result.report["mode"] == "fallback"
+    assert expected_bits(SPACE.point(result.choice)) == optimum(oracle, ("magnitude",),
+                                                                above=start)
+
+
 @SYNTHETIC
 @given(generators, points)
 def test_neighbourhood_never_more_aggressive(synthetic_encoding, gen, start):
