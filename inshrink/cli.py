@@ -193,10 +193,11 @@ def cmd_decompress(args) -> int:
 def cmd_info(args) -> int:
     from .tensorfile import File
     with File(args.input, threads=1) as f:
-        infos, metadata = f.infos(), f.metadata
+        infos, metadata, version = f.infos(), f.metadata, f.format_version
     total, stored = sum(i.nbytes for i in infos), sum(i.stored_bytes for i in infos)
     if args.json:
         print(json.dumps({"path": args.input, "file_bytes": os.path.getsize(args.input),
+                          "format_version": version,
                           "metadata": metadata, "tensor_bytes": total, "stored_bytes": stored,
                           "tensors": [dict(name=i.name, dtype=i.dtype, shape=list(i.shape),
                                            codec=i.codec, nbytes=i.nbytes,
@@ -220,7 +221,8 @@ def cmd_info(args) -> int:
         print(row)
     ratio = total / stored if stored else float("inf")
     print(f"{len(infos)} tensors, {total:,} bytes -> {stored:,} stored ({ratio:.3f}x); "
-          f"file {os.path.getsize(args.input):,} bytes; metadata keys: {len(metadata)}")
+          f"file {os.path.getsize(args.input):,} bytes; metadata keys: {len(metadata)}; "
+          f"format {version}")
     _print_search(metadata)
     return EXIT_OK
 

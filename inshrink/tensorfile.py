@@ -425,6 +425,13 @@ class File:
         return self._reader.path
 
     @property
+    def format_version(self) -> str:
+        """The format version in the file's header, e.g. ``"1.3"``: the lowest version
+        whose features the file uses (a reader of that version or later can read it)."""
+        major, minor = self._reader.version
+        return f"{major}.{minor}"
+
+    @property
     def metadata(self) -> dict[str, str]:
         """The user metadata map (a copy)."""
         return dict(self._reader.index.metadata)

@@ -48,6 +48,8 @@ def test_json_outputs(model):
     assert summary["output"] == "m.ink" and summary["input_bytes"] > summary["output_bytes"]
     info = json.loads(run("info", "m.ink", "--json", cwd=model).stdout)
     assert {t["name"] for t in info["tensors"]} == {"b", "w"}
+    assert info["format_version"] == "1.0"  # lossless, plain index: nothing newer needed
+    assert "format 1.0" in run("info", "m.ink", cwd=model).stdout
     assert info["metadata"] == {"format": "np"}
     assert json.loads(run("verify", "m.ink", "--json", cwd=model).stdout)[0]["ok"] is True
 

@@ -196,11 +196,14 @@ def test_large_index_is_stored_compressed_and_small_one_plain(tmp_path):
         assert_bit_exact(many[name], back[name])
     with inshrink.open(tmp_path / "many.ink") as f:
         assert f.metadata == {"note": "x" * 5000}
+        assert f.format_version == "1.3"
     # The index is what a compressed index saves: far below the JSON's length.
     assert (tmp_path / "many.ink").stat().st_size < 60 * 4 * 64 + 4000
 
     inshrink.save(tmp_path / "one.ink", {"x": np.ones(3, np.float32)})
     assert _header_version_and_features(tmp_path / "one.ink") == (1, 0, 0)
+    with inshrink.open(tmp_path / "one.ink") as f:
+        assert f.format_version == "1.0"
 
 
 @settings(max_examples=25, deadline=None)

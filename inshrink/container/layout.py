@@ -61,6 +61,11 @@ def pack_header(minor: int = 0, optional_features: int = 0, required_features: i
 def check_header(data: bytes) -> int:
     """Validate the fixed header (raising the typed error that names the first problem);
     return its required feature bits."""
+    return read_header(data)[1]
+
+
+def read_header(data: bytes) -> tuple[tuple[int, int], int]:
+    """Validate the fixed header; return ((major, minor), required feature bits)."""
     if len(data) < HEADER_SIZE:
         raise TruncatedError(f"file is {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header")
     magic, major, minor, size, required, _optional, reserved, crc = _HEADER.unpack(data[:HEADER_SIZE])
@@ -77,7 +82,7 @@ def check_header(data: bytes) -> int:
     unknown = required & ~KNOWN_REQUIRED_FEATURES
     if unknown:
         raise UnsupportedFeatureError(f"file requires unknown feature bits {unknown:#x}")
-    return required
+    return (major, minor), required
 
 
 def pack_record_header(kind: int, payload, payload_crc: int | None = None) -> bytes:

@@ -53,7 +53,7 @@ class ContainerReader:
             if not layout.MAGIC.startswith(head[:len(layout.MAGIC)]):
                 raise CorruptError(f"{self.path}: not an .ink file (bad magic)")
             raise TruncatedError(f"{self.path}: {self.size} bytes is too short for an .ink file")
-        required = layout.check_header(self._pread(layout.HEADER_SIZE, 0))
+        self.version, required = layout.read_header(self._pread(layout.HEADER_SIZE, 0))
         index_offset, length, index_crc = layout.parse_tail(
             self._pread(layout.TAIL_SIZE, self.size - layout.TAIL_SIZE))
         if length > layout.MAX_INDEX_BYTES:
