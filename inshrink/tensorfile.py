@@ -261,6 +261,8 @@ class Writer:
         if stage.word == 1 or entry.chunk_count != 1 or nbytes > TINY_TENSOR_BYTES:
             return stage
         raw = np.frombuffer(read(0, nbytes), np.uint8)
+        if raw.size != nbytes:  # a short source: _encode reports it with a typed error
+            return stage
         one = lossless.ByteGroup(1, False)
         cost = [sum(_record_bytes(len(memoryview(payload))) for _, payload, _ in
                     _encode_lossless(raw, 0, entry.numel, stage=s, level=self._level)[0])

@@ -247,3 +247,15 @@ def test_tiny_bias_is_one_record(tmp_path):
     assert entry.codec == [{"id": "bytegroup", "word": 1, "rotate": False}]
     assert len(entry.streams) == 1
     assert_bit_exact(norm, inshrink.load(tmp_path / "n.ink")["ln.weight"])
+
+
+@pytest.mark.parametrize("numel", [16, 5000])  # tiny (layout chosen by trial) and larger
+def test_short_source_is_a_typed_error(tmp_path, numel):
+    from inshrink import dtypes
+    data = np.arange(numel, dtype=np.float32).tobytes()
+    with inshrink.Writer(tmp_path / "s.ink") as w:
+        with pytest.raises(inshrink.errors.InvalidArgumentError, match="source returned"):
+            w.add_source("x", dtypes.of_numpy(np.dtype(np.float32)), (numel,),
+                         lambda a, b: data[a:b][:-4])
+            w.close()
+        w.abort()

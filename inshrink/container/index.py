@@ -108,7 +108,7 @@ def pack_index(payload: bytes) -> bytes | None:
 
 def unpack_index(frame: bytes) -> bytes:
     """Decompress a ``zindex`` payload after checking that its frame declares a size within
-    the index limit; typed errors for anything else (spec rules I-1a/I-1b)."""
+    the index limit; typed errors for anything else (spec rules I-0a, I-0b)."""
     try:
         size = zstandard.get_frame_parameters(frame).content_size
     except zstandard.ZstdError as exc:
