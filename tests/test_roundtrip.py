@@ -259,3 +259,23 @@ def test_short_source_is_a_typed_error(tmp_path, numel):
                          lambda a, b: data[a:b][:-4])
             w.close()
         w.abort()
+
+
+def test_compressed_index_frames_are_validated():
+    import json as _json
+
+    import zstandard
+
+    from inshrink.container.index import unpack_index
+    from inshrink.errors import CorruptError, LimitExceededError
+    text = _json.dumps({"tensors": [], "metadata": {"a": "b" * 2000}}).encode()
+    good = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(text)
+    assert unpack_index(good) == text
+    bad_checksum = good[:-1] + bytes([good[-1] ^ 1])
+    no_size = zstandard.ZstdCompressor(write_content_size=False).compress(text)
+    for frame in (bad_checksum, good + b"JUNK", no_size, b"", b"not a frame", good[:10]):
+        with pytest.raises(CorruptError):
+            unpack_index(frame)
+    huge = zstandard.ZstdCompressor(write_content_size=True).compress(bytes((64 << 20) + 1))
+    with pytest.raises(LimitExceededError):
+        unpack_index(huge)
