@@ -180,12 +180,17 @@ def test_resumed_training_is_bit_identical(tmp_path):
                       state_to_numpy(resumed, resumed_optimizer)[0])
 
 
-def test_model_only_and_optimizer_only():
+def trained_state():
+    """A model and optimizer after one step, and a copy of their state as numpy."""
     model = mlp()
     optimizer = adamw(model)
     train(model, optimizer, 1)
     state, meta = state_to_numpy(model, optimizer)
-    state = {k: v.copy() for k, v in state.items()}
+    return model, optimizer, {k: v.copy() for k, v in state.items()}, meta
+
+
+def test_model_only_and_optimizer_only():
+    model, optimizer, state, meta = trained_state()
     other = mlp(seed=2)
     load_state(state, meta, model=other)
     assert torch.equal(other[0].weight, model[0].weight)
@@ -196,11 +201,7 @@ def test_model_only_and_optimizer_only():
 
 
 def test_load_errors_name_the_problem():
-    model = mlp()
-    optimizer = adamw(model)
-    train(model, optimizer, 1)
-    state, meta = state_to_numpy(model, optimizer)
-    state = {k: v.copy() for k, v in state.items()}
+    model, optimizer, state, meta = trained_state()
 
     missing = {k: v for k, v in state.items() if k != "model.0.bias"}
     with pytest.raises(errors.InvalidArgumentError, match=r"missing model\.0\.bias"):

@@ -58,14 +58,9 @@ def pack_header(minor: int = 0, optional_features: int = 0, required_features: i
     return body + struct.pack("<I", crc32(body))
 
 
-def check_header(data: bytes) -> int:
-    """Validate the fixed header (raising the typed error that names the first problem);
-    return its required feature bits."""
-    return read_header(data)[1]
-
-
 def read_header(data: bytes) -> tuple[tuple[int, int], int]:
-    """Validate the fixed header; return ((major, minor), required feature bits)."""
+    """Validate the fixed header (raising the typed error that names the first problem);
+    return ((major, minor), required feature bits)."""
     if len(data) < HEADER_SIZE:
         raise TruncatedError(f"file is {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header")
     magic, major, minor, size, required, _optional, reserved, crc = _HEADER.unpack(data[:HEADER_SIZE])

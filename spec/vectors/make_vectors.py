@@ -183,14 +183,14 @@ def write_custom(path: Path, specs: list[tuple[str, np.ndarray, lossless.ByteGro
 # --------------------------------------------------------------------------------------------
 
 HEADER = struct.Struct("<8sHHIQQ28sI")  # the 64-byte header, as in layout.py
+HEADER_FIELDS = ["magic", "major", "minor", "size", "required", "optional", "reserved", "crc"]
 
 
 def patch_header(data: bytes, *, fix_crc: bool = True, **fields) -> bytes:
     """Change header fields (magic, major, minor, size, required, optional, reserved, crc)."""
-    names = ["magic", "major", "minor", "size", "required", "optional", "reserved", "crc"]
-    values = dict(zip(names, HEADER.unpack(data[:layout.HEADER_SIZE])))
+    values = dict(zip(HEADER_FIELDS, HEADER.unpack(data[:layout.HEADER_SIZE])))
     values.update(fields)
-    head = HEADER.pack(*(values[n] for n in names))
+    head = HEADER.pack(*(values[n] for n in HEADER_FIELDS))
     if fix_crc:
         head = head[:60] + struct.pack("<I", layout.crc32(head[:60]))
     return head + data[layout.HEADER_SIZE:]
@@ -215,8 +215,7 @@ def dump_index(doc: dict) -> bytes:
 
 
 def header_field(data: bytes, name: str) -> int:
-    names = ["magic", "major", "minor", "size", "required", "optional", "reserved", "crc"]
-    return dict(zip(names, HEADER.unpack(data[:layout.HEADER_SIZE])))[name]
+    return dict(zip(HEADER_FIELDS, HEADER.unpack(data[:layout.HEADER_SIZE])))[name]
 
 
 def index_is_compressed(data: bytes) -> bool:
