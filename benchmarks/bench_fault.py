@@ -246,23 +246,28 @@ class InshrinkMethod(Method):
     name = "inshrink"
 
     def __init__(self, task, workdir, epsilon: float, keyframe_every=10, max_evals=24,
-                 moment_bins: int | None = None):
+                 moment_bins: tuple | None = None, space: dict | None = None,
+                 checkpointer: dict | None = None):
         super().__init__(task, workdir)
         from inshrink.torch import Checkpointer
         self.dir = os.path.join(workdir, "inshrink")
         kwargs = dict(eval_batches=task.calib_batches, epsilon=epsilon,
                       keyframe_every=keyframe_every, max_evals=max_evals, threads=1)
+        space = dict(space or {})  # SearchSpace fields that differ from the default
         if moment_bins is not None:  # the moments' fixed configuration, instead of the default
             from inshrink import QuantConfig
-            from inshrink.search import SearchSpace
             (b1, d1), (b2, d2) = moment_bins  # (levels, domain or None: the role's default)
-            kwargs["space"] = SearchSpace(exp_avg=QuantConfig(bins=b1, domain=d1),
-                                          exp_avg_sq=QuantConfig(bins=b2, domain=d2))
+            space.update(exp_avg=QuantConfig(bins=b1, domain=d1),
+                         exp_avg_sq=QuantConfig(bins=b2, domain=d2))
+        if space:
+            from inshrink.search import SearchSpace
+            kwargs["space"] = SearchSpace(**space)
         if task.search_metric is not None:
             kwargs["metric"] = task.search_metric  # higher is better
         else:
             kwargs["loss_fn"] = task.loss_fn
-        self.ck = Checkpointer(self.dir, self.model, self.optimizer, **kwargs)
+        self.ck = Checkpointer(self.dir, self.model, self.optimizer, **kwargs,
+                               **(checkpointer or {}))
         self.epsilon = epsilon
         self.log = []
 
@@ -298,7 +303,8 @@ def _search_summary(step: int, info) -> dict:
         out.update(mode=rep.get("mode"), chosen=rep.get("chosen"),
                    evaluations=rep.get("evaluations_used"), cap_reached=rep.get("cap_reached"),
                    baseline=rep.get("baseline"), drop=chosen.get("drop"),
-                   weights_ratio=chosen.get("ratio"), search_seconds=rep.get("seconds"))
+                   weights_ratio=chosen.get("ratio"), search_seconds=rep.get("seconds"),
+                   allocation=rep.get("allocation"))
     return _jsonable(out)
 
 
@@ -343,9 +349,13 @@ RUNS = {
                  moment_bins=((4, None), (4, None))),
     "v2": dict(method="inshrink", epsilon=0.05, failures=10,
                moment_bins=((1, "linear"), (2, None))),
+    "alloc": dict(method="inshrink", epsilon=0.05, failures=10,
+                  space=dict(per_tensor_bins=True)),
+    "lreps": dict(method="inshrink", epsilon=0.05, failures=10,
+                  checkpointer=dict(epsilon_follows_lr=True)),
 }
 DEFAULT_RUNS = ["ref", "seed", "lossless", "fp16", "int8", "eps0.01", "eps0.05", "eps0.1",
-                "f5", "f20", "k2x", "khalf", "mom4", "mom2", "v2"]
+                "f5", "f20", "k2x", "khalf", "mom4", "mom2", "v2", "alloc", "lreps"]
 QUICK_RUNS = ["ref", "seed", "lossless", "fp16", "int8", "eps0.05"]
 
 
@@ -373,7 +383,8 @@ def make_method(spec: dict, task: fm.Task, workdir: str) -> Method:
         return CastMethod(task, workdir, m)
     if m == "inshrink":
         return InshrinkMethod(task, workdir, spec["epsilon"],
-                              moment_bins=spec.get("moment_bins"))
+                              moment_bins=spec.get("moment_bins"), space=spec.get("space"),
+                              checkpointer=spec.get("checkpointer"))
     raise ValueError(m)
 
 

@@ -127,10 +127,14 @@ class Policy:
     overrides : mapping of glob pattern to QuantConfig, None or a role name
         Checked in order before the role: the first pattern that matches a tensor name
         decides (a role name re-assigns the tensor to that role's config).
+    tensors : mapping of exact tensor name to QuantConfig
+        Checked before the overrides: per-tensor configurations (e.g. the bins the search
+        allocates to each tensor); the tensor keeps its role.
     """
 
     roles: Mapping[str, QuantConfig | None] = field(default_factory=dict)
     overrides: Mapping[str, QuantConfig | str | None] = field(default_factory=dict)
+    tensors: Mapping[str, QuantConfig] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for role, cfg in self.roles.items():
@@ -142,6 +146,9 @@ class Policy:
             if not (value is None or isinstance(value, QuantConfig) or value in ROLES):
                 raise InvalidArgumentError(f"override {pattern!r}: expected a QuantConfig, "
                                            f"None or a role name")
+        for name, value in self.tensors.items():
+            if not isinstance(value, QuantConfig):
+                raise InvalidArgumentError(f"tensor {name!r}: expected a QuantConfig")
 
     @classmethod
     def uniform(cls, config: QuantConfig) -> "Policy":
@@ -156,13 +163,16 @@ class Policy:
         """
         role = role_of(name, dtype, shape)
         config = None if role in ("small", "exact") else self.roles.get(role)
-        for pattern, value in self.overrides.items():
-            if fnmatch.fnmatchcase(name, pattern):
-                if isinstance(value, str):
-                    role, config = value, self.roles.get(value)
-                else:
-                    config = value
-                break
+        if name in self.tensors:
+            config = self.tensors[name]
+        else:
+            for pattern, value in self.overrides.items():
+                if fnmatch.fnmatchcase(name, pattern):
+                    if isinstance(value, str):
+                        role, config = value, self.roles.get(value)
+                    else:
+                        config = value
+                    break
         if config is None or dtype not in LOSSY_DTYPES:
             return role, None
         if config.domain is None:

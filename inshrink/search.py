@@ -29,14 +29,14 @@ import math
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from . import dtypes
 from .errors import InvalidArgumentError
-from .policy import MAX_BINS, PRUNE_METRICS, Policy, QuantConfig, role_of
+from .policy import LOSSY_DTYPES, MAX_BINS, PRUNE_METRICS, Policy, QuantConfig, role_of
 
 Quality = Callable[[dict[str, np.ndarray]], float]
 Point = tuple[int, ...]  # indices on the axes, higher = more precise
@@ -48,6 +48,8 @@ SAMPLE = 16_384
 """Elements per tensor encoded to estimate the size of a configuration."""
 SIGNIFICANT = 0.25
 """The other prune metric is adopted when it lowers the quality drop by this share of ε."""
+MAX_SHIFT_BITS = 3.0
+"""Per-tensor allocation moves a tensor at most this many bits away from the base bins."""
 
 
 def _ascending(name: str, values: Any, check: Callable[[Any], bool]) -> tuple:
@@ -80,6 +82,10 @@ class SearchSpace:
         nothing (docs/decisions.md). ``exp_avg_sq`` gets 4 log-domain levels.
     proxy_rel_l2 : float
         Without a quality callback: the per-tensor relative L2 error bound of the weights.
+    per_tensor_bins : bool
+        With curvature given to :meth:`Search.choose`: spread the bins of a configuration
+        over the tensors by sensitivity (see :func:`allocation`); False: every weight tensor
+        gets the configuration's bins, as in the paper.
     """
 
     bins: tuple[int, ...] = (4, 6, 8, 12, 16, 32, 64, 128, 256)
@@ -90,6 +96,7 @@ class SearchSpace:
     exp_avg: QuantConfig | None = QuantConfig(bins=1, domain="linear")
     exp_avg_sq: QuantConfig | None = QuantConfig(bins=4)
     proxy_rel_l2: float = 0.01
+    per_tensor_bins: bool = False
 
     def __post_init__(self) -> None:
         is_bins = lambda b: type(b) is int and 2 <= b <= MAX_BINS  # noqa: E731
@@ -139,6 +146,55 @@ class SearchSpace:
         return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
 
 
+Shifts = Mapping[str, tuple[str, float]]
+"""Per searched tensor: (its role, bits above the configuration's bins; negative = below)."""
+
+ALLOCATION_SAMPLE = 1 << 20
+"""Elements per tensor (evenly strided) from which allocation estimates a tensor's spread."""
+
+
+def allocation(searched: Mapping[str, np.ndarray], roles: Mapping[str, str],
+               curvature: Mapping[str, np.ndarray]) -> dict[str, tuple[str, float]]:
+    """How many bits each tensor should get above or below a configuration's bins.
+
+    Quantizing tensor t with levels about ``sigma_t / bins_t`` apart raises the loss by about
+    ``1/2 * sum_i F_i * delta_i**2 ~ n_t * mean(F_t) * sigma_t**2 / bins_t**2``, with F the
+    curvature (an average of squared gradients: a diagonal Fisher estimate). For a given
+    number of bits the sum over tensors is smallest with ``bins_t`` proportional to
+    ``sqrt(mean(F_t)) * sigma_t``: each tensor gets log2 of that against the element-weighted
+    geometric mean of its role (weights and embeddings separately), within
+    ``MAX_SHIFT_BITS``. Tensors without curvature, or whose estimate is not finite, get 0;
+    a tensor with zero curvature (no gradient seen) gets the least.
+    """
+    groups: dict[str, list[tuple[str, int, float]]] = {}
+    for name, array in searched.items():
+        if name not in curvature or array.size == 0:
+            continue
+        flat = array.reshape(-1)
+        sample = flat[::max(1, flat.size // ALLOCATION_SAMPLE)].astype(np.float64)
+        with np.errstate(all="ignore"):
+            score = float(np.mean(curvature[name], dtype=np.float64)) * float(np.var(sample))
+        if math.isfinite(score) and score >= 0:
+            groups.setdefault(roles[name], []).append((name, array.size, score))
+    shifts = {}
+    for role, members in groups.items():
+        positive = [(size, score) for _, size, score in members if score > 0]
+        if not positive:
+            continue
+        reference = sum(size * math.log2(score) for size, score in positive) / \
+            sum(size for size, _ in positive)
+        for name, _, score in members:
+            bits = 0.5 * (math.log2(score) - reference) if score > 0 else -MAX_SHIFT_BITS
+            shifts[name] = (role, max(-MAX_SHIFT_BITS, min(MAX_SHIFT_BITS, bits)))
+    return shifts
+
+
+def _shifted(axis: tuple[int, ...], bins: int, bits: float) -> int:
+    """The value of ``axis`` nearest (in log2) to ``bins * 2**bits``; ties go up."""
+    target = math.log2(bins) + bits
+    return min(reversed(axis), key=lambda v: abs(math.log2(v) - target))
+
+
 @dataclass(frozen=True)
 class Choice:
     """One configuration of the cube: what the search returns and stores."""
@@ -149,12 +205,21 @@ class Choice:
     protect: float
     prune_metric: str = "magnitude"
 
-    def policy(self, space: SearchSpace) -> Policy:
-        """The policy that applies this choice (moments from the search space)."""
+    def policy(self, space: SearchSpace, shifts: Shifts | None = None) -> Policy:
+        """The policy that applies this choice (moments from the search space), with each
+        tensor of ``shifts`` (see :func:`allocation`) moved along its role's bins axis."""
         weight = QuantConfig(bins=self.bins, prune=self.prune, protect=self.protect,
                              prune_metric=self.prune_metric)
         embedding = QuantConfig(bins=self.embedding_bins, protect=self.protect)
-        return Policy({"weight": weight, "embedding": embedding, **space.moments()})
+        tensors = {}
+        for name, (role, bits) in (shifts or {}).items():
+            base, axis = (weight, space.bins) if role == "weight" else \
+                (embedding, space.embedding_bins)
+            bins = _shifted(axis, base.bins, bits)
+            if bins != base.bins:
+                tensors[name] = replace(base, bins=bins)
+        return Policy({"weight": weight, "embedding": embedding, **space.moments()},
+                      tensors=tensors)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -198,10 +263,10 @@ class _Evaluator:
 
     def __init__(self, search: "Search", tensors: dict[str, np.ndarray],
                  searched: dict[str, np.ndarray], quality: Quality,
-                 importance: dict[str, Any], workdir: str) -> None:
+                 importance: dict[str, Any], shifts: Shifts, workdir: str) -> None:
         self.search, self.space = search, search.space
         self.tensors, self.searched, self.quality = tensors, searched, quality
-        self.importance, self.workdir = importance, workdir
+        self.importance, self.shifts, self.workdir = importance, shifts, workdir
         self.results: dict[tuple[Point, str], dict] = {}
         self.log: list[dict] = []
         self.budget = search.max_evals  # a phase may lower it to share the cap
@@ -322,7 +387,7 @@ class _Evaluator:
     def _roundtrip(self, choice: Choice) -> tuple[dict[str, np.ndarray], int]:
         from .api import load, save  # the search sits above the codec
         path = os.path.join(self.workdir, "candidate.ink")
-        infos = save(path, self.searched, policy=choice.policy(self.space),
+        infos = save(path, self.searched, policy=choice.policy(self.space, self.shifts),
                      importance=self.importance, threads=self.search.threads)
         decoded = load(path, threads=self.search.threads)
         os.unlink(path)
@@ -413,7 +478,8 @@ class Search:
         return Policy({"weight": weight, "embedding": embedding, **space.moments()})
 
     def choose(self, tensors: Mapping[str, Any], quality: Quality | None,
-               importance: Mapping[str, Any] | None = None) -> SearchResult:
+               importance: Mapping[str, Any] | None = None,
+               curvature: Mapping[str, Any] | None = None) -> SearchResult:
         """Choose the configuration for one checkpoint.
 
         Parameters
@@ -425,6 +491,12 @@ class Search:
             by their decoded versions. None: proxy mode (per-tensor error bounds).
         importance : mapping of str to array-like, optional
             Sensitivity scores (|g·w|) per tensor; enables the "sensitivity" prune metric.
+        curvature : mapping of str to array-like, optional
+            Per tensor, an average of squared gradients (e.g. over the last steps, or Adam's
+            ``exp_avg_sq`` of that parameter), each of its tensor's shape: with
+            ``space.per_tensor_bins``, sensitive tensors get more bins than the
+            configuration's and insensitive ones fewer (:func:`allocation`). Tensors left out
+            keep the configuration's bins.
 
         Returns
         -------
@@ -449,6 +521,7 @@ class Search:
         searched = {name: a for name, a in arrays.items()
                     if role_of(name, dtypes.of_numpy(a.dtype).name, a.shape) in SEARCHED_ROLES}
         importance = {name: v for name, v in (importance or {}).items() if name in searched}
+        shifts = self._shifts(searched, curvature)
         metrics = [m for m in self.space.prune_metrics
                    if m == "magnitude" or importance]
         report: dict[str, Any] = {"epsilon": self.epsilon,
@@ -460,7 +533,7 @@ class Search:
             choice = None
         else:
             with tempfile.TemporaryDirectory(prefix="inshrink-search-") as workdir:
-                ev = _Evaluator(self, arrays, searched, quality, importance, workdir)
+                ev = _Evaluator(self, arrays, searched, quality, importance, shifts, workdir)
                 if not metrics:
                     report.update(mode="none", reason="no usable prune metric")
                     choice = None
@@ -479,12 +552,36 @@ class Search:
                 report["chosen_result"] = None if choice is None else \
                     ev.results[(self.space.point(choice), choice.prune_metric)]
         report["chosen"] = choice.to_dict() if choice else None
+        policy = choice.policy(self.space, shifts) if choice else \
+            Policy(dict(self.space.moments()))  # weights lossless, moments as configured
+        report["shift_bits"] = {name: round(bits, 3) for name, (_, bits) in shifts.items()}
+        report["allocation"] = {name: c.bins for name, c in policy.tensors.items()}
         report["seconds"] = time.perf_counter() - started
         if choice is not None:
             self.previous = choice
-        policy = choice.policy(self.space) if choice else \
-            Policy(dict(self.space.moments()))  # weights lossless, moments as configured
         return SearchResult(policy, choice, report)
+
+    def _shifts(self, searched: dict[str, np.ndarray],
+                curvature: Mapping[str, Any] | None) -> dict[str, tuple[str, float]]:
+        """The per-tensor allocation (empty without curvature or when switched off)."""
+        if curvature is None or not self.space.per_tensor_bins:
+            return {}
+        if not isinstance(curvature, Mapping):
+            raise InvalidArgumentError("curvature must be a mapping of names to arrays")
+        arrays = {}
+        for name, value in curvature.items():
+            if name not in searched:
+                continue
+            array = dtypes.as_numpy(value)
+            if array.shape != searched[name].shape or \
+                    dtypes.of_numpy(array.dtype).name not in LOSSY_DTYPES:
+                raise InvalidArgumentError(
+                    f"curvature of {name!r}: expected a float array of shape "
+                    f"{searched[name].shape}, got {array.dtype} {array.shape}")
+            arrays[name] = array
+        roles = {name: role_of(name, dtypes.of_numpy(a.dtype).name, a.shape)
+                 for name, a in searched.items()}
+        return allocation(searched, roles, arrays)
 
     # -- the two searches ------------------------------------------------------------------
 

@@ -189,15 +189,16 @@ class Series:
              metadata: Mapping[str, str] | None = None,
              importance: Mapping[str, Any] | None = None,
              policy: Policy | str | None = None,
-             quality: Callable[[dict[str, np.ndarray]], float] | None = None
-             ) -> list[TensorInfo]:
+             quality: Callable[[dict[str, np.ndarray]], float] | None = None,
+             curvature: Mapping[str, Any] | None = None) -> list[TensorInfo]:
         """Add checkpoint ``step`` (greater than every saved step); return its tensor report.
 
         ``policy`` replaces the series' policy for this checkpoint only; deltas work across
         checkpoints of different policies. ``quality`` (``quality(state) -> float``, see
         :meth:`inshrink.search.Search.choose`) runs the configuration search instead: the
         chosen policy is used, the search report is stored in the checkpoint's metadata under
-        ``"inshrink.search"`` and kept in :attr:`last_search`.
+        ``"inshrink.search"`` and kept in :attr:`last_search`; ``curvature`` goes to the
+        search (per-tensor bins, :meth:`inshrink.search.Search.choose`).
         """
         if type(step) is not int or step < 0:
             raise InvalidArgumentError("step must be a non-negative integer")
@@ -211,7 +212,7 @@ class Series:
         metadata = dict(metadata or {})
         arrays = {key: as_numpy(value) for key, value in tensors.items()}
         if quality is not None:
-            result = self._search().choose(arrays, quality, importance)
+            result = self._search().choose(arrays, quality, importance, curvature)
             policy, self.last_search = result.policy, result
             metadata[SEARCH_KEY] = json.dumps(result.report)
         with Writer(path, metadata, threads=self.threads, policy=policy,

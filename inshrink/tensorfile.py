@@ -176,7 +176,8 @@ class Writer:
         self._progress = progress
         self._names: set[str] = set()
         self._lossy: dict[str, LossyTensor] = {}
-        self._reports = bool(self._policy.roles or self._policy.overrides)
+        policy = self._policy
+        self._reports = bool(policy.roles or policy.overrides or policy.tensors)
         self._pending: collections.deque = collections.deque()
         self.safetensors_header: str | None = None
         self._container = ContainerWriter(path)

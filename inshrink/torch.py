@@ -18,6 +18,7 @@ __all__ = ["Checkpointer", "GradientEMA", "quality_from", "state_to_numpy", "loa
 import contextlib
 import functools
 import json
+import math
 import os
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -38,6 +39,10 @@ OPTIMIZER = "optimizer."
 STATE = "optimizer.state."
 GROUPS = "optimizer.param_groups."
 OPTIMIZER_METADATA = "inshrink.torch.optimizer"
+PEAK_LR_METADATA = "inshrink.torch.peak_lr"
+EPSILON_FLOOR = 0.1
+"""With ``epsilon_follows_lr``, the bound never falls below this share of ``epsilon`` (a
+schedule that decays to zero would otherwise demand lossless weights at its end)."""
 _FORMAT = 1
 
 # JSON cannot tell a tuple from a list, nor hold a tensor: such values become tagged objects
@@ -303,10 +308,12 @@ def load_state(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | 
 # -- gradient capture ----------------------------------------------------------------------
 
 class GradientEMA:
-    """An exponential moving average of each parameter's gradient, for importance scores.
+    """An exponential moving average of each parameter's gradient, for importance scores
+    (|g·w|), and optionally of its square, for curvature (the search's per-tensor bins).
 
     ``EMA_t = beta * g_t + (1 - beta) * EMA_{t-1}`` (``EMA_0 = 0``; ``beta`` weights the
-    newest gradient), kept on the CPU in float32: one extra fp32 copy of the parameters.
+    newest gradient), the same for ``g_t**2`` with ``squares``, kept on the CPU in float32:
+    one extra fp32 copy of the parameters (two with ``squares``).
 
     Parameters
     ----------
@@ -325,10 +332,13 @@ class GradientEMA:
         With ``auto``: capture only the last ``window`` backward passes before the next
         checkpoint, expected ``interval`` passes after :meth:`start_interval` (the paper
         records ~50 batches before each checkpoint). None: every pass.
+    squares : bool
+        Also average the squared gradients (:meth:`curvature`).
     """
 
     def __init__(self, model: torch.nn.Module, beta: float = 0.9, *, auto: bool = True,
-                 active: bool = True, window: int | None = None) -> None:
+                 active: bool = True, window: int | None = None,
+                 squares: bool = False) -> None:
         if not (isinstance(beta, (int, float)) and 0 < beta <= 1):
             raise InvalidArgumentError("beta must be in (0, 1]")
         if window is not None and (type(window) is not int or window < 1):
@@ -336,6 +346,7 @@ class GradientEMA:
         self.beta = float(beta)
         self.active = active
         self.window = window
+        self.squares = bool(squares)
         self.interval: int | None = None  # passes between checkpoints, once known
         self.passes = 0  # backward passes since start_interval, captured or not
         self._params: dict[str, torch.nn.Parameter] = {}
@@ -348,6 +359,7 @@ class GradientEMA:
             self._aliases.setdefault(key, []).append(name)
             self._params[key] = param
         self._ema: dict[str, torch.Tensor] = {}
+        self._ema_sq: dict[str, torch.Tensor] = {}
         self._counts: dict[str, int] = {}
         self._counter = next(iter(self._params), None)
         self._handles = [param.register_post_accumulate_grad_hook(
@@ -389,6 +401,11 @@ class GradientEMA:
         if ema is None:
             ema = self._ema[name] = torch.zeros(grad.shape, dtype=torch.float32)
         ema.mul_(1 - self.beta).add_(grad, alpha=self.beta)
+        if self.squares:
+            ema_sq = self._ema_sq.get(name)
+            if ema_sq is None:
+                ema_sq = self._ema_sq[name] = torch.zeros(grad.shape, dtype=torch.float32)
+            ema_sq.mul_(1 - self.beta).addcmul_(grad, grad, value=self.beta)
         self._counts[name] = self._counts.get(name, 0) + 1
 
     def update(self) -> None:
@@ -410,9 +427,16 @@ class GradientEMA:
                 scores[MODEL + alias] = score
         return scores
 
+    def curvature(self) -> dict[str, np.ndarray]:
+        """The average of squared gradients (a diagonal Fisher estimate) per parameter seen,
+        under ``model.<name>`` (fp32 copies); empty without ``squares``."""
+        return {MODEL + alias: ema_sq.numpy().copy()
+                for name, ema_sq in self._ema_sq.items() for alias in self._aliases[name]}
+
     def reset(self) -> None:
         """Forget every gradient seen."""
         self._ema.clear()
+        self._ema_sq.clear()
         self._counts.clear()
 
     def remove(self) -> None:
@@ -542,12 +566,19 @@ class Checkpointer:
         See :class:`inshrink.Series`.
     grad_ema : bool
         Capture a gradient EMA (:class:`GradientEMA`, attribute ``ema``) for importance
-        scores that protect the most sensitive weights.
+        scores that protect the most sensitive weights; with ``space.per_tensor_bins``, also
+        of squared gradients, the curvature by which the search gives sensitive tensors more
+        bins than insensitive ones.
     ema_beta : float
         Weight of the newest gradient in that average.
     ema_window : int or None
         Capture gradients only in the last this many steps before each checkpoint (the
         interval is learned from the steps of the last two saves); None: every step.
+    epsilon_follows_lr : bool
+        Scale ``epsilon`` at each save by the optimizer's learning rate against the largest
+        one seen (kept in the checkpoints' metadata across restarts), never below
+        ``EPSILON_FLOOR`` of it: checkpoints late in a decaying schedule, from which training
+        has few and small steps left to recover, are kept more precise.
     threads : int, optional
         Encoder/decoder threads.
 
@@ -570,7 +601,7 @@ class Checkpointer:
                  space: SearchSpace | None = None,
                  max_evals: int = 24, keyframe_every: int = 10, grad_ema: bool = True,
                  ema_beta: float = 0.9, ema_window: int | None = 50,
-                 threads: int | None = None) -> None:
+                 epsilon_follows_lr: bool = False, threads: int | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise InvalidArgumentError("model must be a torch.nn.Module")
         self.model = model
@@ -583,7 +614,12 @@ class Checkpointer:
                                  max_evals=max_evals, threads=threads)
         self.series = Series(directory, policy, keyframe_every=keyframe_every, threads=threads,
                              search=self.search)
-        self.ema = GradientEMA(model, ema_beta, window=ema_window) if grad_ema else None
+        squares = self.search is not None and self.search.space.per_tensor_bins
+        self.ema = GradientEMA(model, ema_beta, window=ema_window, squares=squares) \
+            if grad_ema else None
+        self.epsilon = epsilon
+        self.epsilon_follows_lr = bool(epsilon_follows_lr) and optimizer is not None
+        self.peak_lr: float | None = None
         self._last_step: int | None = None
         self.seconds = 0.0
 
@@ -591,6 +627,21 @@ class Checkpointer:
         if self.ema is None or self.ema.steps == 0:
             return None
         return {n: v for n, v in self.ema.importance().items() if n in state}
+
+    def _curvature(self, state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        if self.ema is None or self.ema.steps == 0 or not self.ema.squares:
+            return None
+        return {n: v for n, v in self.ema.curvature().items() if n in state}
+
+    def _epsilon_now(self) -> float:
+        """``epsilon`` scaled by the learning rate against the largest one seen, never below
+        ``EPSILON_FLOOR`` of it."""
+        lr = max(float(group["lr"]) for group in self.optimizer.param_groups)
+        if not math.isfinite(lr) or lr < 0:
+            return self.epsilon
+        self.peak_lr = max(self.peak_lr or 0.0, lr)
+        scale = lr / self.peak_lr if self.peak_lr > 0 else 1.0
+        return self.epsilon * max(scale, EPSILON_FLOOR)
 
     def save(self, step: int) -> dict[str, Any]:
         """Checkpoint the model and optimizer as ``step`` (after every saved step).
@@ -603,9 +654,11 @@ class Checkpointer:
         """
         started = time.perf_counter()
         state, metadata = state_to_numpy(self.model, self.optimizer)
-        importance = self._importance(state)
-        self.series.save(step, state, metadata=metadata, importance=importance,
-                         quality=self.quality)
+        if self.epsilon_follows_lr and self.search is not None:
+            self.search.epsilon = self._epsilon_now()
+            metadata[PEAK_LR_METADATA] = repr(self.peak_lr)
+        self.series.save(step, state, metadata=metadata, importance=self._importance(state),
+                         quality=self.quality, curvature=self._curvature(state))
         report = self.series.last_search.report if self.quality is not None else None
         if self.ema is not None:  # the next checkpoint is expected as far ahead as this one
             gap = None if self._last_step is None else step - self._last_step
@@ -631,6 +684,10 @@ class Checkpointer:
         load_state(tensors, metadata, self.model, self.optimizer)
         if self.search is not None:
             self.search.previous = self.series.search_choice(step)
+        try:
+            self.peak_lr = float(metadata[PEAK_LR_METADATA])
+        except (KeyError, ValueError):
+            pass
         if self.ema is not None:
             self.ema.start_interval(self.ema.interval)
         self._last_step = step

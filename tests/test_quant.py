@@ -10,6 +10,7 @@ from hypothesis.extra import numpy as hnp
 
 import inshrink
 from inshrink import errors
+from inshrink.errors import InvalidArgumentError
 from inshrink.policy import Policy, QuantConfig, role_of
 
 
@@ -167,6 +168,20 @@ def test_override_can_quantize_a_small_tensor(tmp_path):
     policy = Policy({"weight": QuantConfig(bins=8)}, overrides={"*.bias": QuantConfig(bins=4)})
     report, out, _ = save_load(tmp_path, {"a.bias": weights((300,))}, policy)
     assert not report["a.bias"].lossless and len(np.unique(out["a.bias"])) <= 4 + 1
+
+
+def test_exact_name_configs_come_before_overrides(tmp_path):
+    names = ("a[0].weight", "a*.weight", "b.weight")  # glob characters are plain text here
+    policy = Policy({"weight": QuantConfig(bins=16)}, overrides={"a*": QuantConfig(bins=8)},
+                    tensors={"a[0].weight": QuantConfig(bins=2), "b.weight": QuantConfig(4)})
+    report, out, _ = save_load(tmp_path, {n: weights((64, 64)) for n in names}, policy)
+    protected = np.ceil(0.0005 * 64 * 64)
+    for name, bins in zip(names, (2, 8, 4)):
+        assert policy.config_for(name, "F32", (64, 64)) == ("weight", QuantConfig(
+            bins=bins, domain="linear"))
+        assert len(np.unique(out[name])) <= bins + protected
+    with pytest.raises(InvalidArgumentError):
+        Policy(tensors={"w": 16})
 
 
 def test_error_bound_picks_fewest_bins(tmp_path):

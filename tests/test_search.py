@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import inshrink
 from inshrink.errors import CorruptError, InvalidArgumentError
-from inshrink.search import Choice, Search, SearchSpace, _Evaluator
+from inshrink.search import MAX_SHIFT_BITS, Choice, Search, SearchSpace, _Evaluator, allocation
 
 SPACE = SearchSpace()
 POINTS = list(itertools.product(*(range(len(a)) for a in SPACE.axes())))
@@ -379,3 +379,86 @@ def test_search_on_bf16_weights_with_empty_and_scalar_tensors(tmp_path):
     back = inshrink.load(tmp_path / "b.ink")
     assert back["model.layer.weight"].dtype == ml_dtypes.bfloat16
     assert back["model.empty"].shape == (0, 5) and back["model.scalar"] == 3.0
+
+
+# -- per-tensor bins --------------------------------------------------------------------------
+
+def _two_tensors(seed=0, weight_a=100.0):
+    """Two equal weight tensors; the loss is ``weight_a`` times more sensitive to ``a``."""
+    rng = np.random.default_rng(seed)
+    state = {"model.a.weight": rng.standard_normal((128, 128)).astype(np.float32),
+             "model.b.weight": rng.standard_normal((128, 128)).astype(np.float32)}
+    exact = {k: v.astype(np.float64) for k, v in state.items()}
+
+    def loss(s):
+        err = {k: np.mean((s[k].astype(np.float64) - exact[k]) ** 2) for k in exact}
+        return 1.0 + weight_a * err["model.a.weight"] + err["model.b.weight"]
+    curvature = {"model.a.weight": np.full((128, 128), weight_a, np.float32),
+                 "model.b.weight": np.ones((128, 128), np.float32)}
+    return state, loss, curvature
+
+
+def test_allocation_follows_curvature_and_clips():
+    state, _, curvature = _two_tensors()
+    roles = dict.fromkeys(state, "weight")
+    shifts = allocation(state, roles, curvature)
+    # equal sizes and spreads: +-1/4 log2(100) bits around the element-weighted mean
+    assert shifts["model.a.weight"] == ("weight", pytest.approx(0.25 * math.log2(100), abs=0.02))
+    assert shifts["model.b.weight"][1] == pytest.approx(-0.25 * math.log2(100), abs=0.02)
+    huge = {**curvature, "model.a.weight": curvature["model.a.weight"] * 1e12}
+    assert allocation(state, roles, huge)["model.a.weight"][1] == MAX_SHIFT_BITS
+    zero = {**curvature, "model.b.weight": np.zeros((128, 128), np.float32)}
+    assert allocation(state, roles, zero)["model.b.weight"][1] == -MAX_SHIFT_BITS
+    nan = {**curvature, "model.b.weight": np.full((128, 128), np.nan, np.float32)}
+    assert allocation(state, roles, nan) == {"model.a.weight": ("weight", 0.0)}
+    assert allocation(state, roles, {}) == {}
+
+
+@given(base=st.sampled_from(SPACE.bins), bits=st.floats(-MAX_SHIFT_BITS, MAX_SHIFT_BITS))
+def test_shifted_bins_are_monotone_in_the_base(base, bits):
+    choices = [Choice(b, 16, 0.0, 0.0005).policy(SPACE, {"model.w": ("weight", bits)})
+               for b in SPACE.bins]
+    bins = [p.config_for("model.w", "F32", (64, 64))[1].bins for p in choices]
+    assert bins == sorted(bins) and set(bins) <= set(SPACE.bins)
+    assert Choice(base, 16, 0.0, 0.0005).policy(SPACE, {"model.w": ("weight", 0.0)}) \
+        .tensors == {}
+
+
+PER_TENSOR = SearchSpace(per_tensor_bins=True)
+
+
+def test_per_tensor_bins_beat_shared_bins_at_the_same_epsilon(tmp_path):
+    state, loss, curvature = _two_tensors()
+    shared = Search(0.01, space=PER_TENSOR).choose(state, loss)
+    allocated = Search(0.01, space=PER_TENSOR).choose(state, loss, curvature=curvature)
+    assert shared.report["allocation"] == {} and shared.report["shift_bits"] == {}
+    bins = allocated.report["allocation"]
+    assert bins["model.a.weight"] > bins["model.b.weight"]
+    assert allocated.report["chosen_result"]["stored_bytes"] < \
+        shared.report["chosen_result"]["stored_bytes"]
+    path = tmp_path / "c.ink"
+    inshrink.save(path, state, policy=allocated.policy)
+    assert loss(inshrink.load(path)) - loss(state) <= 0.01 * loss(state)
+    off = Search(0.01)  # the default: shared bins, curvature unused
+    assert off.choose(state, loss, curvature=curvature).report["allocation"] == {}
+
+
+@pytest.mark.parametrize("curvature", [
+    [np.ones((128, 128))],
+    {"model.a.weight": np.ones((128, 127), np.float32)},
+    {"model.a.weight": np.ones((128, 128), np.int32)},
+    {"model.a.weight": np.full((128, 128), "x", object)},
+])
+def test_bad_curvature(curvature):
+    state, loss, _ = _two_tensors()
+    with pytest.raises(InvalidArgumentError):
+        Search(0.05, space=PER_TENSOR).choose(state, loss, curvature=curvature)
+
+
+def test_curvature_of_other_tensors_is_ignored_and_bf16_is_accepted():
+    import ml_dtypes
+    state, loss, curvature = _two_tensors()
+    curvature = {k: v.astype(ml_dtypes.bfloat16) for k, v in curvature.items()}
+    curvature["optimizer.state.0.exp_avg"] = np.ones(3, np.float32)  # not searched
+    result = Search(0.05, space=PER_TENSOR).choose(state, loss, curvature=curvature)
+    assert set(result.report["shift_bits"]) == set(state)

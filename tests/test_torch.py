@@ -13,6 +13,7 @@ from torch import nn
 import inshrink
 from inshrink import errors
 from inshrink.policy import role_of
+from inshrink.search import SearchSpace
 from inshrink.series import Series
 from inshrink.torch import (OPTIMIZER_METADATA, SEARCH_METADATA, Checkpointer, GradientEMA,
                             load_state, quality_from, state_to_numpy)
@@ -245,7 +246,7 @@ def backward_with(model, grad_out):
 
 def test_gradient_ema_matches_a_hand_computation():
     model = nn.Linear(3, 2, bias=False)
-    ema = GradientEMA(model, beta=0.9)
+    ema = GradientEMA(model, beta=0.9, squares=True)
     grads = [torch.randn(2, 3, generator=torch.Generator().manual_seed(i)) for i in range(4)]
     expected = np.zeros((2, 3), np.float64)
     for g in grads:
@@ -253,6 +254,12 @@ def test_gradient_ema_matches_a_hand_computation():
         backward_with(model, g)
         expected = 0.9 * g.double().numpy() + 0.1 * expected
     assert ema.steps == 4
+    expected_sq = np.zeros((2, 3), np.float64)
+    for g in grads:
+        expected_sq = 0.9 * g.double().numpy() ** 2 + 0.1 * expected_sq
+    curvature = ema.curvature()
+    assert list(curvature) == ["model.weight"] and curvature["model.weight"].dtype == np.float32
+    np.testing.assert_allclose(curvature["model.weight"], expected_sq, rtol=1e-5)
     scores = ema.importance()
     assert list(scores) == ["model.weight"] and scores["model.weight"].dtype == np.float32
     np.testing.assert_allclose(
@@ -263,7 +270,7 @@ def test_gradient_ema_matches_a_hand_computation():
     backward_with(model, grads[0])
     assert ema.steps == 4
     ema.reset()
-    assert ema.steps == 0 and ema.importance() == {}
+    assert ema.steps == 0 and ema.importance() == {} and ema.curvature() == {}
     ema.remove()
     ema.active = True
     backward_with(model, grads[0])
@@ -419,6 +426,7 @@ def test_checkpointer_with_search_resumes_from_compressed_checkpoints(tmp_path):
     train(model, optimizer, 20)
     report = ckpt.save(20)["search"]
     assert report["mode"] == "guided" and report["chosen"] is not None
+    assert report["shift_bits"] == {} and not ckpt.ema.squares  # shared bins by default
     original = state_to_numpy(model)[0]["model.0.weight"].copy()
     reference = train(model, optimizer, 10, seed=70)
 
@@ -442,7 +450,46 @@ def test_checkpointer_with_search_resumes_from_compressed_checkpoints(tmp_path):
     assert again.series.steps() == [20, 30]
 
 
+def test_checkpointer_with_per_tensor_bins_passes_curvature(tmp_path):
+    model = mlp()
+    optimizer = adamw(model)
+    ckpt = Checkpointer(tmp_path / "c", model, optimizer, eval_batches=[data(64, seed=500)],
+                        space=SearchSpace(per_tensor_bins=True), max_evals=4)
+    train(model, optimizer, 5)
+    report = ckpt.save(5)["search"]
+    weights = {n for n, a in state_to_numpy(model)[0].items()
+               if role_of(n, "F32", a.shape) == "weight"}
+    assert set(report["shift_bits"]) == weights and weights
+    assert set(report["allocation"]) <= weights
+
+
 def test_inshrink_does_not_import_torch():
     code = "import sys, inshrink; assert 'torch' not in sys.modules and " \
            "'inshrink.torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_epsilon_follows_the_learning_rate_and_survives_a_restart(tmp_path):
+    model = mlp()
+    optimizer = adamw(model)
+    kwargs = dict(eval_batches=[data(64, seed=500)], epsilon=0.05, max_evals=2,
+                  epsilon_follows_lr=True)
+    ckpt = Checkpointer(tmp_path / "c", model, optimizer, **kwargs)
+    epsilons = []
+    for step, lr in ((1, 1e-3), (2, 2e-3), (3, 5e-4), (4, 0.0)):
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        train(model, optimizer, 1)
+        epsilons.append(ckpt.save(step)["search"]["epsilon"])
+    # the peak so far sets the scale; a tenth of epsilon at least
+    assert epsilons == pytest.approx([0.05, 0.05, 0.0125, 0.005])
+
+    again = Checkpointer(tmp_path / "c", model, optimizer, **kwargs)
+    again.restore()
+    assert again.peak_lr == 2e-3
+    for group in optimizer.param_groups:
+        group["lr"] = 1e-3
+    assert again.save(5)["search"]["epsilon"] == pytest.approx(0.025)
+    fixed = Checkpointer(tmp_path / "d", model, optimizer, eval_batches=[data(64, seed=500)],
+                         epsilon=0.05, max_evals=2)
+    assert fixed.save(1)["search"]["epsilon"] == 0.05
