@@ -348,3 +348,36 @@ def test_a_failed_add_leaves_the_writer_usable(tmp_path):
             w.add("w.weight", weights(), importance=np.ones(3))
         w.add("w.weight", weights())
     assert list(inshrink.load(tmp_path / "w.ink")) == ["w.weight"]
+
+
+def _thresholds_over_every_bucket(sketch, config):
+    """The thresholds computed over every bucket (the definition the fast path must match)."""
+    counts = sketch.pos + sketch.neg
+    finite = sketch.count - sketch.nonfinite
+    cumulative = np.cumsum(counts)
+    lo, prune_below = -1, 0.0
+    target = config.prune * finite - sketch.zeros
+    if config.prune > 0 and target > 0:
+        lo = int(np.searchsorted(cumulative, target, side="left"))
+        prune_below = float(sketch.upper(lo))
+    hi, protect_at = len(counts) - 1, math.inf
+    target = config.protect * finite
+    if config.protect > 0 and target > 0:
+        from_top = cumulative[-1] - cumulative + counts
+        hi = max(int(np.count_nonzero(from_top >= target)) - 1, 0)
+        protect_at = float(sketch.lower(hi))
+    return lo, hi, prune_below, protect_at
+
+
+@given(values=hnp.arrays(np.float32, st.integers(0, 300),
+                         elements=st.floats(-1e6, 1e6, width=32) | st.sampled_from(
+                             [0.0, np.inf, np.nan, 1e-30, -2.5])),
+       prune=st.sampled_from([0.0, 0.1, 0.5, 0.7]),
+       protect=st.sampled_from([0.0, 0.0005, 0.01, 0.29]))
+def test_thresholds_match_the_every_bucket_definition(values, prune, protect):
+    from inshrink.codecs import quant
+    from inshrink.dtypes import BY_NAME
+    sketch = quant.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
+    sketch.add(np.ascontiguousarray(values))
+    config = QuantConfig(bins=16, prune=prune, protect=protect)
+    assert quant._thresholds(sketch, config) == _thresholds_over_every_bucket(sketch, config)

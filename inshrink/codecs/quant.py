@@ -302,19 +302,22 @@ def _thresholds(sketch: Sketch, config: QuantConfig) -> tuple[int, int, float, f
     magnitudes: the smallest ``prune`` and the largest ``protect`` fraction of the finite
     elements, rounded outward to whole buckets."""
     counts = sketch.pos + sketch.neg
+    occupied = np.flatnonzero(counts)  # cumulative counts only change at occupied buckets
+    cumulative = np.cumsum(counts[occupied])
     finite = sketch.count - sketch.nonfinite
-    cumulative = np.cumsum(counts)
     lo, prune_below = -1, 0.0
     target = config.prune * finite - sketch.zeros
     if config.prune > 0 and target > 0:
-        lo = int(np.searchsorted(cumulative, target, side="left"))
+        at = int(np.searchsorted(cumulative, target, side="left"))
+        lo = int(occupied[at]) if at < occupied.size else len(counts)
         prune_below = float(sketch.upper(lo))
     hi, protect_at = len(counts) - 1, math.inf  # the last bucket starts at inf: always empty
     target = config.protect * finite
     if config.protect > 0 and target > 0:
-        from_top = cumulative[-1] - cumulative + counts  # elements in this bucket and above
-        hi = int(np.count_nonzero(from_top >= target)) - 1
-        hi = max(hi, 0)
+        total = cumulative[-1] if occupied.size else 0
+        from_top = total - cumulative + counts[occupied]  # elements in this bucket and above
+        reached = np.flatnonzero(from_top >= target)
+        hi = int(occupied[reached[-1]]) if reached.size else 0
         protect_at = float(sketch.lower(hi))
     return lo, hi, prune_below, protect_at
 
@@ -333,9 +336,10 @@ def _kmeans(points: np.ndarray, weights: np.ndarray, k: int, seed: int) -> np.nd
 
 def _fit_centroids(sketch: Sketch, lo: int, hi: int, config: QuantConfig) -> np.ndarray:
     """Centroids (value domain, float64) of the buckets strictly between lo and hi."""
-    index = np.arange(lo + 1, hi)
-    centers = sketch.center(index).astype(np.float64)
     pos, neg = sketch.pos[lo + 1:hi], sketch.neg[lo + 1:hi]
+    occupied = np.flatnonzero(pos | neg)  # a fine sketch has ~10^5 buckets, few occupied
+    centers = sketch.center(occupied + (lo + 1)).astype(np.float64)
+    pos, neg = pos[occupied], neg[occupied]
     if config.domain == "linear":
         points = np.concatenate([-centers[::-1][neg[::-1] > 0], centers[pos > 0]])
         freq = np.concatenate([neg[::-1][neg[::-1] > 0], pos[pos > 0]]).astype(np.float64)
