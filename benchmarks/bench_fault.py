@@ -45,9 +45,13 @@ Runs (``--only`` takes these names, comma-separated; ``ref`` always runs first):
                both moments 2 levels        mom4      inshrink eps 0.05, F=10, both moments
     v2         inshrink eps 0.05, F=10,               4 levels (the default before the first
                exp_avg_sq 2 levels                    moment went to one level)
+    alloc      inshrink eps 0.05, F=10,     const     inshrink eps 0.05, F=10, epsilon
+               per-tensor bins (curvature)            constant (not scaled by the LR)
     none       none, F=10 (not in the default list)
 
-The ``inshrink`` runs use the search's default moment configurations unless they say otherwise:
+The ``inshrink`` runs use the Checkpointer's defaults unless they say otherwise: epsilon scaled
+by the learning rate against its peak (never below a tenth), shared bins for the weights, and
+the search's default moment configurations:
 the first moment (Adam's ``exp_avg``, SGD's momentum) one linear level (its mean, the 0.05%
 largest entries kept exactly), ``exp_avg_sq`` 4 log-domain levels. ``--lm-beta2`` sets AdamW's
 beta2 for the lm task (default 0.95).
@@ -351,11 +355,11 @@ RUNS = {
                moment_bins=((1, "linear"), (2, None))),
     "alloc": dict(method="inshrink", epsilon=0.05, failures=10,
                   space=dict(per_tensor_bins=True)),
-    "lreps": dict(method="inshrink", epsilon=0.05, failures=10,
-                  checkpointer=dict(epsilon_follows_lr=True)),
+    "const": dict(method="inshrink", epsilon=0.05, failures=10,
+                  checkpointer=dict(epsilon_follows_lr=False)),
 }
 DEFAULT_RUNS = ["ref", "seed", "lossless", "fp16", "int8", "eps0.01", "eps0.05", "eps0.1",
-                "f5", "f20", "k2x", "khalf", "mom4", "mom2", "v2", "alloc", "lreps"]
+                "f5", "f20", "k2x", "khalf", "mom4", "mom2", "v2", "alloc", "const"]
 QUICK_RUNS = ["ref", "seed", "lossless", "fp16", "int8", "eps0.05"]
 
 

@@ -601,7 +601,7 @@ class Checkpointer:
                  space: SearchSpace | None = None,
                  max_evals: int = 24, keyframe_every: int = 10, grad_ema: bool = True,
                  ema_beta: float = 0.9, ema_window: int | None = 50,
-                 epsilon_follows_lr: bool = False, threads: int | None = None) -> None:
+                 epsilon_follows_lr: bool = True, threads: int | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise InvalidArgumentError("model must be a torch.nn.Module")
         self.model = model

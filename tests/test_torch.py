@@ -472,8 +472,7 @@ def test_inshrink_does_not_import_torch():
 def test_epsilon_follows_the_learning_rate_and_survives_a_restart(tmp_path):
     model = mlp()
     optimizer = adamw(model)
-    kwargs = dict(eval_batches=[data(64, seed=500)], epsilon=0.05, max_evals=2,
-                  epsilon_follows_lr=True)
+    kwargs = dict(eval_batches=[data(64, seed=500)], epsilon=0.05, max_evals=2)  # default
     ckpt = Checkpointer(tmp_path / "c", model, optimizer, **kwargs)
     epsilons = []
     for step, lr in ((1, 1e-3), (2, 2e-3), (3, 5e-4), (4, 0.0)):
@@ -491,5 +490,5 @@ def test_epsilon_follows_the_learning_rate_and_survives_a_restart(tmp_path):
         group["lr"] = 1e-3
     assert again.save(5)["search"]["epsilon"] == pytest.approx(0.025)
     fixed = Checkpointer(tmp_path / "d", model, optimizer, eval_batches=[data(64, seed=500)],
-                         epsilon=0.05, max_evals=2)
+                         epsilon=0.05, max_evals=2, epsilon_follows_lr=False)
     assert fixed.save(1)["search"]["epsilon"] == 0.05
