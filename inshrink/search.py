@@ -18,8 +18,9 @@ Every evaluation compresses the searched tensors with the candidate configuratio
 them and calls the callback, so a chosen configuration is one whose *actual* encoding was
 measured within ``epsilon``; a hard cap bounds the evaluations, and when nothing feasible is
 found the weights are stored losslessly. Optimizer moments are not seen by a model-quality
-callback: they get the fixed configurations of the search space. The decisions behind the
-rules are recorded in ``docs/decisions.md``.
+callback: they get the fixed configurations of the search space. All weight tensors share a
+configuration's bins unless ``SearchSpace.per_tensor_bins`` spreads them by curvature
+(:func:`allocation`). The decisions behind the rules are recorded in ``docs/decisions.md``.
 """
 from __future__ import annotations
 
