@@ -165,6 +165,8 @@ def _policy(args):
     if explicit and args.preset:
         raise UsageError("use either --preset or --bins/--prune/--protect/--max-rel-l2")
     if explicit:
+        if explicit.get("bins", 1) < 1:  # 0 levels exist for optimizer moments, not for a model
+            raise UsageError("--bins must be at least 1")
         if "max_rel_l2" in explicit and "bins" not in explicit:
             explicit["bins"] = 256  # the bound picks the fewest bins up to this
         return Policy.uniform(QuantConfig(**explicit))

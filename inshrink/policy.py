@@ -33,7 +33,9 @@ class QuantConfig:
     Parameters
     ----------
     bins : int
-        Number of quantization levels fitted by histogram k-means (k).
+        Number of quantization levels fitted by histogram k-means (k). 0 fits none: every
+        element that is not protected is stored as exactly 0 (an optimizer moment restarted
+        from zero, its largest entries kept).
     prune : float
         Fraction of elements (the smallest by ``prune_metric``) set to exactly zero.
     prune_metric : {"magnitude", "sensitivity"}
@@ -68,8 +70,8 @@ class QuantConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if type(self.bins) is not int or not 1 <= self.bins <= MAX_BINS:
-            raise InvalidArgumentError(f"bins must be an integer in [1, {MAX_BINS}]")
+        if type(self.bins) is not int or not 0 <= self.bins <= MAX_BINS:
+            raise InvalidArgumentError(f"bins must be an integer in [0, {MAX_BINS}]")
         for name in ("prune", "protect"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0 <= value < 1:

@@ -77,10 +77,10 @@ class SearchSpace:
         "magnitude" and/or "sensitivity" (the latter only when importance is given).
     exp_avg, exp_avg_sq : QuantConfig or None
         Fixed configurations of the optimizer moments (None: lossless). By default the first
-        moment (Adam's ``exp_avg``, SGD's momentum) keeps one level, its weighted mean, plus
-        its 0.05% largest entries exactly: a restore restarts momentum, which the optimizer
-        rebuilds within ~1/(1 - beta1) steps, and a third of an Adam checkpoint costs almost
-        nothing (docs/decisions.md). ``exp_avg_sq`` gets 4 log-domain levels.
+        moment (Adam's ``exp_avg``, SGD's momentum) is stored as zeros except its 0.05%
+        largest entries, kept exactly (``bins=0``): a restore restarts momentum, which the
+        optimizer rebuilds within ~1/(1 - beta1) steps, and a third of an Adam checkpoint
+        costs almost nothing (docs/decisions.md). ``exp_avg_sq`` gets 4 log-domain levels.
     proxy_rel_l2 : float
         Without a quality callback: the per-tensor relative L2 error bound of the weights.
     per_tensor_bins : bool
@@ -94,7 +94,7 @@ class SearchSpace:
     prune: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
     protect: tuple[float, ...] = (0.0005, 0.005, 0.01)
     prune_metrics: tuple[str, ...] = PRUNE_METRICS
-    exp_avg: QuantConfig | None = QuantConfig(bins=1, domain="linear")
+    exp_avg: QuantConfig | None = QuantConfig(bins=0)
     exp_avg_sq: QuantConfig | None = QuantConfig(bins=4)
     proxy_rel_l2: float = 0.01
     per_tensor_bins: bool = False
@@ -232,6 +232,8 @@ class Choice:
             choice = cls(int(data["bins"]), int(data["embedding_bins"]), float(data["prune"]),
                          float(data["protect"]), str(data["prune_metric"]))
             choice.policy(SearchSpace())  # validates every value
+            if min(choice.bins, choice.embedding_bins) < 2:
+                raise ValueError("a searched tensor has at least 2 levels")
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidArgumentError(f"not a search choice: {data!r}") from exc
         return choice

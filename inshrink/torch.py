@@ -558,8 +558,8 @@ class Checkpointer:
         The series' policy, for saves without ``eval_batches`` (``None``: lossless).
     space : inshrink.search.SearchSpace, optional
         Configurations the search may choose, and the optimizer moments' fixed
-        configurations (default: the first moment as one level plus its 0.05% largest
-        entries, so a restore restarts momentum; ``exp_avg_sq`` at 4 levels).
+        configurations (default: the first moment as zeros plus its 0.05% largest entries,
+        so a restore restarts momentum; ``exp_avg_sq`` at 4 levels).
     max_evals : int
         Quality evaluations per checkpoint at most.
     keyframe_every : int

@@ -224,8 +224,27 @@ def test_importance_protects_and_prunes(tmp_path):
     assert kept.mean() < 0.02
 
 
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_zero_bins_keep_only_the_protected_entries(tmp_path, dtype):
+    rng = np.random.default_rng(5)
+    m = (rng.standard_normal((128, 64)) * 1e-3).astype(dtype)
+    m[0, :3] = [np.nan, np.inf, -0.0]
+    policy = Policy({"exp_avg": QuantConfig(bins=0, protect=0.001)})
+    report, out, _ = save_load(tmp_path, {"optimizer.state.0.exp_avg": m}, policy)
+    x = out["optimizer.state.0.exp_avg"]
+    kept = x != 0
+    assert not report["optimizer.state.0.exp_avg"].lossless
+    assert np.isnan(x[0, 0]) and x[0, 1] == np.inf  # non-finite values are always exact
+    finite = np.isfinite(m.astype(np.float32))
+    # the largest 0.1%, rounded outward to whole sketch buckets, exactly
+    assert math.ceil(0.001 * m.size) <= np.count_nonzero(kept & finite) <= 0.002 * m.size
+    assert np.array_equal(x[kept & finite], m[kept & finite])
+    assert np.abs(m.astype(np.float32)[kept & finite]).min() >= \
+        np.abs(m.astype(np.float32)[~kept & finite]).max()
+
+
 def test_bad_configs_and_policies():
-    for kwargs in (dict(bins=0), dict(bins=70_000), dict(prune=1.0), dict(protect=-0.1),
+    for kwargs in (dict(bins=-1), dict(bins=True), dict(bins=70_000), dict(prune=1.0), dict(protect=-0.1),
                    dict(prune=0.6, protect=0.5), dict(prune_metric="x"), dict(domain="x"),
                    dict(max_rel_l2=0), dict(sigma=2), dict(alpha=0.5), dict(seed=1.5)):
         with pytest.raises(errors.InvalidArgumentError):
@@ -337,7 +356,7 @@ def test_cli_lossy_options(tmp_path):
     r = run("compress", "m.safetensors", "--preset", "balanced", "--bins", "8", "-o", "c.ink")
     assert r.returncode == 2 and "either" in r.stderr
     r = run("compress", "m.safetensors", "--bins", "0", "-o", "d.ink")
-    assert r.returncode == 1 and "bins" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "bins" in r.stderr and "Traceback" not in r.stderr
     assert run("decompress", "a.ink", "-o", "a.safetensors").returncode == 0
 
 

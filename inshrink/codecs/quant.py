@@ -386,10 +386,10 @@ def plan(sketch: Sketch, config: QuantConfig, dtype: DType, bins: int | None = N
         # linear level, a weighted mean, is the better single value for signed data
         config = replace(config, domain="linear")
     lo, hi, prune_below, protect_at = _thresholds(sketch, config)
-    centroids = _fit_centroids(sketch, lo, hi, config)
+    centroids = _fit_centroids(sketch, lo, hi, config) if config.bins else np.empty(0)
     rounded = centroids.astype(dtype.numpy).astype(np.float64)
     rounded = rounded[np.isfinite(rounded) & (rounded != 0)]
-    if sketch.zeros or prune_below > 0 or zero_level:
+    if sketch.zeros or prune_below > 0 or zero_level or not config.bins:
         rounded = np.append(rounded, 0.0)
     values = np.unique(rounded)
     levels = values.astype(dtype.numpy)
