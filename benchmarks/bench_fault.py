@@ -352,7 +352,7 @@ RUNS = {
     "mom4": dict(method="inshrink", epsilon=0.05, failures=10,
                  moment_bins=((4, None), (4, None))),
     "v2": dict(method="inshrink", epsilon=0.05, failures=10,
-               moment_bins=((1, "linear"), (2, None))),
+               moment_bins=((0, None), (2, None))),
     "alloc": dict(method="inshrink", epsilon=0.05, failures=10,
                   space=dict(per_tensor_bins=True)),
     "const": dict(method="inshrink", epsilon=0.05, failures=10,
