@@ -44,7 +44,7 @@ Runs (``--only`` takes these names, comma-separated; ``ref`` always runs first):
     mom2       inshrink eps 0.05, F=10,     khalf     inshrink eps 0.05, F=10, every K/2 steps
                both moments 2 levels        mom4      inshrink eps 0.05, F=10, both moments
     v2         inshrink eps 0.05, F=10,               4 levels (the default before the first
-               exp_avg_sq 2 levels                    moment went to one level)
+               exp_avg_sq 2 levels                    moment went to zero)
     alloc      inshrink eps 0.05, F=10,     const     inshrink eps 0.05, F=10, epsilon
                per-tensor bins (curvature)            constant (not scaled by the LR)
     none       none, F=10 (not in the default list)
@@ -52,8 +52,8 @@ Runs (``--only`` takes these names, comma-separated; ``ref`` always runs first):
 The ``inshrink`` runs use the Checkpointer's defaults unless they say otherwise: epsilon scaled
 by the learning rate against its peak (never below a tenth), shared bins for the weights, and
 the search's default moment configurations:
-the first moment (Adam's ``exp_avg``, SGD's momentum) one linear level (its mean, the 0.05%
-largest entries kept exactly), ``exp_avg_sq`` 4 log-domain levels. ``--lm-beta2`` sets AdamW's
+the first moment (Adam's ``exp_avg``, SGD's momentum) zeros plus its 0.05% largest entries
+kept exactly, ``exp_avg_sq`` 4 log-domain levels. ``--lm-beta2`` sets AdamW's
 beta2 for the lm task (default 0.95).
 
 Outputs: JSON (``--out``, default ``benchmarks/results/fault.json``, written after every run),
