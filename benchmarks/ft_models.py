@@ -31,6 +31,7 @@ that the final quality is never measured on data a codec has looked at.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import os
@@ -345,6 +346,24 @@ TASKS = {"lm": LMTask, "cnn": CNNTask}
 
 def make_task(name: str, seed: int = 0, quick: bool = False, **overrides) -> Task:
     return TASKS[name](config(name, quick, **overrides), seed)
+
+
+def trained(name: str, seed: int, steps: int, after: int = 1) -> tuple[Task, tuple]:
+    """A task trained ``steps`` steps on one torch thread, with ``after`` steps of its schedule
+    left, and a copy of its (model, optimizer) state dicts to go back to (:func:`rewind`)."""
+    torch.set_num_threads(1)
+    task = make_task(name, seed=seed)
+    if not 0 < steps <= task.steps - after:
+        raise SystemExit(f"{steps} steps leave fewer than {after} of {task.steps}")
+    for step in range(1, steps + 1):
+        task.train_step(step)
+    return task, copy.deepcopy((task.model.state_dict(), task.optimizer.state_dict()))
+
+
+def rewind(task: Task, snapshot: tuple) -> None:
+    """Put a :func:`trained` snapshot back into the task's model and optimizer."""
+    task.model.load_state_dict(snapshot[0])
+    task.optimizer.load_state_dict(copy.deepcopy(snapshot[1]))
 
 
 # --------------------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ second moment is tiny becomes a huge step.
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import sys
 import tempfile
@@ -46,13 +45,7 @@ def main(argv=None) -> int:
     if inshrink is None:
         raise SystemExit(f"inshrink not importable: {_why}")
     from inshrink.policy import Policy, QuantConfig
-    torch.set_num_threads(1)
-    task = fm.make_task("lm", seed=args.seed)
-    if not 0 < args.step < args.step + args.steps_after <= task.steps:
-        raise SystemExit(f"--step and --steps-after must fit in {task.steps} steps")
-    for step in range(1, args.step + 1):
-        task.train_step(step)
-    snapshot = copy.deepcopy((task.model.state_dict(), task.optimizer.state_dict()))
+    task, snapshot = fm.trained("lm", args.seed, args.step, after=args.steps_after)
     print(f"lm seed {args.seed}: restore after step {args.step}, "
           f"{args.steps_after} steps on; head std before {snapshot[0]['head.weight'].std():.4f}")
     print("| arm | head std after | test loss after |")
@@ -70,8 +63,8 @@ def main(argv=None) -> int:
         arms = {"exact": lambda m: m, "zero": torch.zeros_like,
                 **{k: quantized(QuantConfig(**v)) for k, v in ARMS.items()}}
         for name, replace in arms.items():
-            task.model.load_state_dict(snapshot[0])
-            state = copy.deepcopy(snapshot[1])
+            fm.rewind(task, snapshot)
+            state = task.optimizer.state_dict()
             for values in state["state"].values():
                 values["exp_avg"] = replace(values["exp_avg"])
             task.optimizer.load_state_dict(state)

@@ -18,7 +18,6 @@ insensitive matrices hardest; this measures what that costs once training resume
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import sys
 import tempfile
@@ -62,13 +61,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if inshrink is None:
         raise SystemExit(f"inshrink not importable: {_why}")
-    torch.set_num_threads(1)
-    task = fm.make_task("lm", seed=args.seed)
-    if not 0 < args.step < task.steps - 15:
-        raise SystemExit(f"--step must be in (0, {task.steps - 15})")
-    for step in range(1, args.step + 1):
-        task.train_step(step)
-    snapshot = copy.deepcopy((task.model.state_dict(), task.optimizer.state_dict()))
+    task, snapshot = fm.trained("lm", args.seed, args.step, after=15)
     state = {k: v.numpy().copy() for k, v in snapshot[0].items()}
     marks = [task.steps - 10, task.steps - 5, task.steps]
     print(f"lm seed {args.seed}: restore after step {args.step} of {task.steps}; final = mean "
@@ -78,8 +71,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(dir=common.tmp_root()) as workdir:
         base_calib = base_final = None
         for name, weights in arms(state, workdir).items():
-            task.model.load_state_dict(snapshot[0])
-            task.optimizer.load_state_dict(snapshot[1])
+            fm.rewind(task, snapshot)
             if weights is not None:
                 task.model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v))
                                             for k, v in weights.items()})
