@@ -47,6 +47,7 @@ Runs (``--only`` takes these names, comma-separated; ``ref`` always runs first):
                exp_avg_sq 2 levels                    moment went to zero)
     alloc      inshrink eps 0.05, F=10,     const     inshrink eps 0.05, F=10, epsilon
                per-tensor bins (curvature)            constant (not scaled by the LR)
+    sigma1     inshrink eps 0.05, F=10, weight levels fitted by frequency only (sigma 1)
     none       none, F=10 (not in the default list)
 
 The ``inshrink`` runs use the Checkpointer's defaults unless they say otherwise: epsilon scaled
@@ -357,6 +358,7 @@ RUNS = {
                   space=dict(per_tensor_bins=True)),
     "const": dict(method="inshrink", epsilon=0.05, failures=10,
                   checkpointer=dict(epsilon_follows_lr=False)),
+    "sigma1": dict(method="inshrink", epsilon=0.05, failures=10, space=dict(sigma=1.0)),
 }
 DEFAULT_RUNS = ["ref", "seed", "lossless", "fp16", "int8", "eps0.01", "eps0.05", "eps0.1",
                 "f5", "f20", "k2x", "khalf", "mom4", "mom2", "v2", "alloc", "const"]

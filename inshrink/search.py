@@ -83,6 +83,9 @@ class SearchSpace:
         costs almost nothing (docs/decisions.md). ``exp_avg_sq`` gets 4 log-domain levels.
     proxy_rel_l2 : float
         Without a quality callback: the per-tensor relative L2 error bound of the weights.
+    sigma : float
+        Bucket weighting of the weights' and embeddings' level fitting (``QuantConfig.sigma``:
+        sigma·frequency + (1 - sigma)·magnitude; the paper's 0.2 by default).
     per_tensor_bins : bool
         With curvature given to :meth:`Search.choose`: spread the bins of a configuration
         over the tensors by sensitivity (see :func:`allocation`); False: every weight tensor
@@ -97,6 +100,7 @@ class SearchSpace:
     exp_avg: QuantConfig | None = QuantConfig(bins=0)
     exp_avg_sq: QuantConfig | None = QuantConfig(bins=4)
     proxy_rel_l2: float = 0.01
+    sigma: float = 0.2
     per_tensor_bins: bool = False
 
     def __post_init__(self) -> None:
@@ -121,6 +125,8 @@ class SearchSpace:
                 raise InvalidArgumentError(f"search space: {name} must be a QuantConfig or None")
         if not (isinstance(self.proxy_rel_l2, (int, float)) and 0 < self.proxy_rel_l2 < 1):
             raise InvalidArgumentError("search space: proxy_rel_l2 must be in (0, 1)")
+        if not (isinstance(self.sigma, (int, float)) and 0 <= self.sigma <= 1):
+            raise InvalidArgumentError("search space: sigma must be in [0, 1]")
 
     def axes(self) -> tuple[tuple, ...]:
         """The cube's axes, each ordered from least to most precise."""
@@ -210,8 +216,9 @@ class Choice:
         """The policy that applies this choice (moments from the search space), with each
         tensor of ``shifts`` (see :func:`allocation`) moved along its role's bins axis."""
         weight = QuantConfig(bins=self.bins, prune=self.prune, protect=self.protect,
-                             prune_metric=self.prune_metric)
-        embedding = QuantConfig(bins=self.embedding_bins, protect=self.protect)
+                             prune_metric=self.prune_metric, sigma=space.sigma)
+        embedding = QuantConfig(bins=self.embedding_bins, protect=self.protect,
+                                sigma=space.sigma)
         tensors = {}
         for name, (role, bits) in (shifts or {}).items():
             base, axis = (weight, space.bins) if role == "weight" else \

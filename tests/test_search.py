@@ -313,7 +313,7 @@ def test_choice_round_trip_and_bad_dicts():
     {"bins": ()}, {"bins": (8, 4)}, {"bins": (1, 4)}, {"bins": (4.0,)},
     {"prune": (0.0, 0.99), "protect": (0.02,)}, {"protect": (-0.1,)},
     {"prune_metrics": ("gradient",)}, {"prune_metrics": ()}, {"exp_avg": 8},
-    {"proxy_rel_l2": 0.0}])
+    {"proxy_rel_l2": 0.0}, {"sigma": 1.5}])
 def test_bad_search_space(kwargs):
     with pytest.raises(InvalidArgumentError):
         SearchSpace(**kwargs)
