@@ -528,10 +528,11 @@ class Search:
         if not isinstance(tensors, Mapping):
             raise InvalidArgumentError("tensors must be a mapping of names to arrays")
         arrays = {name: dtypes.as_numpy(v) for name, v in tensors.items()}
-        searched = {name: a for name, a in arrays.items()
-                    if role_of(name, dtypes.of_numpy(a.dtype).name, a.shape) in SEARCHED_ROLES}
+        roles = {name: role_of(name, dtypes.of_numpy(a.dtype).name, a.shape)
+                 for name, a in arrays.items()}
+        searched = {name: a for name, a in arrays.items() if roles[name] in SEARCHED_ROLES}
         importance = {name: v for name, v in (importance or {}).items() if name in searched}
-        shifts = self._shifts(searched, curvature)
+        shifts = self._shifts(searched, roles, curvature)
         metrics = [m for m in self.space.prune_metrics
                    if m == "magnitude" or importance]
         report: dict[str, Any] = {"epsilon": self.epsilon,
@@ -571,7 +572,7 @@ class Search:
             self.previous = choice
         return SearchResult(policy, choice, report)
 
-    def _shifts(self, searched: dict[str, np.ndarray],
+    def _shifts(self, searched: dict[str, np.ndarray], roles: Mapping[str, str],
                 curvature: Mapping[str, Any] | None) -> dict[str, tuple[str, float]]:
         """The per-tensor allocation (empty without curvature or when switched off)."""
         if curvature is None or not self.space.per_tensor_bins:
@@ -589,8 +590,6 @@ class Search:
                     f"curvature of {name!r}: expected a float array of shape "
                     f"{searched[name].shape}, got {array.dtype} {array.shape}")
             arrays[name] = array
-        roles = {name: role_of(name, dtypes.of_numpy(a.dtype).name, a.shape)
-                 for name, a in searched.items()}
         return allocation(searched, roles, arrays)
 
     # -- the two searches ------------------------------------------------------------------

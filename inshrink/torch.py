@@ -534,6 +534,15 @@ def quality_from(model: torch.nn.Module, batches: Sequence[tuple[Any, Any]],
 
 # -- checkpointer --------------------------------------------------------------------------
 
+def _peak_lr(metadata: Mapping[str, str]) -> float | None:
+    """The peak learning rate a checkpoint's metadata records, if it is a positive number."""
+    try:
+        peak = float(metadata[PEAK_LR_METADATA])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return peak if math.isfinite(peak) and peak > 0 else None
+
+
 class Checkpointer:
     """Compressed checkpoints of a model and its optimizer in a training loop.
 
@@ -684,10 +693,7 @@ class Checkpointer:
         load_state(tensors, metadata, self.model, self.optimizer)
         if self.search is not None:
             self.search.previous = self.series.search_choice(step)
-        try:
-            self.peak_lr = float(metadata[PEAK_LR_METADATA])
-        except (KeyError, ValueError):
-            pass
+        self.peak_lr = _peak_lr(metadata) or self.peak_lr
         if self.ema is not None:
             self.ema.start_interval(self.ema.interval)
         self._last_step = step

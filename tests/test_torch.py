@@ -492,3 +492,13 @@ def test_epsilon_follows_the_learning_rate_and_survives_a_restart(tmp_path):
     fixed = Checkpointer(tmp_path / "d", model, optimizer, eval_batches=[data(64, seed=500)],
                          epsilon=0.05, max_evals=2, epsilon_follows_lr=False)
     assert fixed.save(1)["search"]["epsilon"] == 0.05
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("0.002", 0.002), ("None", None), ("nan", None), ("inf", None), ("-1e-3", None),
+    ("0", None), (None, None)])
+def test_recorded_peak_learning_rate_is_a_positive_number_or_ignored(value, expected):
+    from inshrink.torch import PEAK_LR_METADATA, _peak_lr
+    metadata = {} if value is None else {PEAK_LR_METADATA: value}
+    assert _peak_lr(metadata) == expected
+
