@@ -359,6 +359,10 @@ RUNS = {
     "const": dict(method="inshrink", epsilon=0.05, failures=10,
                   checkpointer=dict(epsilon_follows_lr=False)),
     "sigma1": dict(method="inshrink", epsilon=0.05, failures=10, space=dict(sigma=1.0)),
+    "rel0.2": dict(method="inshrink", epsilon=0.05, failures=10,
+                   moment_bins=((0, None), (2, None)), checkpointer=dict(max_rel_l2=0.2)),
+    "rel0.3": dict(method="inshrink", epsilon=0.05, failures=10,
+                   moment_bins=((0, None), (2, None)), checkpointer=dict(max_rel_l2=0.3)),
 }
 DEFAULT_RUNS = ["ref", "seed", "lossless", "fp16", "int8", "eps0.01", "eps0.05", "eps0.1",
                 "f5", "f20", "k2x", "khalf", "mom4", "mom2", "v2", "alloc", "const"]

@@ -383,25 +383,37 @@ class _Evaluator:
         if self.left <= 0:
             return None
         choice = self.space.choice(point, metric)
-        decoded, stored = self._roundtrip(choice)
-        value = self._call({**self.tensors, **decoded})
-        drop = self.drop(value)
+        decoded, stored, rel_l2 = self._roundtrip(choice)
+        bound = self.search.max_rel_l2
+        if bound is not None and not rel_l2 <= bound:
+            # too coarse whatever the quality says: the callback is not called
+            value = drop = None
+            feasible = False
+        else:
+            value = self._call({**self.tensors, **decoded})
+            drop = self.drop(value)
+            feasible = drop <= self.search.epsilon
         result = {"choice": choice.to_dict(), "phase": phase, "quality": value,
-                  "drop": drop if math.isfinite(drop) else None,
-                  "feasible": drop <= self.search.epsilon, "stored_bytes": stored,
+                  "drop": drop if drop is not None and math.isfinite(drop) else None,
+                  "rel_l2": rel_l2 if math.isfinite(rel_l2) else None,
+                  "feasible": feasible, "stored_bytes": stored,
                   "ratio": self.raw_bytes / stored if stored else None}
         self.results[(point, metric)] = result
         self.log.append(result)
         return result
 
-    def _roundtrip(self, choice: Choice) -> tuple[dict[str, np.ndarray], int]:
+    def _roundtrip(self, choice: Choice) -> tuple[dict[str, np.ndarray], int, float]:
+        """The searched tensors encoded at ``choice`` and decoded, their stored bytes and the
+        largest relative L2 error among them (inf where the encoder could not measure it)."""
         from .api import load, save  # the search sits above the codec
         path = os.path.join(self.workdir, "candidate.ink")
         infos = save(path, self.searched, policy=choice.policy(self.space, self.shifts),
                      importance=self.importance, threads=self.search.threads)
         decoded = load(path, threads=self.search.threads)
         os.unlink(path)
-        return decoded, sum(i.stored_bytes for i in infos)
+        errors = [(i.error or {}).get("rel_l2_error") for i in infos]
+        worst = max((math.inf if e is None else e for e in errors), default=0.0)
+        return decoded, sum(i.stored_bytes for i in infos), worst
 
 
 def _diagonal(lo: Point, hi: Point) -> list[Point]:
@@ -450,7 +462,15 @@ class Search:
     space : SearchSpace, optional
         The configurations to choose from.
     max_evals : int
-        Hard cap on quality evaluations per checkpoint (the baseline not counted).
+        Hard cap on evaluations (encodings of a candidate) per checkpoint; the baseline's
+        quality is not counted.
+    max_rel_l2 : float, optional
+        A second bound next to ``epsilon``: a configuration is feasible only if the relative
+        L2 error ``||x - x̂|| / ||x||`` of every searched tensor is at most this. The quality
+        on a few batches right after a restore does not say how much of the error training
+        will carry to its end; the error of the bulk of the weights does (docs/decisions.md,
+        "Relative error bound"). A candidate above the bound is rejected without calling the
+        quality callback. None: no such bound (the paper's criterion alone).
     threads : int, optional
         Encoder/decoder threads for the candidate encodings.
 
@@ -463,9 +483,12 @@ class Search:
 
     def __init__(self, epsilon: float = 0.05, *, higher_is_better: bool = False,
                  space: SearchSpace | None = None, max_evals: int = 24,
-                 threads: int | None = None) -> None:
+                 max_rel_l2: float | None = None, threads: int | None = None) -> None:
         if not (isinstance(epsilon, (int, float)) and 0 <= epsilon < math.inf):
             raise InvalidArgumentError("epsilon must be a non-negative number")
+        if max_rel_l2 is not None and not (isinstance(max_rel_l2, (int, float))
+                                           and 0 < max_rel_l2 < math.inf):
+            raise InvalidArgumentError("max_rel_l2 must be a positive number or None")
         if type(max_evals) is not int or max_evals < 1:
             raise InvalidArgumentError("max_evals must be a positive integer")
         if space is not None and not isinstance(space, SearchSpace):
@@ -474,6 +497,7 @@ class Search:
         self.higher_is_better = bool(higher_is_better)
         self.space = space or SearchSpace()
         self.max_evals = max_evals
+        self.max_rel_l2 = None if max_rel_l2 is None else float(max_rel_l2)
         self.threads = threads
         self.previous: Choice | None = None
         self._size_table: tuple[tuple, np.ndarray] | None = None
@@ -535,7 +559,7 @@ class Search:
         shifts = self._shifts(searched, roles, curvature)
         metrics = [m for m in self.space.prune_metrics
                    if m == "magnitude" or importance]
-        report: dict[str, Any] = {"epsilon": self.epsilon,
+        report: dict[str, Any] = {"epsilon": self.epsilon, "max_rel_l2": self.max_rel_l2,
                                   "higher_is_better": self.higher_is_better,
                                   "max_evals": self.max_evals,
                                   "searched_tensors": len(searched)}

@@ -583,11 +583,16 @@ class Checkpointer:
     ema_window : int or None
         Capture gradients only in the last this many steps before each checkpoint (the
         interval is learned from the steps of the last two saves); None: every step.
+    max_rel_l2 : float, optional
+        Bound on every searched tensor's relative L2 error, next to ``epsilon`` (see
+        :class:`inshrink.search.Search`). None: no such bound.
     epsilon_follows_lr : bool
         Scale ``epsilon`` at each save by the optimizer's learning rate against the largest
         one seen (kept in the checkpoints' metadata across restarts), never below
         ``EPSILON_FLOOR`` of it: checkpoints late in a decaying schedule, from which training
-        has few and small steps left to recover, are kept more precise.
+        has few and small steps left to recover, are kept more precise. ``max_rel_l2`` is
+        scaled by the square root of the same factor (the loss a perturbation adds grows with
+        the square of its size).
     threads : int, optional
         Encoder/decoder threads.
 
@@ -610,7 +615,8 @@ class Checkpointer:
                  space: SearchSpace | None = None,
                  max_evals: int = 24, keyframe_every: int = 10, grad_ema: bool = True,
                  ema_beta: float = 0.9, ema_window: int | None = 50,
-                 epsilon_follows_lr: bool = True, threads: int | None = None) -> None:
+                 max_rel_l2: float | None = None, epsilon_follows_lr: bool = True,
+                 threads: int | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise InvalidArgumentError("model must be a torch.nn.Module")
         self.model = model
@@ -620,13 +626,15 @@ class Checkpointer:
         if eval_batches is not None:
             self.quality = quality_from(model, eval_batches, loss_fn, metric)
             self.search = Search(epsilon, higher_is_better=metric is not None, space=space,
-                                 max_evals=max_evals, threads=threads)
+                                 max_evals=max_evals, max_rel_l2=max_rel_l2,
+                                 threads=threads)
         self.series = Series(directory, policy, keyframe_every=keyframe_every, threads=threads,
                              search=self.search)
         squares = self.search is not None and self.search.space.per_tensor_bins
         self.ema = GradientEMA(model, ema_beta, window=ema_window, squares=squares) \
             if grad_ema else None
         self.epsilon = epsilon
+        self.max_rel_l2 = max_rel_l2
         self.epsilon_follows_lr = bool(epsilon_follows_lr) and optimizer is not None
         self.peak_lr: float | None = None
         self._last_step: int | None = None
@@ -642,15 +650,14 @@ class Checkpointer:
             return None
         return {n: v for n, v in self.ema.curvature().items() if n in state}
 
-    def _epsilon_now(self) -> float:
-        """``epsilon`` scaled by the learning rate against the largest one seen, never below
-        ``EPSILON_FLOOR`` of it."""
+    def _lr_scale(self) -> float:
+        """The learning rate against the largest one seen, never below ``EPSILON_FLOOR``."""
         lr = max(float(group["lr"]) for group in self.optimizer.param_groups)
         if not math.isfinite(lr) or lr < 0:
-            return self.epsilon
+            return 1.0
         self.peak_lr = max(self.peak_lr or 0.0, lr)
         scale = lr / self.peak_lr if self.peak_lr > 0 else 1.0
-        return self.epsilon * max(scale, EPSILON_FLOOR)
+        return max(scale, EPSILON_FLOOR)
 
     def save(self, step: int) -> dict[str, Any]:
         """Checkpoint the model and optimizer as ``step`` (after every saved step).
@@ -664,7 +671,10 @@ class Checkpointer:
         started = time.perf_counter()
         state, metadata = state_to_numpy(self.model, self.optimizer)
         if self.epsilon_follows_lr and self.search is not None:
-            self.search.epsilon = self._epsilon_now()
+            scale = self._lr_scale()
+            self.search.epsilon = self.epsilon * scale
+            if self.max_rel_l2 is not None:
+                self.search.max_rel_l2 = self.max_rel_l2 * math.sqrt(scale)
             metadata[PEAK_LR_METADATA] = repr(self.peak_lr)
         self.series.save(step, state, metadata=metadata, importance=self._importance(state),
                          quality=self.quality, curvature=self._curvature(state))

@@ -51,11 +51,18 @@ TABLE = np.random.default_rng(7).permutation(np.arange(np.prod(SHAPE), dtype=flo
 TABLE = (TABLE.reshape(SHAPE) + 50 * np.indices(SHAPE).sum(axis=0))
 
 
+def synthetic_rel_l2(point):
+    """A relative error falling with precision on every axis, as a real encoding's."""
+    bins, embedding_bins, keep, protect = point
+    return 1.0 / (1 + 2 * bins + embedding_bins + keep + protect)
+
+
 @pytest.fixture
 def synthetic_encoding(monkeypatch):
     def roundtrip(self, choice):
         marker = np.frombuffer(json.dumps(choice.to_dict()).encode(), np.uint8)
-        return {"cfg": marker}, int(self._size_table()[SPACE.point(choice)])
+        point = SPACE.point(choice)
+        return {"cfg": marker}, int(self._size_table()[point]), synthetic_rel_l2(point)
     monkeypatch.setattr(_Evaluator, "_roundtrip", roundtrip)
     monkeypatch.setattr(_Evaluator, "_size_table", lambda self: TABLE)
 
@@ -111,6 +118,38 @@ def test_cap_is_respected_and_nothing_infeasible_is_returned(synthetic_encoding,
     if result.choice is not None:
         assert oracle.feasible(SPACE.point(result.choice), result.choice.prune_metric)
         assert result.report["chosen_result"]["feasible"]
+
+
+class Bounded(Synthetic):
+    """Feasible iff the oracle says so and the synthetic relative error is within a bound."""
+
+    def __init__(self, generators, bound):
+        super().__init__(generators)
+        self.bound = bound
+
+    def feasible(self, point, metric):
+        return synthetic_rel_l2(point) <= self.bound and super().feasible(point, metric)
+
+
+@SYNTHETIC
+@given(generators, generators, st.sampled_from([0.02, 0.05, 0.08, 0.2, 1.0]))
+def test_relative_error_bound_is_met_by_the_optimum(synthetic_encoding, gen_mag, gen_sens,
+                                                    bound):
+    oracle = Bounded({"magnitude": gen_mag, "sensitivity": gen_sens}, bound)
+    search = Search(epsilon=0.05, max_evals=10_000, max_rel_l2=bound)
+    result = search.choose(STATE, oracle.quality, IMPORTANCE)
+    best = optimum(oracle, METRICS)
+    rejected = [e for e in result.report["evaluations"] if e["quality"] is None]
+    assert all(e["rel_l2"] > bound and not e["feasible"] for e in rejected)
+    assert oracle.calls == 1 + len(result.report["evaluations"]) - len(rejected)
+    assert result.report["max_rel_l2"] == bound
+    if best is None:
+        assert result.choice is None
+        return
+    chosen = SPACE.point(result.choice)
+    assert synthetic_rel_l2(chosen) <= bound
+    assert oracle.feasible(chosen, result.choice.prune_metric)
+    assert expected_bits(chosen) == best
 
 
 def test_guided_search_uses_few_evaluations(synthetic_encoding):
@@ -227,6 +266,39 @@ def test_real_search_choice_meets_epsilon_when_saved(tmp_path, epsilon):
     assert np.array_equal(restored["model.layer.bias"], state["model.layer.bias"])
 
 
+def test_relative_error_bound_holds_in_the_saved_file(tmp_path):
+    state, loss = _model()
+    free = Search(0.05).choose(state, loss)
+    calls = []
+
+    def counted(s):
+        calls.append(1)
+        return loss(s)
+    bounded = Search(0.05, max_rel_l2=0.03).choose(state, counted)
+    assert bounded.choice is not None
+    assert bounded.report["chosen_result"]["rel_l2"] <= 0.03
+    assert free.report["chosen_result"]["rel_l2"] > 0.03  # the bound did bind
+    assert (bounded.report["chosen_result"]["stored_bytes"]
+            >= free.report["chosen_result"]["stored_bytes"])
+    rejected = [e for e in bounded.report["evaluations"] if e["quality"] is None]
+    assert rejected and len(calls) == 1 + len(bounded.report["evaluations"]) - len(rejected)
+    infos = inshrink.save(tmp_path / "b.ink", state, policy=bounded.policy)
+    searched = [i for i in infos if i.role in ("weight", "embedding")]
+    assert searched and all(i.error["rel_l2_error"] <= 0.03 for i in searched)
+
+
+def test_unreachable_relative_error_bound_keeps_the_weights_lossless():
+    state, loss = _model()
+    calls = []
+
+    def counted(s):
+        calls.append(1)
+        return loss(s)
+    result = Search(0.05, max_rel_l2=1e-9).choose(state, counted)
+    assert result.choice is None and len(calls) == 1  # the baseline only
+    assert result.policy.roles.get("weight") is None
+
+
 def test_smaller_epsilon_is_never_more_compressive():
     state, loss = _model()
     sizes = [Search(eps).choose(state, loss).report["chosen_result"]["stored_bytes"]
@@ -319,7 +391,10 @@ def test_bad_search_space(kwargs):
         SearchSpace(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [{"epsilon": -0.1}, {"epsilon": math.inf},
+@pytest.mark.parametrize("kwargs", [{"max_rel_l2": 0}, {"max_rel_l2": -0.1},
+                                    {"max_rel_l2": math.inf}, {"max_rel_l2": math.nan},
+                                    {"max_rel_l2": "0.1"},
+                                    {"epsilon": -0.1}, {"epsilon": math.inf},
                                     {"max_evals": 0}, {"space": "big"}])
 def test_bad_search_arguments(kwargs):
     with pytest.raises(InvalidArgumentError):

@@ -1,6 +1,7 @@
 """PyTorch integration: state conversion, exact resume, gradient EMA, quality callback,
 Checkpointer."""
 import json
+import math
 import subprocess
 import sys
 
@@ -472,16 +473,21 @@ def test_inshrink_does_not_import_torch():
 def test_epsilon_follows_the_learning_rate_and_survives_a_restart(tmp_path):
     model = mlp()
     optimizer = adamw(model)
-    kwargs = dict(eval_batches=[data(64, seed=500)], epsilon=0.05, max_evals=2)  # default
+    kwargs = dict(eval_batches=[data(64, seed=500)], epsilon=0.05, max_evals=2,
+                  max_rel_l2=0.2)
     ckpt = Checkpointer(tmp_path / "c", model, optimizer, **kwargs)
-    epsilons = []
+    epsilons, bounds = [], []
     for step, lr in ((1, 1e-3), (2, 2e-3), (3, 5e-4), (4, 0.0)):
         for group in optimizer.param_groups:
             group["lr"] = lr
         train(model, optimizer, 1)
-        epsilons.append(ckpt.save(step)["search"]["epsilon"])
-    # the peak so far sets the scale; a tenth of epsilon at least
+        report = ckpt.save(step)["search"]
+        epsilons.append(report["epsilon"])
+        bounds.append(report["max_rel_l2"])
+    # the peak so far sets the scale; a tenth of epsilon at least; the error bound follows
+    # the square root of the same scale
     assert epsilons == pytest.approx([0.05, 0.05, 0.0125, 0.005])
+    assert bounds == pytest.approx([0.2, 0.2, 0.1, 0.2 * math.sqrt(0.1)])
 
     again = Checkpointer(tmp_path / "c", model, optimizer, **kwargs)
     again.restore()
@@ -492,6 +498,7 @@ def test_epsilon_follows_the_learning_rate_and_survives_a_restart(tmp_path):
     fixed = Checkpointer(tmp_path / "d", model, optimizer, eval_batches=[data(64, seed=500)],
                          epsilon=0.05, max_evals=2, epsilon_follows_lr=False)
     assert fixed.save(1)["search"]["epsilon"] == 0.05
+    assert fixed.save(2)["search"]["max_rel_l2"] is None  # no bound unless asked for
 
 
 @pytest.mark.parametrize("value, expected", [
