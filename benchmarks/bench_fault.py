@@ -252,7 +252,7 @@ class InshrinkMethod(Method):
 
     def __init__(self, task, workdir, epsilon: float, keyframe_every=10, max_evals=24,
                  moment_bins: tuple | None = None, space: dict | None = None,
-                 checkpointer: dict | None = None):
+                 checkpointer: dict | None = None, policy: str | dict | None = None):
         super().__init__(task, workdir)
         from inshrink.torch import Checkpointer
         self.dir = os.path.join(workdir, "inshrink")
@@ -271,6 +271,14 @@ class InshrinkMethod(Method):
             kwargs["metric"] = task.search_metric  # higher is better
         else:
             kwargs["loss_fn"] = task.loss_fn
+        if policy is not None:  # no search: weights lossless, the moments as given
+            from inshrink.policy import Policy, QuantConfig
+            from inshrink.search import SearchSpace as _Space
+            for key in ("eval_batches", "metric", "loss_fn"):
+                kwargs.pop(key, None)
+            moments = _Space().moments() if policy == "moments" else {
+                role: None if kw is None else QuantConfig(**kw) for role, kw in policy.items()}
+            kwargs["policy"] = Policy({r: c for r, c in moments.items() if c is not None})
         self.ck = Checkpointer(self.dir, self.model, self.optimizer, **kwargs,
                                **(checkpointer or {}))
         self.epsilon = epsilon
@@ -359,6 +367,19 @@ RUNS = {
     "const": dict(method="inshrink", epsilon=0.05, failures=10,
                   checkpointer=dict(epsilon_follows_lr=False)),
     "sigma1": dict(method="inshrink", epsilon=0.05, failures=10, space=dict(sigma=1.0)),
+    "wonly": dict(method="inshrink", epsilon=0.05, failures=10,
+                  space=dict(exp_avg=None, exp_avg_sq=None)),
+    "oonly": dict(method="inshrink", epsilon=0.05, failures=10, policy="moments"),
+    "o_v4": dict(method="inshrink", epsilon=0.05, failures=10,
+                 policy=dict(exp_avg=None, exp_avg_sq=dict(bins=4))),
+    "o_m0p1": dict(method="inshrink", epsilon=0.05, failures=10,
+                   policy=dict(exp_avg=dict(bins=0, protect=0.01), exp_avg_sq=dict(bins=4))),
+    "o_m2": dict(method="inshrink", epsilon=0.05, failures=10,
+                 policy=dict(exp_avg=dict(bins=2), exp_avg_sq=dict(bins=4))),
+    "o_m4": dict(method="inshrink", epsilon=0.05, failures=10,
+                 policy=dict(exp_avg=dict(bins=4), exp_avg_sq=dict(bins=4))),
+    "v2s2": dict(method="inshrink", epsilon=0.05, failures=10,
+                 moment_bins=((0, None), (2, None)), checkpointer=dict(epsilon_follows_lr=2)),
     "rel0.2": dict(method="inshrink", epsilon=0.05, failures=10,
                    moment_bins=((0, None), (2, None)), checkpointer=dict(max_rel_l2=0.2)),
     "rel0.3": dict(method="inshrink", epsilon=0.05, failures=10,
@@ -394,7 +415,8 @@ def make_method(spec: dict, task: fm.Task, workdir: str) -> Method:
     if m == "inshrink":
         return InshrinkMethod(task, workdir, spec["epsilon"],
                               moment_bins=spec.get("moment_bins"), space=spec.get("space"),
-                              checkpointer=spec.get("checkpointer"))
+                              checkpointer=spec.get("checkpointer"),
+                              policy=spec.get("policy"))
     raise ValueError(m)
 
 

@@ -9,6 +9,12 @@ arm without a restore):
     ref        no restore                    noise      weights x (1 + 1e-3 N(0, 1))
     all32      every weight matrix 32 levels all16      every weight matrix 16 levels
     fc4/8/16   only the four MLP matrices (the least sensitive tensors), 4 / 8 / 16 levels
+    all8, all4 every weight matrix 8 / 4 levels (with --arms)
+    all8p40    every weight matrix 8 levels, its 40% smallest entries zero (with --arms)
+    m0, v4, v2 weights exact, the first moment zero (plus its 0.05% largest) / the second
+               moment at 4 / 2 levels (with --arms); opt4 = m0 + v4 (the default), opt2
+               = m0 + v2; m0p1 / m0p5 the first moment zero but its 1% / 5% largest; m2 the
+               first moment at 2 levels
 
     OMP_NUM_THREADS=1 python benchmarks/one_restore.py --step 900      # ~4 min on 1 core
 
@@ -32,25 +38,59 @@ import ft_models as fm  # noqa: E402
 inshrink, _why = common.import_inshrink()
 
 
-def quantized(state: dict, bins_by_name: dict, workdir: str) -> dict:
-    """``state`` saved with the given bins per tensor (protect 0.0005) and loaded back."""
+def quantized(state: dict, bins_by_name: dict, workdir: str, prune: float = 0.0) -> dict:
+    """``state`` saved with the given bins per tensor (protect 0.0005, ``prune`` of each
+    tensor's smallest entries set to zero) and loaded back."""
     from inshrink.policy import Policy, QuantConfig
-    tensors = {n: QuantConfig(bins=b, protect=0.0005) for n, b in bins_by_name.items()}
+    tensors = {n: QuantConfig(bins=b, prune=prune, protect=0.0005)
+               for n, b in bins_by_name.items()}
     path = os.path.join(workdir, "restore.ink")
     inshrink.save(path, state, policy=Policy(tensors=tensors))
     return inshrink.load(path)
 
 
-def arms(state: dict, workdir: str) -> dict:
+# name -> (which matrices, levels, pruned fraction)
+QUANTIZED_ARMS = {"all32": ("all", 32, 0.0), "all16": ("all", 16, 0.0),
+                  "all8": ("all", 8, 0.0), "all4": ("all", 4, 0.0),
+                  "all8p40": ("all", 8, 0.4), "fc4": ("mlp", 4, 0.0),
+                  "fc8": ("mlp", 8, 0.0), "fc16": ("mlp", 16, 0.0)}
+# name -> QuantConfig arguments of (the first moment, the second; None: exact), weights exact
+M0 = dict(bins=0)
+OPTIMIZER_ARMS = {"m0": (M0, None), "v4": (None, dict(bins=4)), "v2": (None, dict(bins=2)),
+                  "opt4": (M0, dict(bins=4)), "opt2": (M0, dict(bins=2)),
+                  "m0p1": (dict(bins=0, protect=0.01), None),
+                  "m0p5": (dict(bins=0, protect=0.05), None), "m2": (dict(bins=2), None)}
+DEFAULT_ARMS = ("noise", "all32", "all16", "fc4", "fc8", "fc16")
+
+
+def restore_moments(optimizer, levels: tuple, workdir: str) -> None:
+    """Replace the optimizer's moments by their quantized copies (the search space's default
+    configurations for these roles, with the given levels)."""
+    from inshrink.policy import Policy, QuantConfig
+    from inshrink.torch import load_state, state_to_numpy
+    tensors, metadata = state_to_numpy(None, optimizer)
+    roles = {role: QuantConfig(**kw) for role, kw in zip(("exp_avg", "exp_avg_sq"), levels)
+             if kw is not None}
+    path = os.path.join(workdir, "moments.ink")
+    inshrink.save(path, tensors, policy=Policy(roles))
+    load_state(inshrink.load(path), metadata, optimizer=optimizer)
+
+
+def arms(state: dict, workdir: str, names=DEFAULT_ARMS) -> dict:
     matrices = [n for n, a in state.items() if a.ndim == 2]
-    mlp = [n for n in matrices if ".fc" in n]
-    rng = np.random.default_rng(0)
-    noisy = {n: (a * (1 + 1e-3 * rng.standard_normal(a.shape))).astype(a.dtype)
-             if a.ndim == 2 else a for n, a in state.items()}
-    out = {"ref": None, "noise": noisy}
-    for name, names, bins in (("all32", matrices, 32), ("all16", matrices, 16),
-                              ("fc4", mlp, 4), ("fc8", mlp, 8), ("fc16", mlp, 16)):
-        out[name] = quantized(state, dict.fromkeys(names, bins), workdir)
+    which = {"all": matrices, "mlp": [n for n in matrices if ".fc" in n]}
+    out = {"ref": None}
+    for name in names:
+        if name in OPTIMIZER_ARMS:
+            out[name] = None  # weights exact; see restore_moments
+            continue
+        if name == "noise":
+            rng = np.random.default_rng(0)
+            out[name] = {n: (a * (1 + 1e-3 * rng.standard_normal(a.shape))).astype(a.dtype)
+                         if a.ndim == 2 else a for n, a in state.items()}
+            continue
+        group, bins, prune = QUANTIZED_ARMS[name]
+        out[name] = quantized(state, dict.fromkeys(which[group], bins), workdir, prune)
     return out
 
 
@@ -58,7 +98,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--step", type=int, default=900, help="restore after this step")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                    help=f"comma-separated, of noise,{','.join(QUANTIZED_ARMS)},"
+                         f"{','.join(OPTIMIZER_ARMS)}")
     args = ap.parse_args(argv)
+    names = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in names if a != "noise" and a not in QUANTIZED_ARMS
+               and a not in OPTIMIZER_ARMS]
+    if unknown:
+        ap.error(f"unknown arms {unknown}")
     if inshrink is None:
         raise SystemExit(f"inshrink not importable: {_why}")
     task, snapshot = fm.trained("lm", args.seed, args.step, after=15)
@@ -70,11 +118,13 @@ def main(argv=None) -> int:
     print("|---|---:|---:|---:|")
     with tempfile.TemporaryDirectory(dir=common.tmp_root()) as workdir:
         base_calib = base_final = None
-        for name, weights in arms(state, workdir).items():
+        for name, weights in arms(state, workdir, names).items():
             fm.rewind(task, snapshot)
             if weights is not None:
                 task.model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v))
                                             for k, v in weights.items()})
+            if name in OPTIMIZER_ARMS:
+                restore_moments(task.optimizer, OPTIMIZER_ARMS[name], workdir)
             calib = task.evaluate(task.calib_batches)["loss"]
             finals = []
             for step in range(args.step + 1, task.steps + 1):

@@ -586,11 +586,13 @@ class Checkpointer:
     max_rel_l2 : float, optional
         Bound on every searched tensor's relative L2 error, next to ``epsilon`` (see
         :class:`inshrink.search.Search`). None: no such bound.
-    epsilon_follows_lr : bool
+    epsilon_follows_lr : bool or float
         Scale ``epsilon`` at each save by the optimizer's learning rate against the largest
         one seen (kept in the checkpoints' metadata across restarts), never below
         ``EPSILON_FLOOR`` of it: checkpoints late in a decaying schedule, from which training
-        has few and small steps left to recover, are kept more precise. ``max_rel_l2`` is
+        has few and small steps left to recover, are kept more precise. True (= 1): by that
+        ratio; a number p: by the ratio to the power p (2 keeps the second half of a cosine
+        schedule much more precise); False (= 0): ``epsilon`` as given. ``max_rel_l2`` is
         scaled by the square root of the same factor (the loss a perturbation adds grows with
         the square of its size).
     threads : int, optional
@@ -615,7 +617,7 @@ class Checkpointer:
                  space: SearchSpace | None = None,
                  max_evals: int = 24, keyframe_every: int = 10, grad_ema: bool = True,
                  ema_beta: float = 0.9, ema_window: int | None = 50,
-                 max_rel_l2: float | None = None, epsilon_follows_lr: bool = True,
+                 max_rel_l2: float | None = None, epsilon_follows_lr: bool | float = True,
                  threads: int | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise InvalidArgumentError("model must be a torch.nn.Module")
@@ -635,7 +637,12 @@ class Checkpointer:
             if grad_ema else None
         self.epsilon = epsilon
         self.max_rel_l2 = max_rel_l2
-        self.epsilon_follows_lr = bool(epsilon_follows_lr) and optimizer is not None
+        if not (isinstance(epsilon_follows_lr, (bool, int, float))
+                and 0 <= epsilon_follows_lr < math.inf):
+            raise InvalidArgumentError("epsilon_follows_lr must be a bool or a non-negative "
+                                       "number")
+        # the power of the learning-rate ratio (0: a constant bound)
+        self.lr_power = float(epsilon_follows_lr) if optimizer is not None else 0.0
         self.peak_lr: float | None = None
         self._last_step: int | None = None
         self.seconds = 0.0
@@ -651,13 +658,14 @@ class Checkpointer:
         return {n: v for n, v in self.ema.curvature().items() if n in state}
 
     def _lr_scale(self) -> float:
-        """The learning rate against the largest one seen, never below ``EPSILON_FLOOR``."""
+        """The learning rate against the largest one seen, to the power ``lr_power``, never
+        below ``EPSILON_FLOOR``."""
         lr = max(float(group["lr"]) for group in self.optimizer.param_groups)
         if not math.isfinite(lr) or lr < 0:
             return 1.0
         self.peak_lr = max(self.peak_lr or 0.0, lr)
         scale = lr / self.peak_lr if self.peak_lr > 0 else 1.0
-        return max(scale, EPSILON_FLOOR)
+        return max(scale ** self.lr_power, EPSILON_FLOOR)
 
     def save(self, step: int) -> dict[str, Any]:
         """Checkpoint the model and optimizer as ``step`` (after every saved step).
@@ -670,7 +678,7 @@ class Checkpointer:
         """
         started = time.perf_counter()
         state, metadata = state_to_numpy(self.model, self.optimizer)
-        if self.epsilon_follows_lr and self.search is not None:
+        if self.lr_power > 0 and self.search is not None:
             scale = self._lr_scale()
             self.search.epsilon = self.epsilon * scale
             if self.max_rel_l2 is not None:

@@ -501,6 +501,27 @@ def test_epsilon_follows_the_learning_rate_and_survives_a_restart(tmp_path):
     assert fixed.save(2)["search"]["max_rel_l2"] is None  # no bound unless asked for
 
 
+def test_epsilon_follows_a_power_of_the_learning_rate(tmp_path):
+    model = mlp()
+    optimizer = adamw(model)
+    ckpt = Checkpointer(tmp_path / "c", model, optimizer, eval_batches=[data(64, seed=500)],
+                        epsilon=0.05, max_evals=2, epsilon_follows_lr=2)
+    epsilons = []
+    for step, lr in ((1, 2e-3), (2, 1e-3), (3, 5e-4)):
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        train(model, optimizer, 1)
+        epsilons.append(ckpt.save(step)["search"]["epsilon"])
+    assert epsilons == pytest.approx([0.05, 0.0125, 0.005])  # (1/4)^2 is below the floor
+
+
+@pytest.mark.parametrize("value", [-1, math.inf, math.nan, "yes", None])
+def test_bad_epsilon_follows_lr(tmp_path, value):
+    model = mlp()
+    with pytest.raises(errors.InvalidArgumentError):
+        Checkpointer(tmp_path / "c", model, adamw(model), epsilon_follows_lr=value)
+
+
 @pytest.mark.parametrize("value, expected", [
     ("0.002", 0.002), ("None", None), ("nan", None), ("inf", None), ("-1e-3", None),
     ("0", None), (None, None)])
