@@ -1,5 +1,6 @@
 """PyTorch integration: state conversion, exact resume, gradient EMA, quality callback,
 Checkpointer."""
+import copy
 import json
 import math
 import subprocess
@@ -530,3 +531,97 @@ def test_recorded_peak_learning_rate_is_a_positive_number_or_ignored(value, expe
     metadata = {} if value is None else {PEAK_LR_METADATA: value}
     assert _peak_lr(metadata) == expected
 
+
+
+# -- momentum restart ------------------------------------------------------------------------
+
+def _one_step_update(model, optimizer, seed=7):
+    before = [p.detach().clone() for p in model.parameters()]
+    train(model, optimizer, 1, seed=seed)
+    return [p.detach() - b for p, b in zip(model.parameters(), before)]
+
+
+@pytest.mark.parametrize("make", [adamw, lambda m: torch.optim.Adam(m.parameters(), lr=1e-2),
+                                  lambda m: torch.optim.SGD(m.parameters(), lr=0.05,
+                                                            momentum=0.9, dampening=0.1)])
+def test_momentum_restart_zeroes_the_moment_and_corrects_the_step_size(make):
+    from inshrink.torch import RESTART_TOLERANCE, MomentumRestart
+    model = mlp()
+    optimizer = make(model)
+    train(model, optimizer, 5)
+    group = optimizer.param_groups[0]
+    lr, weight_decay = group["lr"], group["weight_decay"]
+    key, beta = ("momentum_buffer", 0.9) if "momentum" in group else \
+        ("exp_avg", group["betas"][0])
+    restart = MomentumRestart(optimizer)
+    assert restart.active and restart.betas == {0: beta}
+    assert all(not optimizer.state[p][key].any() for p in model.parameters())
+    # the first step after the restart moves as far as a fresh momentum's bias-corrected
+    # update; without the correction it would be (1 - beta) of that
+    plain = mlp()
+    plain.load_state_dict(model.state_dict())
+    plain_optimizer = make(plain)
+    plain_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    corrected = _one_step_update(model, optimizer)
+    uncorrected = _one_step_update(plain, plain_optimizer)
+    ratio = torch.cat([c.flatten() for c in corrected]).norm() / \
+        torch.cat([u.flatten() for u in uncorrected]).norm()
+    assert ratio == pytest.approx(1 / (1 - beta), rel=0.02)
+    assert (group["lr"], group["weight_decay"]) == (lr, weight_decay)  # put back after the step
+    steps = math.ceil(math.log(RESTART_TOLERANCE) / math.log(beta))
+    train(model, optimizer, steps - 2)
+    assert restart.active
+    train(model, optimizer, 1)
+    assert not restart.active and restart.steps == steps
+    assert (group["lr"], group["weight_decay"]) == (lr, weight_decay)
+
+
+def test_momentum_restart_leaves_unsupported_optimizers_alone():
+    from inshrink.torch import MomentumRestart
+    for make in (sgd, lambda m: torch.optim.RMSprop(m.parameters(), lr=1e-3, momentum=0.9),
+                 lambda m: torch.optim.NAdam(m.parameters(), lr=1e-3)):
+        model = mlp()
+        optimizer = make(model)
+        train(model, optimizer, 2)
+        before = {k: v.clone() for k, v in optimizer.state[next(model.parameters())].items()
+                  if isinstance(v, torch.Tensor)}
+        restart = MomentumRestart(optimizer)
+        assert not restart.active and restart.betas == {}
+        after = optimizer.state[next(model.parameters())]
+        assert all(torch.equal(after[k], v) for k, v in before.items())
+
+
+def test_momentum_restart_survives_a_failing_step():
+    from inshrink.torch import MomentumRestart
+    model = mlp()
+    optimizer = adamw(model)
+    train(model, optimizer, 2)
+    restart = MomentumRestart(optimizer)
+    lr = optimizer.param_groups[0]["lr"]
+    restart._before(optimizer, (), {})  # a step that raises never reaches the post hook
+    assert optimizer.param_groups[0]["lr"] > lr
+    restart.remove()
+    assert optimizer.param_groups[0]["lr"] == lr and not restart.active
+
+
+@pytest.mark.parametrize("kwargs, restarts", [
+    ({}, True), ({"restart_momentum": False}, False),
+    ({"space": SearchSpace(exp_avg=inshrink.QuantConfig(bins=4))}, False),
+    ({"eval_batches": None, "policy": None}, False)])
+def test_checkpointer_restarts_a_momentum_stored_as_zeros(tmp_path, kwargs, restarts):
+    model = mlp()
+    optimizer = adamw(model)
+    train(model, optimizer, 3)
+    options = dict(eval_batches=[data(64, seed=500)], max_evals=2)
+    options.update(kwargs)
+    ckpt = Checkpointer(tmp_path / "c", model, optimizer, **options)
+    ckpt.save(3)
+    train(model, optimizer, 2)
+    ckpt.restore()
+    assert (ckpt.momentum_restart is not None) == restarts
+    moments = [optimizer.state[p]["exp_avg"] for p in model.parameters()]
+    assert all(not m.any() for m in moments) or not restarts
+    if restarts:
+        first = ckpt.momentum_restart
+        ckpt.restore()  # a second restore replaces the first correction
+        assert not first.active and ckpt.momentum_restart.active
