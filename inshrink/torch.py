@@ -30,7 +30,7 @@ from torch.func import functional_call
 
 from .dtypes import as_numpy
 from .errors import InvalidArgumentError
-from .policy import Policy, resolve
+from .policy import Policy
 from .search import Quality, Search, SearchSpace
 from .series import SEARCH_KEY as SEARCH_METADATA, Series
 
@@ -534,103 +534,6 @@ def quality_from(model: torch.nn.Module, batches: Sequence[tuple[Any, Any]],
 
 # -- checkpointer --------------------------------------------------------------------------
 
-RESTART_TOLERANCE = 1e-3
-"""A momentum restart's correction ends once beta ** steps falls below this."""
-
-
-def _momentum_beta(group: Mapping[str, Any]) -> tuple[str, float] | None:
-    """(state key, decay) of a parameter group's first moment, for the optimizers whose
-    momentum grows from zero as ``1 - beta ** k`` and enters the update linearly (Adam's and
-    AdamW's; SGD's heavy-ball momentum, told by its ``dampening``); None for anything else."""
-    if isinstance(group.get("lr"), torch.Tensor):
-        return None
-    if "betas" in group and "amsgrad" in group:  # Adam and AdamW
-        beta = float(group["betas"][0])
-        key = "exp_avg"
-    elif "dampening" in group and group.get("momentum", 0) and not group.get("nesterov"):
-        beta = float(group["momentum"])
-        key = "momentum_buffer"
-    else:
-        return None
-    return (key, beta) if 0 < beta < 1 else None
-
-
-class MomentumRestart:
-    """Restart an optimizer's first moments at zero, with a bias correction.
-
-    A momentum restarted at zero reaches its usual size only after ~``1 / (1 - beta)`` steps
-    (Adam's step count, which would correct for that, is not restarted with it), so training
-    would lose about that many steps' worth of progress. This sets every first moment
-    (Adam's ``exp_avg``, SGD's ``momentum_buffer``) of the supported parameter groups to zero
-    and, for the next steps k = 1, 2, ..., multiplies the group's learning rate by
-    ``1 / (1 - beta ** k)`` during ``optimizer.step()`` (AdamW's decoupled weight decay is
-    divided by the same factor, so it is unchanged): each update then has the size a fresh
-    optimizer's bias-corrected update would have. The correction removes itself once
-    ``beta ** k`` falls below ``RESTART_TOLERANCE``.
-
-    Supported: the parameter groups of Adam, AdamW (amsgrad included) and SGD with
-    non-Nesterov momentum. Other groups (NAdam, RAdam, Adamax, RMSprop, Nesterov...), whose
-    updates depend on the moment differently, are left as they are.
-
-    Parameters
-    ----------
-    optimizer : torch.optim.Optimizer
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.optimizer = optimizer
-        self.betas: dict[int, float] = {}
-        for index, group in enumerate(optimizer.param_groups):
-            found = _momentum_beta(group)
-            if found is None:
-                continue
-            key, beta = found
-            self.betas[index] = beta
-            for param in group["params"]:
-                moment = optimizer.state.get(param, {}).get(key)
-                if isinstance(moment, torch.Tensor):
-                    moment.zero_()
-        self.steps = 0
-        self._saved: dict[int, tuple[Any, Any]] = {}
-        self._handles = [optimizer.register_step_pre_hook(self._before),
-                         optimizer.register_step_post_hook(self._after)] if self.betas else []
-
-    @property
-    def active(self) -> bool:
-        return bool(self._handles)
-
-    def _before(self, optimizer, args, kwargs) -> None:
-        self._after_step()  # a step that raised left its scaled values behind
-        self.steps += 1
-        for index, beta in self.betas.items():
-            group = optimizer.param_groups[index]
-            factor = 1.0 / (1.0 - beta ** self.steps)
-            self._saved[index] = (group["lr"], group.get("weight_decay"))
-            group["lr"] = group["lr"] * factor
-            if group.get("decoupled_weight_decay") and group.get("weight_decay"):
-                group["weight_decay"] = group["weight_decay"] / factor
-
-    def _after_step(self) -> None:
-        for index, (lr, weight_decay) in self._saved.items():
-            group = self.optimizer.param_groups[index]
-            group["lr"] = lr
-            if weight_decay is not None:
-                group["weight_decay"] = weight_decay
-        self._saved = {}
-
-    def _after(self, optimizer, args, kwargs) -> None:
-        self._after_step()
-        if all(beta ** self.steps < RESTART_TOLERANCE for beta in self.betas.values()):
-            self.remove()
-
-    def remove(self) -> None:
-        """End the correction now (also when a later restore starts a new one)."""
-        self._after_step()
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-
-
 def _peak_lr(metadata: Mapping[str, str]) -> float | None:
     """The peak learning rate a checkpoint's metadata records, if it is a positive number."""
     try:
@@ -692,11 +595,6 @@ class Checkpointer:
         schedule much more precise); False (= 0): ``epsilon`` as given. ``max_rel_l2`` is
         scaled by the square root of the same factor (the loss a perturbation adds grows with
         the square of its size).
-    restart_momentum : bool
-        When the first optimizer moment is stored as zeros (``bins=0``, the default),
-        :meth:`restore` restarts it with a bias correction (:class:`MomentumRestart`), so
-        the restarted momentum costs no training progress; False: the zeros are loaded as
-        they are.
     threads : int, optional
         Encoder/decoder threads.
 
@@ -720,7 +618,7 @@ class Checkpointer:
                  max_evals: int = 24, keyframe_every: int = 10, grad_ema: bool = True,
                  ema_beta: float = 0.9, ema_window: int | None = 50,
                  max_rel_l2: float | None = None, epsilon_follows_lr: bool | float = True,
-                 restart_momentum: bool = True, threads: int | None = None) -> None:
+                 threads: int | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise InvalidArgumentError("model must be a torch.nn.Module")
         self.model = model
@@ -746,8 +644,6 @@ class Checkpointer:
         # the power of the learning-rate ratio (0: a constant bound)
         self.lr_power = float(epsilon_follows_lr) if optimizer is not None else 0.0
         self.peak_lr: float | None = None
-        self.restart_momentum = bool(restart_momentum)
-        self.momentum_restart: MomentumRestart | None = None
         self._last_step: int | None = None
         self.seconds = 0.0
 
@@ -770,15 +666,6 @@ class Checkpointer:
         self.peak_lr = max(self.peak_lr or 0.0, lr)
         scale = lr / self.peak_lr if self.peak_lr > 0 else 1.0
         return max(scale ** self.lr_power, EPSILON_FLOOR)
-
-    def _first_moment_is_zero(self) -> bool:
-        """Whether restores restart the first moment: it is stored as zeros and
-        ``restart_momentum`` is on."""
-        if not self.restart_momentum:
-            return False
-        config = self.search.space.exp_avg if self.search is not None else \
-            resolve(self.series.policy).roles.get("exp_avg")
-        return config is not None and config.bins == 0
 
     def save(self, step: int) -> dict[str, Any]:
         """Checkpoint the model and optimizer as ``step`` (after every saved step).
@@ -814,8 +701,6 @@ class Checkpointer:
 
         The search continues from the restored checkpoint's choice, and the gradient average
         starts afresh (captured again in the last ``ema_window`` steps before the next save).
-        A first moment stored as zeros is restarted with a bias correction (see
-        ``restart_momentum``; attribute ``momentum_restart`` while it lasts).
         """
         if step is None:
             step = self.series.latest()
@@ -824,11 +709,6 @@ class Checkpointer:
         tensors = self.series.load(step)
         metadata = self.series.metadata(step)
         load_state(tensors, metadata, self.model, self.optimizer)
-        if self.momentum_restart is not None:
-            self.momentum_restart.remove()
-            self.momentum_restart = None
-        if self.optimizer is not None and self._first_moment_is_zero():
-            self.momentum_restart = MomentumRestart(self.optimizer)
         if self.search is not None:
             self.search.previous = self.series.search_choice(step)
         self.peak_lr = _peak_lr(metadata) or self.peak_lr
