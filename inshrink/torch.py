@@ -568,7 +568,7 @@ class Checkpointer:
     space : inshrink.search.SearchSpace, optional
         Configurations the search may choose, and the optimizer moments' fixed
         configurations (default: the first moment as zeros plus its 0.05% largest entries,
-        so a restore restarts momentum; ``exp_avg_sq`` at 4 levels).
+        so a restore restarts momentum; ``exp_avg_sq`` at 2 levels).
     max_evals : int
         Quality evaluations per checkpoint at most.
     keyframe_every : int
@@ -590,9 +590,10 @@ class Checkpointer:
         Scale ``epsilon`` at each save by the optimizer's learning rate against the largest
         one seen (kept in the checkpoints' metadata across restarts), never below
         ``EPSILON_FLOOR`` of it: checkpoints late in a decaying schedule, from which training
-        has few and small steps left to recover, are kept more precise. True (= 1): by that
-        ratio; a number p: by the ratio to the power p (2 keeps the second half of a cosine
-        schedule much more precise); False (= 0): ``epsilon`` as given. ``max_rel_l2`` is
+        has few and small steps left to recover, are kept more precise. A number p: by the
+        ratio to the power p (the default 2 keeps the second half of a cosine schedule much
+        more precise than its first; docs/decisions.md); True (= 1): by the ratio; False
+        (= 0): ``epsilon`` as given. ``max_rel_l2`` is
         scaled by the square root of the same factor (the loss a perturbation adds grows with
         the square of its size).
     threads : int, optional
@@ -617,7 +618,7 @@ class Checkpointer:
                  space: SearchSpace | None = None,
                  max_evals: int = 24, keyframe_every: int = 10, grad_ema: bool = True,
                  ema_beta: float = 0.9, ema_window: int | None = 50,
-                 max_rel_l2: float | None = None, epsilon_follows_lr: bool | float = True,
+                 max_rel_l2: float | None = None, epsilon_follows_lr: bool | float = 2,
                  threads: int | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise InvalidArgumentError("model must be a torch.nn.Module")

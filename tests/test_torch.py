@@ -484,35 +484,37 @@ def test_epsilon_follows_the_learning_rate_and_survives_a_restart(tmp_path):
         report = ckpt.save(step)["search"]
         epsilons.append(report["epsilon"])
         bounds.append(report["max_rel_l2"])
-    # the peak so far sets the scale; a tenth of epsilon at least; the error bound follows
-    # the square root of the same scale
-    assert epsilons == pytest.approx([0.05, 0.05, 0.0125, 0.005])
-    assert bounds == pytest.approx([0.2, 0.2, 0.1, 0.2 * math.sqrt(0.1)])
+    # the square of the ratio to the peak so far sets the scale; a tenth of epsilon at least;
+    # the error bound follows the square root of the same scale
+    assert epsilons == pytest.approx([0.05, 0.05, 0.005, 0.005])
+    assert bounds == pytest.approx([0.2, 0.2, 0.2 * math.sqrt(0.1), 0.2 * math.sqrt(0.1)])
 
     again = Checkpointer(tmp_path / "c", model, optimizer, **kwargs)
     again.restore()
     assert again.peak_lr == 2e-3
     for group in optimizer.param_groups:
         group["lr"] = 1e-3
-    assert again.save(5)["search"]["epsilon"] == pytest.approx(0.025)
+    assert again.save(5)["search"]["epsilon"] == pytest.approx(0.0125)
     fixed = Checkpointer(tmp_path / "d", model, optimizer, eval_batches=[data(64, seed=500)],
                          epsilon=0.05, max_evals=2, epsilon_follows_lr=False)
     assert fixed.save(1)["search"]["epsilon"] == 0.05
     assert fixed.save(2)["search"]["max_rel_l2"] is None  # no bound unless asked for
 
 
-def test_epsilon_follows_a_power_of_the_learning_rate(tmp_path):
+@pytest.mark.parametrize("power, expected", [(True, [0.05, 0.025, 0.0125]),
+                                              (1.5, [0.05, 0.05 / 8 ** 0.5, 0.05 / 8])])
+def test_epsilon_follows_a_power_of_the_learning_rate(tmp_path, power, expected):
     model = mlp()
     optimizer = adamw(model)
     ckpt = Checkpointer(tmp_path / "c", model, optimizer, eval_batches=[data(64, seed=500)],
-                        epsilon=0.05, max_evals=2, epsilon_follows_lr=2)
+                        epsilon=0.05, max_evals=2, epsilon_follows_lr=power)
     epsilons = []
     for step, lr in ((1, 2e-3), (2, 1e-3), (3, 5e-4)):
         for group in optimizer.param_groups:
             group["lr"] = lr
         train(model, optimizer, 1)
         epsilons.append(ckpt.save(step)["search"]["epsilon"])
-    assert epsilons == pytest.approx([0.05, 0.0125, 0.005])  # (1/4)^2 is below the floor
+    assert epsilons == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("value", [-1, math.inf, math.nan, "yes", None])
