@@ -43,19 +43,26 @@ Runs (``--only`` takes these names, comma-separated; ``ref`` always runs first):
     f5, f20    inshrink eps 0.05, F=5 / 20  k2x       inshrink eps 0.05, F=10, every 2K steps
     mom2       inshrink eps 0.05, F=10,     khalf     inshrink eps 0.05, F=10, every K/2 steps
                both moments 2 levels        mom4      inshrink eps 0.05, F=10, both moments
-    v2         inshrink eps 0.05, F=10,               4 levels (the default before the first
-               exp_avg_sq 2 levels                    moment went to zero)
+    v4         inshrink eps 0.05, F=10,               4 levels
+               exp_avg_sq 4 levels (the default before 2026-11-30)
+    lin        inshrink eps 0.05, F=10, epsilon linear in the learning rate (the default
+               before 2026-11-30; the default now follows its square)
     alloc      inshrink eps 0.05, F=10,     const     inshrink eps 0.05, F=10, epsilon
                per-tensor bins (curvature)            constant (not scaled by the LR)
     sigma1     inshrink eps 0.05, F=10, weight levels fitted by frequency only (sigma 1)
     none       none, F=10 (not in the default list)
 
+Runs that split the damage (not in the default list; epsilon linear, ``exp_avg_sq`` 4 levels,
+as measured): ``wonly`` weights searched, moments exact; ``oonly`` weights lossless (no
+search), moments zero + 4 levels; ``o_v4`` first moment exact; ``o_m0p1`` its 1% largest exact;
+``o_m2`` / ``o_m4`` at 2 / 4 levels. ``rel0.2`` / ``rel0.3``: a relative-error bound next to
+epsilon (``Checkpointer(max_rel_l2=...)``).
+
 The ``inshrink`` runs use the Checkpointer's defaults unless they say otherwise: epsilon scaled
-by the learning rate against its peak (never below a tenth), shared bins for the weights, and
-the search's default moment configurations:
-the first moment (Adam's ``exp_avg``, SGD's momentum) zeros plus its 0.05% largest entries
-kept exactly, ``exp_avg_sq`` 4 log-domain levels. ``--lm-beta2`` sets AdamW's
-beta2 for the lm task (default 0.95).
+by the square of the learning rate's ratio to its peak (never below a tenth), shared bins for
+the weights, and the search's default moment configurations: the first moment (Adam's
+``exp_avg``, SGD's momentum) zeros plus its 0.05% largest entries kept exactly, ``exp_avg_sq``
+2 log-domain levels. ``--lm-beta2`` sets AdamW's beta2 for the lm task (default 0.95).
 
 Outputs: JSON (``--out``, default ``benchmarks/results/fault.json``, written after every run),
 a markdown table (printed, and next to the JSON as ``.md``) and a plot (``--plot``, default
