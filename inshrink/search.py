@@ -467,11 +467,12 @@ class Search:
         quality is not counted.
     max_rel_l2 : float, optional
         A second bound next to ``epsilon``: a configuration is feasible only if the relative
-        L2 error ``||x - x̂|| / ||x||`` of every searched tensor is at most this. The quality
-        on a few batches right after a restore does not say how much of the error training
-        will carry to its end; the error of the bulk of the weights does (docs/decisions.md,
-        "Relative error bound"). A candidate above the bound is rejected without calling the
-        quality callback. None: no such bound (the paper's criterion alone).
+        L2 error ``||x - x̂|| / ||x||`` of every searched tensor is at most this, a guarantee
+        on the stored weights themselves. A candidate above the bound is rejected without
+        calling the quality callback. It is dominated by the largest entries, which
+        protection keeps exact, so it says little about the bulk of small weights (it did not
+        improve resumed training in the fault benchmark: docs/decisions.md). None: no such
+        bound (the paper's criterion alone).
     threads : int, optional
         Encoder/decoder threads for the candidate encodings.
 

@@ -593,9 +593,8 @@ class Checkpointer:
         has few and small steps left to recover, are kept more precise. A number p: by the
         ratio to the power p (the default 2 keeps the second half of a cosine schedule much
         more precise than its first; docs/decisions.md); True (= 1): by the ratio; False
-        (= 0): ``epsilon`` as given. ``max_rel_l2`` is
-        scaled by the square root of the same factor (the loss a perturbation adds grows with
-        the square of its size).
+        (= 0): ``epsilon`` as given. ``max_rel_l2`` is scaled by the square root of the same
+        factor (the loss a perturbation adds grows with the square of its size).
     threads : int, optional
         Encoder/decoder threads.
 
@@ -622,6 +621,10 @@ class Checkpointer:
                  threads: int | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise InvalidArgumentError("model must be a torch.nn.Module")
+        if not (isinstance(epsilon_follows_lr, (bool, int, float))
+                and 0 <= epsilon_follows_lr < math.inf):
+            raise InvalidArgumentError("epsilon_follows_lr must be a bool or a non-negative "
+                                       "number")
         self.model = model
         self.optimizer = optimizer
         self.search = None
@@ -638,10 +641,6 @@ class Checkpointer:
             if grad_ema else None
         self.epsilon = epsilon
         self.max_rel_l2 = max_rel_l2
-        if not (isinstance(epsilon_follows_lr, (bool, int, float))
-                and 0 <= epsilon_follows_lr < math.inf):
-            raise InvalidArgumentError("epsilon_follows_lr must be a bool or a non-negative "
-                                       "number")
         # the power of the learning-rate ratio (0: a constant bound)
         self.lr_power = float(epsilon_follows_lr) if optimizer is not None else 0.0
         self.peak_lr: float | None = None
