@@ -15,6 +15,9 @@ arm without a restore):
                moment at 4 / 2 levels (with --arms); opt4 = m0 + v4 (the default), opt2
                = m0 + v2; m0p1 / m0p5 the first moment zero but its 1% / 5% largest; m2 the
                first moment at 2 levels
+    u2, u4     the first moment from Adam's update direction exp_avg / (sqrt(exp_avg_sq) +
+               eps) at 2 signed-log / 4 linear levels; u0p1 that direction zero but its 1%
+               largest (with --arms; the second moment exact)
 
     OMP_NUM_THREADS=1 python benchmarks/one_restore.py --step 900      # ~4 min on 1 core
 
@@ -63,6 +66,33 @@ OPTIMIZER_ARMS = {"m0": (M0, None), "v4": (None, dict(bins=4)), "v2": (None, dic
 DEFAULT_ARMS = ("noise", "all32", "all16", "fc4", "fc8", "fc16")
 
 
+# name -> QuantConfig arguments of u = exp_avg / (sqrt(exp_avg_sq) + eps), Adam's update
+# direction; the first moment is restored as u' * (sqrt(exp_avg_sq) + eps), the rest exact
+UPDATE_ARMS = {"u2": dict(bins=2, domain="signed_log"), "u4": dict(bins=4, domain="linear"),
+               "u0p1": dict(bins=0, protect=0.01)}
+
+
+def restore_update_direction(optimizer, config: dict, workdir: str) -> None:
+    """Replace each Adam first moment by the one its quantized update direction implies."""
+    from inshrink.policy import Policy, QuantConfig
+    directions, scales = {}, {}
+    for index, group in enumerate(optimizer.param_groups):
+        for n, param in enumerate(group["params"]):
+            state = optimizer.state[param]
+            name = f"u.{index}.{n}"
+            scales[name] = state["exp_avg_sq"].sqrt() + group["eps"]
+            directions[name] = (state["exp_avg"] / scales[name]).numpy()
+    path = os.path.join(workdir, "directions.ink")
+    inshrink.save(path, directions,
+                  policy=Policy(tensors=dict.fromkeys(directions, QuantConfig(**config))))
+    restored = inshrink.load(path)
+    for index, group in enumerate(optimizer.param_groups):
+        for n, param in enumerate(group["params"]):
+            name = f"u.{index}.{n}"
+            optimizer.state[param]["exp_avg"].copy_(torch.from_numpy(restored[name]) *
+                                                    scales[name])
+
+
 def restore_moments(optimizer, levels: tuple, workdir: str) -> None:
     """Replace the optimizer's moments by their quantized copies (the search space's default
     configurations for these roles, with the given levels)."""
@@ -81,8 +111,8 @@ def arms(state: dict, workdir: str, names=DEFAULT_ARMS) -> dict:
     which = {"all": matrices, "mlp": [n for n in matrices if ".fc" in n]}
     out = {"ref": None}
     for name in names:
-        if name in OPTIMIZER_ARMS:
-            out[name] = None  # weights exact; see restore_moments
+        if name in OPTIMIZER_ARMS or name in UPDATE_ARMS:
+            out[name] = None  # weights exact; see restore_moments / restore_update_direction
             continue
         if name == "noise":
             rng = np.random.default_rng(0)
@@ -100,11 +130,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                     help=f"comma-separated, of noise,{','.join(QUANTIZED_ARMS)},"
-                         f"{','.join(OPTIMIZER_ARMS)}")
+                         f"{','.join(OPTIMIZER_ARMS)},{','.join(UPDATE_ARMS)}")
     args = ap.parse_args(argv)
     names = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = [a for a in names if a != "noise" and a not in QUANTIZED_ARMS
-               and a not in OPTIMIZER_ARMS]
+               and a not in OPTIMIZER_ARMS and a not in UPDATE_ARMS]
     if unknown:
         ap.error(f"unknown arms {unknown}")
     if inshrink is None:
@@ -125,6 +155,8 @@ def main(argv=None) -> int:
                                             for k, v in weights.items()})
             if name in OPTIMIZER_ARMS:
                 restore_moments(task.optimizer, OPTIMIZER_ARMS[name], workdir)
+            if name in UPDATE_ARMS:
+                restore_update_direction(task.optimizer, UPDATE_ARMS[name], workdir)
             calib = task.evaluate(task.calib_batches)["loss"]
             finals = []
             for step in range(args.step + 1, task.steps + 1):
