@@ -274,7 +274,8 @@ class _Evaluator:
 
     def __init__(self, search: "Search", tensors: dict[str, np.ndarray],
                  searched: dict[str, np.ndarray], quality: Quality,
-                 importance: dict[str, Any], shifts: Shifts, workdir: str) -> None:
+                 importance: dict[str, Any], shifts: Shifts, roles: Mapping[str, str],
+                 workdir: str) -> None:
         self.search, self.space = search, search.space
         self.tensors, self.searched, self.quality = tensors, searched, quality
         self.importance, self.shifts, self.workdir = importance, shifts, workdir
@@ -286,8 +287,7 @@ class _Evaluator:
             raise InvalidArgumentError(f"the quality of the uncompressed state is "
                                        f"{self.baseline}; the search needs a finite value")
         self.raw_bytes = sum(a.nbytes for a in searched.values())
-        self.roles = {name: role_of(name, dtypes.of_numpy(a.dtype).name, a.shape)
-                      for name, a in searched.items()}
+        self.roles = roles
         # the expected size of every point, built when first needed; a neighbourhood search
         # reuses the previous checkpoint's (it only orders a few candidates)
         self.shapes = tuple(sorted((n, a.shape, a.dtype.str) for n, a in searched.items()))
@@ -570,7 +570,8 @@ class Search:
             choice = None
         else:
             with tempfile.TemporaryDirectory(prefix="inshrink-search-") as workdir:
-                ev = _Evaluator(self, arrays, searched, quality, importance, shifts, workdir)
+                ev = _Evaluator(self, arrays, searched, quality, importance, shifts, roles,
+                                workdir)
                 if not metrics:
                     report.update(mode="none", reason="no usable prune metric")
                     choice = None

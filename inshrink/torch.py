@@ -625,6 +625,9 @@ class Checkpointer:
                 and 0 <= epsilon_follows_lr < math.inf):
             raise InvalidArgumentError("epsilon_follows_lr must be a bool or a non-negative "
                                        "number")
+        if max_rel_l2 is not None and eval_batches is None:
+            raise InvalidArgumentError("max_rel_l2 bounds the configuration search, which "
+                                       "needs eval_batches")
         self.model = model
         self.optimizer = optimizer
         self.search = None

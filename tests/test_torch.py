@@ -524,6 +524,14 @@ def test_bad_epsilon_follows_lr(tmp_path, value):
         Checkpointer(tmp_path / "c", model, adamw(model), epsilon_follows_lr=value)
 
 
+@pytest.mark.parametrize("kwargs", [{"max_rel_l2": 0.1},  # nothing to bound without a search
+                                    {"max_rel_l2": -0.1, "eval_batches": [data(8)]}])
+def test_bad_max_rel_l2(tmp_path, kwargs):
+    model = mlp()
+    with pytest.raises(errors.InvalidArgumentError):
+        Checkpointer(tmp_path / "c", model, adamw(model), **kwargs)
+
+
 @pytest.mark.parametrize("value, expected", [
     ("0.002", 0.002), ("None", None), ("nan", None), ("inf", None), ("-1e-3", None),
     ("0", None), (None, None)])
