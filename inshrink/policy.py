@@ -102,7 +102,13 @@ _EXACT = re.compile(r"(^|[._])(step|steps|num_batches_tracked)$")
 _EMBEDDING = re.compile(r"(embed|wte|wpe|tok_emb|pos_emb|lm_head)", re.IGNORECASE)
 
 SMALL_TENSOR = 4096
-"""Tensors with fewer elements, or with fewer than two dimensions, are stored losslessly."""
+"""Weights with fewer elements, or with fewer than two dimensions, are stored losslessly."""
+
+SMALL_MOMENT = 256
+"""Optimizer moments with fewer elements are stored losslessly. Smaller than for weights: the
+moments of biases and norms quantize as well as any others, and on a model with many of them
+they were a fifth of a lossy series (docs/decisions.md); below ~1 KB, the records of a quantized
+tensor cost about as much as its lossless bytes."""
 
 
 def role_of(name: str, dtype: str, shape: tuple[int, ...]) -> str:
@@ -110,9 +116,9 @@ def role_of(name: str, dtype: str, shape: tuple[int, ...]) -> str:
     if dtype not in LOSSY_DTYPES or _EXACT.search(name):
         return "exact"
     if _EXP_AVG_SQ.search(name):
-        return "exp_avg_sq" if math.prod(shape) >= SMALL_TENSOR else "small"
+        return "exp_avg_sq" if math.prod(shape) >= SMALL_MOMENT else "small"
     if _EXP_AVG.search(name):
-        return "exp_avg" if math.prod(shape) >= SMALL_TENSOR else "small"
+        return "exp_avg" if math.prod(shape) >= SMALL_MOMENT else "small"
     if len(shape) < 2 or math.prod(shape) < SMALL_TENSOR:
         return "small"
     return "embedding" if _EMBEDDING.search(name) else "weight"

@@ -269,6 +269,11 @@ def test_sensitivity_pruning_needs_importance(tmp_path):
     ("optimizer.state.3.momentum_buffer", "F32", (64, 64), "exp_avg"),
     ("optimizer.state.3.step", "F32", (), "exact"),
     ("model.norm.weight", "F32", (64,), "small"),
+    ("model.norm.weight", "F32", (4096,), "small"),
+    ("optimizer.state.5.exp_avg", "F32", (256,), "exp_avg"),
+    ("optimizer.state.5.exp_avg_sq", "F32", (512,), "exp_avg_sq"),
+    ("optimizer.state.5.exp_avg", "F32", (255,), "small"),
+    ("optimizer.state.5.exp_avg_sq", "F32", (), "small"),
     ("model.w", "I64", (64, 64), "exact"),
     ("model.w", "F8_E4M3", (64, 64), "exact"),
 ])
