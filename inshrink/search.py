@@ -45,8 +45,9 @@ Point = tuple[int, ...]  # indices on the axes, higher = more precise
 SEARCHED_ROLES = ("weight", "embedding")
 NEIGHBOURHOOD = 1
 """Radius of the neighbourhood search, in steps along each axis."""
-SAMPLE = 16_384
-"""Elements per tensor encoded to estimate the size of a configuration."""
+SAMPLE = 4096
+"""Elements per tensor encoded to estimate the size of a configuration (64 blocks of 64,
+spread evenly over the tensor)."""
 SIGNIFICANT = 0.25
 """The other prune metric is adopted when it lowers the quality drop by this share of ε."""
 MAX_SHIFT_BITS = 3.0
@@ -339,16 +340,18 @@ class _Evaluator:
                 + protect_bits[None, None, None, :])
 
     def _sample_bits(self, tensors: dict[str, np.ndarray], config: QuantConfig) -> float:
-        """Stored bits of ``tensors`` estimated from their first SAMPLE elements each."""
+        """Stored bits of ``tensors`` estimated from SAMPLE elements of each."""
         if not tensors:
             return 0.0
         from .api import save
         sample, scale = {}, {}
         for name, a in tensors.items():
             flat = a.reshape(-1)
-            n = min(flat.size, SAMPLE) // 64 * 64
-            sample[name] = flat[:n].reshape(-1, 64)  # keeps the tensor's role
-            scale[name] = flat.size / n
+            blocks = flat.size // 64  # searched tensors have >= 4096 elements
+            rows = np.unique(np.linspace(0, blocks - 1, min(blocks, SAMPLE // 64)).round()
+                             .astype(np.int64))
+            sample[name] = flat[:blocks * 64].reshape(blocks, 64)[rows]  # keeps the role
+            scale[name] = flat.size / sample[name].size
         path = os.path.join(self.workdir, "sample.ink")
         infos = save(path, sample, policy=Policy.uniform(config), threads=self.search.threads)
         os.unlink(path)
