@@ -55,7 +55,9 @@ Runs (``--only`` takes these names, comma-separated; ``ref`` always runs first):
 Runs that split the damage (not in the default list; epsilon linear, ``exp_avg_sq`` 4 levels,
 as measured): ``wonly`` weights searched, moments exact; ``oonly`` weights lossless (no
 search), moments zero + 4 levels; ``o_v4`` first moment exact; ``o_m0p1`` its 1% largest exact;
-``o_m2`` / ``o_m4`` at 2 / 4 levels. ``rel0.2`` / ``rel0.3``: a relative-error bound next to
+``o_m2`` / ``o_m4`` at 2 / 4 levels. ``kl``: the search measures the live model's loss plus
+the candidate's output KL divergence (``Checkpointer(criterion="kl")``; also for the cnn task,
+whose other runs search on accuracy). ``rel0.2`` / ``rel0.3``: a relative-error bound next to
 epsilon (``Checkpointer(max_rel_l2=...)``).
 
 The ``inshrink`` runs use the Checkpointer's defaults unless they say otherwise: epsilon scaled
@@ -274,7 +276,7 @@ class InshrinkMethod(Method):
         if space:
             from inshrink.search import SearchSpace
             kwargs["space"] = SearchSpace(**space)
-        if task.search_metric is not None:
+        if task.search_metric is not None and (checkpointer or {}).get("criterion") != "kl":
             kwargs["metric"] = task.search_metric  # higher is better
         else:
             kwargs["loss_fn"] = task.loss_fn
@@ -394,6 +396,11 @@ RUNS = {
                    checkpointer=dict(max_rel_l2=0.2, epsilon_follows_lr=1)),
     "rel0.3": dict(method="inshrink", epsilon=0.05, failures=10,
                    checkpointer=dict(max_rel_l2=0.3, epsilon_follows_lr=1)),
+    # the search's quality: the live model's loss plus the candidate's output KL divergence
+    "kl": dict(method="inshrink", epsilon=0.05, failures=10,
+               checkpointer=dict(criterion="kl")),
+    "kl_lin": dict(method="inshrink", epsilon=0.05, failures=10,
+                   checkpointer=dict(criterion="kl", epsilon_follows_lr=1)),
 }
 DEFAULT_RUNS = ["ref", "seed", "lossless", "fp16", "int8", "eps0.01", "eps0.05", "eps0.1",
                 "f5", "f20", "k2x", "khalf", "mom4", "v4", "lin", "const"]

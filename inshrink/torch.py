@@ -489,9 +489,47 @@ def _forward(model: torch.nn.Module, values: dict[str, torch.Tensor], inputs: An
     return functional_call(model, values, args)
 
 
+CRITERIA = ("loss", "kl")
+
+
+class _OutputKL:
+    """``criterion="kl"`` of :func:`quality_from`: the live model's loss plus the mean KL
+    divergence of a candidate's output distribution from the live model's."""
+
+    def __init__(self, model: torch.nn.Module, batches: list, loss_fn: Callable) -> None:
+        self.model, self.batches, self.loss_fn = model, batches, loss_fn
+        self.reference: tuple[float, list[torch.Tensor]] | None = None
+
+    def reset(self) -> None:
+        """Forget the live model's outputs (it has trained since)."""
+        self.reference = None
+
+    def _reference(self) -> tuple[float, list[torch.Tensor]]:
+        if self.reference is None:
+            live = _substitute(self.model, {})
+            loss, log_probs = 0.0, []
+            for inputs, targets in self.batches:
+                outputs = _forward(self.model, live, inputs)
+                loss += float(self.loss_fn(outputs, targets))
+                log_probs.append(torch.log_softmax(outputs.float(), dim=-1))
+            self.reference = loss / len(self.batches), log_probs
+        return self.reference
+
+    def __call__(self, state: dict[str, np.ndarray]) -> float:
+        with _eval_mode(self.model), torch.no_grad():
+            loss, reference = self._reference()
+            values = _substitute(self.model, state)
+            kl = 0.0
+            for (inputs, _), ref in zip(self.batches, reference):
+                log_q = torch.log_softmax(_forward(self.model, values, inputs).float(), dim=-1)
+                kl += float((ref.exp() * (ref - log_q)).sum(-1).mean())
+        return loss + kl / len(self.batches)
+
+
 def quality_from(model: torch.nn.Module, batches: Sequence[tuple[Any, Any]],
                  loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
-                 metric: Callable[[Any, Any], float] | None = None) -> Quality:
+                 metric: Callable[[Any, Any], float] | None = None,
+                 criterion: str = "loss") -> Quality:
     """A quality callback for :class:`inshrink.search.Search`: the model evaluated with
     substituted weights.
 
@@ -509,6 +547,15 @@ def quality_from(model: torch.nn.Module, batches: Sequence[tuple[Any, Any]],
     metric : callable, optional
         Instead of a loss: ``metric(outputs, targets) -> float``, higher is better
         (``Search(higher_is_better=True)``).
+    criterion : {"loss", "kl"}
+        ``"loss"``: the loss (or metric) of the substituted weights. ``"kl"``, for models
+        whose outputs are logits over their last dimension: the live model's loss plus the
+        mean KL divergence of the substituted model's output distribution from the live
+        model's, a low-noise estimate of the loss a perturbation adds (it measures the change
+        at every position over every class, where the loss difference on targets averages
+        changes of either sign; docs/decisions.md). The live model's log-probabilities are
+        kept between calls (batches × positions × classes × 4 bytes) until ``reset()``,
+        which the returned callable then has.
 
     Returns
     -------
@@ -517,9 +564,15 @@ def quality_from(model: torch.nn.Module, batches: Sequence[tuple[Any, Any]],
     """
     if loss_fn is not None and metric is not None:
         raise InvalidArgumentError("give either loss_fn or metric, not both")
+    if criterion not in CRITERIA:
+        raise InvalidArgumentError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
+    if criterion == "kl" and metric is not None:
+        raise InvalidArgumentError("criterion='kl' adds to a loss, not to a metric")
     batches = list(batches)
     if not batches:
         raise InvalidArgumentError("batches must hold at least one (inputs, targets) pair")
+    if criterion == "kl":
+        return _OutputKL(model, batches, loss_fn or torch.nn.functional.cross_entropy)
     score = metric or loss_fn or torch.nn.functional.cross_entropy
 
     def quality(state: dict[str, np.ndarray]) -> float:
@@ -559,7 +612,7 @@ class Checkpointer:
     optimizer : torch.optim.Optimizer, optional
     eval_batches : sequence of (inputs, targets), optional
         Held-out batches for the quality callback (see :func:`quality_from`).
-    loss_fn, metric : callable, optional
+    loss_fn, metric, criterion : optional
         See :func:`quality_from`.
     epsilon : float
         Allowed relative quality drop of a checkpoint.
@@ -612,7 +665,8 @@ class Checkpointer:
                  optimizer: torch.optim.Optimizer | None = None, *,
                  eval_batches: Sequence[tuple[Any, Any]] | None = None,
                  loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
-                 metric: Callable[[Any, Any], float] | None = None, epsilon: float = 0.05,
+                 metric: Callable[[Any, Any], float] | None = None, criterion: str = "loss",
+                 epsilon: float = 0.05,
                  policy: Policy | str | None = "balanced",
                  space: SearchSpace | None = None,
                  max_evals: int = 24, keyframe_every: int = 10, grad_ema: bool = True,
@@ -625,6 +679,9 @@ class Checkpointer:
                 and 0 <= epsilon_follows_lr < math.inf):
             raise InvalidArgumentError("epsilon_follows_lr must be a bool or a non-negative "
                                        "number")
+        if criterion not in CRITERIA:
+            raise InvalidArgumentError(f"criterion must be one of {CRITERIA}, got "
+                                       f"{criterion!r}")
         if max_rel_l2 is not None and eval_batches is None:
             raise InvalidArgumentError("max_rel_l2 bounds the configuration search, which "
                                        "needs eval_batches")
@@ -633,7 +690,7 @@ class Checkpointer:
         self.search = None
         self.quality: Quality | None = None
         if eval_batches is not None:
-            self.quality = quality_from(model, eval_batches, loss_fn, metric)
+            self.quality = quality_from(model, eval_batches, loss_fn, metric, criterion)
             self.search = Search(epsilon, higher_is_better=metric is not None, space=space,
                                  max_evals=max_evals, max_rel_l2=max_rel_l2,
                                  threads=threads)
@@ -687,6 +744,8 @@ class Checkpointer:
             if self.max_rel_l2 is not None:
                 self.search.max_rel_l2 = self.max_rel_l2 * math.sqrt(scale)
             metadata[PEAK_LR_METADATA] = repr(self.peak_lr)
+        if hasattr(self.quality, "reset"):
+            self.quality.reset()  # the model trained since the last save
         self.series.save(step, state, metadata=metadata, importance=self._importance(state),
                          quality=self.quality, curvature=self._curvature(state))
         report = self.series.last_search.report if self.quality is not None else None

@@ -387,6 +387,75 @@ def test_quality_converts_bf16_and_accepts_a_metric():
         loss({"model.7.weight": np.zeros((2, 2), np.float32)})
 
 
+def test_quality_kl_is_the_live_loss_plus_the_output_divergence():
+    model = mlp(norm=True)
+    train(model, adamw(model), 2)
+    batches = [data(16, seed=s) for s in (60, 61)]
+    quality = quality_from(model, batches, criterion="kl")
+    model.eval()
+    with torch.no_grad():
+        live_out = [model(x) for x, _ in batches]
+        live = np.mean([nn.functional.cross_entropy(o, y).item()
+                        for o, (_, y) in zip(live_out, batches)])
+    model.train()
+    state, _ = state_to_numpy(model)
+    assert quality(state) == pytest.approx(live, rel=1e-6)  # no change: divergence 0
+    assert quality({}) == pytest.approx(live, rel=1e-6)
+
+    other = mlp(seed=3, norm=True)
+    other.eval()
+    moved = {"model." + k: v.numpy() for k, v in other.state_dict().items()}
+    with torch.no_grad():
+        kl = np.mean([nn.functional.kl_div(torch.log_softmax(other(x), -1),
+                                           torch.log_softmax(o, -1), log_target=True,
+                                           reduction="batchmean").item()
+                      for o, (x, _) in zip(live_out, batches)])
+    assert kl > 0 and quality(moved) == pytest.approx(live + kl, rel=1e-5)
+
+    # the live model's outputs are kept until reset(): after training, the live weights
+    # diverge from them
+    train(model, adamw(model), 2, seed=9)
+    assert quality({}) > live * (1 + 1e-6)
+    quality.reset()
+    model.eval()
+    with torch.no_grad():
+        now = np.mean([nn.functional.cross_entropy(model(x), y).item() for x, y in batches])
+    model.train()
+    assert now != pytest.approx(live) and quality({}) == pytest.approx(now, rel=1e-6)
+
+
+def test_quality_kl_rejects_a_metric_and_unknown_criteria(tmp_path):
+    model = mlp()
+    batches = [data(8, seed=1)]
+    with pytest.raises(errors.InvalidArgumentError, match="metric"):
+        quality_from(model, batches, metric=lambda o, t: 0.0, criterion="kl")
+    with pytest.raises(errors.InvalidArgumentError, match="criterion"):
+        quality_from(model, batches, criterion="mse")
+    with pytest.raises(errors.InvalidArgumentError, match="criterion"):
+        Checkpointer(tmp_path / "c", model, criterion="KL")
+    assert not (tmp_path / "c").exists()
+
+
+def test_checkpointer_kl_search_measures_the_drop_from_the_live_model(tmp_path):
+    model = mlp(norm=True)
+    optimizer = adamw(model)
+    batches = [data(16, seed=s) for s in (70, 71)]
+    ckpt = Checkpointer(tmp_path / "c", model, optimizer, eval_batches=batches,
+                        criterion="kl", epsilon=0.05, max_evals=6)
+    for step in (1, 2):
+        train(model, optimizer, 3, seed=step)
+        report = ckpt.save(step)["search"]
+        model.eval()
+        with torch.no_grad():
+            live = np.mean([nn.functional.cross_entropy(model(x), y).item()
+                            for x, y in batches])
+        model.train()
+        assert report["baseline"] == pytest.approx(live, rel=1e-6)  # reset at every save
+        evaluated = [e for e in report["evaluations"] if e["drop"] is not None]
+        assert evaluated and all(e["drop"] >= -1e-9 for e in evaluated)  # a divergence
+    assert ckpt.restore() == 2
+
+
 # -- Checkpointer --------------------------------------------------------------------------
 
 def test_checkpointer_with_a_policy_saves_restores_and_training_continues(tmp_path):
