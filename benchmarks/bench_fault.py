@@ -401,6 +401,8 @@ RUNS = {
                checkpointer=dict(criterion="kl")),
     "kl_lin": dict(method="inshrink", epsilon=0.05, failures=10,
                    checkpointer=dict(criterion="kl", epsilon_follows_lr=1)),
+    "kl_sqrt": dict(method="inshrink", epsilon=0.05, failures=10,
+                    checkpointer=dict(criterion="kl", epsilon_follows_lr=0.5)),
 }
 DEFAULT_RUNS = ["ref", "seed", "lossless", "fp16", "int8", "eps0.01", "eps0.05", "eps0.1",
                 "f5", "f20", "k2x", "khalf", "mom4", "v4", "lin", "const"]

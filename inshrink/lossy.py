@@ -1,7 +1,7 @@
 """Lossy encoding of one tensor: the sketch pass, importance, the error-bound search.
 
 The Writer calls :func:`prepare` once per lossy tensor, then encodes its chunks with
-:meth:`LossyTensor.encode` like any other chunk job.
+:meth:`LossyTensor.encode` (or :meth:`FactoredTensor.encode`) like any other chunk job.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .codecs import quant
+from .codecs import factored, quant
 from .container.index import TensorEntry
 from .errors import InvalidArgumentError
 from .policy import QuantConfig
@@ -53,6 +53,65 @@ class LossyTensor:
         return {"role": self.role, "domain": self.config.domain, "bins": self.config.bins,
                 "levels": len(self.plan.levels), "bits": self.plan.bits,
                 **self.stats.report(self.sumsq)}
+
+
+@dataclass
+class FactoredTensor:
+    """A second moment stored as the outer product of row and column factors."""
+
+    role: str
+    config: QuantConfig
+    plan: factored.FactoredPlan
+    rows: np.ndarray  # the row factors, in the dtype
+    sumsq: float
+    stats: quant.ChunkStats = field(default_factory=quant.ChunkStats)
+
+    def encode(self, raw: np.ndarray, start: int, stop: int, level: int | None):
+        """Encode the chunk holding elements [start, stop) (whole rows): (planes, (stats,
+        None)); the stats compare the decoded chunk with the original."""
+        columns = self.plan.columns.size
+        rows = self.rows[start // columns:stop // columns]
+        x = raw.view(self.plan.dtype.numpy).astype(np.float64).reshape(-1, columns)
+        decoded = (rows[:, None] * self.plan.columns[None, :]).astype(np.float64)
+        error = np.abs(decoded - x)
+        stats = quant.ChunkStats(count=x.size, sse=float(np.square(error).sum()),
+                                 max_abs=float(error.max(initial=0.0)),
+                                 zeroed=int(np.count_nonzero((decoded == 0) & (x != 0))),
+                                 nonzero=int(np.count_nonzero(x)))
+        return factored.encode_chunk(rows, level), (stats, None)
+
+    def report(self) -> dict:
+        return {"role": self.role, "domain": "factored", "rows": int(self.rows.size),
+                "columns": int(self.plan.columns.size), **self.stats.report(self.sumsq)}
+
+
+def prepare_factored(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
+                     max_chunk_elements: int) -> FactoredTensor | None:
+    """Row and column factors of a non-negative, finite F32/F64 tensor of >= 2 dimensions,
+    with ``entry.chunk_elements`` rounded down to whole rows (at least one); None if the
+    tensor does not qualify (the caller then quantizes it in the log domain)."""
+    columns = entry.shape[-1] if entry.shape else 0
+    if not factored.eligible(entry.dtype, entry.shape) or columns > max_chunk_elements:
+        return None
+    original = entry.chunk_elements
+    entry.chunk_elements = max(1, original // columns) * columns
+    row_sums = np.empty(entry.numel // columns)
+    column_sums = np.zeros(columns)
+    sumsq = 0.0
+    for start, stop, _, x in _chunks(entry, read):
+        block = x.astype(np.float64).reshape(-1, columns)
+        if not np.isfinite(block).all() or (block < 0).any():
+            entry.chunk_elements = original
+            return None
+        row_sums[start // columns:stop // columns] = block.sum(axis=1)
+        column_sums += block.sum(axis=0)
+        sumsq += float(np.square(block).sum())
+    fitted = factored.factors(row_sums, column_sums, entry.dtype)
+    if fitted is None:
+        entry.chunk_elements = original
+        return None
+    rows, cols = fitted
+    return FactoredTensor(role, config, factored.FactoredPlan(entry.dtype, cols), rows, sumsq)
 
 
 def _chunks(entry: TensorEntry, read: Read):

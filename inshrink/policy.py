@@ -15,7 +15,7 @@ from typing import Mapping
 
 from .errors import InvalidArgumentError
 
-DOMAINS = ("linear", "log", "signed_log")
+DOMAINS = ("linear", "log", "signed_log", "factored")
 PRUNE_METRICS = ("magnitude", "sensitivity")
 MAX_BINS = 65_000  # levels + zero + escape must fit 16-bit codes
 
@@ -47,6 +47,11 @@ class QuantConfig:
         Where levels are fitted and nearest levels chosen: "linear" for weights (the paper),
         "log" for non-negative tensors with a huge dynamic range (Adam's ``exp_avg_sq``),
         "signed_log" (log magnitude, sign kept) for gradient-like tensors (``exp_avg``).
+        "factored" (format 1.4) stores a non-negative F32/F64 tensor of two or more
+        dimensions as the outer product of row and column factors, rows running over all
+        but the last dimension (Adam's ``exp_avg_sq`` of a matrix: R + C values instead of
+        R × C); a tensor that does not qualify (negative or non-finite values, one dimension,
+        another dtype) gets ``bins`` levels in the "log" domain instead.
         ``None`` takes the role's default.
     max_rel_l2 : float, optional
         Error bound: use the fewest bins (up to ``bins``) whose relative L2 error
@@ -85,6 +90,8 @@ class QuantConfig:
         if self.max_rel_l2 is not None and not (isinstance(self.max_rel_l2, (int, float))
                                                 and 0 < self.max_rel_l2 < math.inf):
             raise InvalidArgumentError("max_rel_l2 must be a positive number")
+        if self.max_rel_l2 is not None and self.domain == "factored":
+            raise InvalidArgumentError("a factored tensor has no bins to meet max_rel_l2 with")
         if not isinstance(self.sigma, (int, float)) or not 0 <= self.sigma <= 1:
             raise InvalidArgumentError("sigma must be in [0, 1]")
         if not isinstance(self.alpha, (int, float)) or not 1e-4 <= self.alpha <= 0.1:

@@ -81,8 +81,10 @@ class SearchSpace:
         moment (Adam's ``exp_avg``, SGD's momentum) is stored as zeros except its 0.05%
         largest entries, kept exactly (``bins=0``): a restore restarts momentum, which the
         optimizer rebuilds within ~1/(1 - beta1) steps, and a third of an Adam checkpoint
-        costs almost nothing (docs/decisions.md). ``exp_avg_sq`` gets 2 log-domain levels (4 cost
-        ~40% more optimizer bytes and changed nothing measurable in resumed training).
+        costs almost nothing (docs/decisions.md). ``exp_avg_sq`` of a matrix is stored as the
+        outer product of row and column factors (``domain="factored"``, Adafactor's
+        approximation: one restore from it did less lasting damage than 2 levels); other
+        tensors get 2 log-domain levels.
     proxy_rel_l2 : float
         Without a quality callback: the per-tensor relative L2 error bound of the weights.
     sigma : float
@@ -100,7 +102,7 @@ class SearchSpace:
     protect: tuple[float, ...] = (0.0005, 0.005, 0.01)
     prune_metrics: tuple[str, ...] = PRUNE_METRICS
     exp_avg: QuantConfig | None = QuantConfig(bins=0)
-    exp_avg_sq: QuantConfig | None = QuantConfig(bins=2)
+    exp_avg_sq: QuantConfig | None = QuantConfig(bins=2, domain="factored")
     proxy_rel_l2: float = 0.01
     sigma: float = 0.2
     per_tensor_bins: bool = False

@@ -343,7 +343,8 @@ class Series:
             lossy = [i.name for i in f.infos() if not i.lossless]
             decoded = f.load() if whole else f.load(
                 names=[n for n in f.keys() if n not in lossy])
-            new_codes = {name: f.codes(name) for name in lossy} if with_codes else {}
+            new_codes = {i.name: f.codes(i.name) for i in f.infos()
+                         if i.quantized} if with_codes else {}
         return decoded, new_codes
 
     def _check_file(self, entry: Checkpoint, content: bool = True) -> None:

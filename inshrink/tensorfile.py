@@ -6,7 +6,7 @@ import functools
 import os
 import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
@@ -17,7 +17,7 @@ from .container import layout
 from .container.index import TensorEntry, check_metadata, check_name, check_shape
 from .container.reader import ContainerReader
 from .container.writer import ContainerWriter
-from .lossy import LossyTensor, prepare
+from .lossy import FactoredTensor, LossyTensor, prepare, prepare_factored
 from .policy import Policy
 from .policy import resolve as resolve_policy
 from .errors import (BaseMismatchError, InshrinkError, InvalidArgumentError,
@@ -59,7 +59,12 @@ class TensorInfo:
 
     @property
     def lossless(self) -> bool:
-        return "quant" not in self.codec.split("+")
+        return not {"quant", "factored"} & set(self.codec.split("+"))
+
+    @property
+    def quantized(self) -> bool:
+        """Stored as quantization codes (which a series' code deltas refer to)."""
+        return "quant" in self.codec.split("+")
 
     @classmethod
     def of(cls, entry: TensorEntry) -> "TensorInfo":
@@ -221,9 +226,18 @@ class Writer:
         entry = TensorEntry(name, dtype, tuple(shape), [], per_chunk)
         role, config = self._policy.config_for(name, dtype.name, entry.shape)
         lossy = None
-        if config is not None and entry.numel:
+        if config is not None and config.domain == "factored" and entry.numel:
+            lossy = prepare_factored(entry, read, role, config,
+                                     layout.MAX_CHUNK_BYTES // dtype.itemsize)
+            config = replace(config, domain="log")  # for a tensor that does not qualify
+        if lossy is None and config is not None and entry.numel:
             lossy = prepare(entry, read, role, config, importance)
-        if lossy is not None:
+        if isinstance(lossy, FactoredTensor):
+            self._lossy[name] = lossy
+            entry.codec = lossy.plan.chain()
+            entry.streams = [[]]
+            encoder = functools.partial(lossy.encode, level=self._level)
+        elif lossy is not None:
             self._lossy[name] = lossy
             previous = None if self._base_codes is None else self._base_codes.get(name)
             if previous is not None and (not isinstance(previous, np.ndarray)
@@ -330,10 +344,10 @@ class Writer:
                extra) -> None:
         for stream, (coding, payload, plane_size, crc) in zip(entry.streams, planes):
             stream.append(self._container.write_chunk(coding, payload, plane_size, crc))
-        if extra is not None:  # a quantized chunk: its error stats and codes
+        if extra is not None:  # a lossy chunk: its error stats and (quantized) codes
             stats, codes = extra
             self._lossy[entry.name].stats.merge(stats)
-            if self.codes is not None:
+            if self.codes is not None and codes is not None:
                 self.codes[entry.name][start:start + codes.size] = codes
         if self._progress is not None:
             self._progress(size)

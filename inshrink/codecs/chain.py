@@ -1,19 +1,21 @@
 """Codec chains: build the chain for a new tensor, and check a chain read from a file.
 
-Format 1.3 knows four chains, each ending in one array->streams stage followed by per-chunk
+Format 1.4 knows five chains, each ending in one array->streams stage followed by per-chunk
 zstd/raw coding: ``[bytegroup]`` (lossless), ``[quant]`` (dynamic quantization),
 ``[xor, bytegroup]`` (lossless delta: the bytes are XORed with the same tensor of the base file
-before byte grouping) and ``[codedelta, quant]`` (quantization-aware delta: codes stored as
-cyclic differences from the base tensor's codes, regrouped by the base code).
+before byte grouping), ``[codedelta, quant]`` (quantization-aware delta: codes stored as
+cyclic differences from the base tensor's codes, regrouped by the base code) and
+``[factored]`` (a matrix as the outer product of row and column factors).
 """
 from __future__ import annotations
 
 from ..container.index import TensorEntry
 from ..dtypes import DType
 from ..errors import CorruptError, UnknownCodecError
-from . import lossless, quant
+from . import factored, lossless, quant
 
-STAGES = {lossless.STAGE_ID: lossless.ByteGroup.from_dict, quant.STAGE_ID: quant.QuantPlan.from_dict}
+STAGES = {lossless.STAGE_ID: lossless.ByteGroup.from_dict, quant.STAGE_ID: quant.QuantPlan.from_dict,
+          factored.STAGE_ID: factored.FactoredPlan.from_dict}
 XOR = "xor"
 
 

@@ -12,8 +12,9 @@ from ..errors import (ChecksumError, CorruptError, TruncatedError, UnsupportedFe
 
 MAGIC = b"\x89INK\r\n\x1a\n"
 VERSION_MAJOR = 1
-VERSION_MINOR = 3           # the newest minor this code writes and reads
-MINOR_FOR_STAGE = {"bytegroup": 0, "quant": 1, "xor": 2, "codedelta": 2}  # lowest minor needed
+VERSION_MINOR = 4           # the newest minor this code writes and reads
+MINOR_FOR_STAGE = {"bytegroup": 0, "quant": 1, "xor": 2, "codedelta": 2,
+                   "factored": 4}  # lowest minor needed
 ALIGNMENT = 64
 
 HEADER_SIZE = 64

@@ -667,6 +667,47 @@ def build_zindex(path: Path) -> dict:
     return contents(tensors)
 
 
+def factored_reference_decode(path: Path) -> Tensors:
+    """Decode the factored tensors of a file with plain numpy, independently of the library's
+    decoder (spec section 10.9): per chunk, its row factors times the column factors, one
+    multiplication in the tensor's dtype."""
+    from inshrink.container.reader import ContainerReader
+    reader = ContainerReader(path, use_mmap=False)
+    out = {}
+    try:
+        for entry in reader.index.tensors:
+            float_type = np.dtype(f"<f{entry.dtype.itemsize}")
+            columns = np.frombuffer(bytes.fromhex(entry.codec[0]["columns"]), float_type)
+            rows = []
+            for chunk in entry.streams[0]:
+                payload = reader.read_chunk(chunk)
+                if chunk.coding == "zstd":
+                    payload = zstandard.ZstdDecompressor().decompress(payload)
+                rows.append(np.frombuffer(payload, float_type))
+            matrix = np.concatenate(rows)[:, None] * columns[None, :]
+            out[entry.name] = matrix.astype(float_type).reshape(entry.shape)
+    finally:
+        reader.close()
+    return out
+
+
+@positive("factored", "stage factored (format 1.4): an F32 exp_avg_sq-like tensor of shape "
+                      "[12, 3, 20] (36 rows of 20 columns, one of them all zero) in three "
+                      "chunks of 12 rows (chunk_bytes=1024), and an F64 matrix [10, 7] in "
+                      "one chunk; expected values from an independent numpy decoder")
+def build_factored(path: Path) -> dict:
+    raw = np.frombuffer(prng_bytes("factored-f32", 4 * 720), "<u4")
+    v = np.exp(-(raw % 1000).astype(np.float32) / 150).reshape(36, 20)
+    v[5] = 0
+    raw64 = np.frombuffer(prng_bytes("factored-f64", 4 * 70), "<u4")
+    w = (raw64 % 997).astype(np.float64).reshape(10, 7) / 31
+    policy = Policy(overrides={"*": QuantConfig(bins=2, domain="factored")})
+    with inshrink.Writer(path, threads=1, chunk_bytes=1024, policy=policy) as writer:
+        writer.add("optimizer.state.0.exp_avg_sq", v.reshape(12, 3, 20))
+        writer.add("optimizer.state.1.exp_avg_sq", w)
+    return contents(factored_reference_decode(path))
+
+
 # --------------------------------------------------------------------------------------------
 # Negative vectors
 # --------------------------------------------------------------------------------------------
@@ -962,6 +1003,25 @@ def neg_quant_code_range(data: bytes) -> bytes:
 def neg_quant_bits(data: bytes) -> bytes:
     def edit(doc):
         doc["tensors"][0]["codec"][0]["bits"] = 0
+    return edit_index(data, edit)
+
+
+@negative("factored_columns", "factored", "CorruptError", "open",
+          "the first tensor's column factors cut from 20 to 19, so its chunks of 240 "
+          "elements do not hold whole rows; CRCs fixed")
+def neg_factored_columns(data: bytes) -> bytes:
+    def edit(doc):
+        stage = doc["tensors"][0]["codec"][0]
+        stage["columns"] = stage["columns"][:19 * 2 * 4]
+    return edit_index(data, edit)
+
+
+@negative("factored_dtype", "factored", "CorruptError", "open",
+          "the F32 tensor of the factored stage declared F16 (a dtype the stage does not "
+          "support); CRCs fixed")
+def neg_factored_dtype(data: bytes) -> bytes:
+    def edit(doc):
+        doc["tensors"][0]["dtype"] = "F16"
     return edit_index(data, edit)
 
 

@@ -1,0 +1,107 @@
+"""Stage ``factored`` (format 1.4): a non-negative matrix as the outer product of two vectors.
+
+Adam's second moment (``exp_avg_sq``) of a weight matrix is close to rank one: rows and
+columns of a layer see gradients of different scale. Adafactor trains with exactly this
+approximation; stored this way, a second moment costs R + C values instead of R × C.
+
+The tensor's elements, in row-major order, form a matrix of ``numel / C`` rows and ``C``
+columns, ``C`` the number of column factors ``b`` stored in the stage object. Every chunk
+holds whole rows; its one stream holds the chunk's row factors ``a``. Decoding is
+``x[i, j] = a[i] × b[j]``, one correctly rounded multiplication in the tensor's dtype (F32 or
+F64) of finite factors, so every decoder gives the same bits.
+
+The encoder takes ``b`` = column sums and ``a`` = row sums / their total (the factorization
+that keeps every row's and column's sum, Adafactor's), both computed in float64 and rounded
+to the dtype once.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..dtypes import DType
+from ..errors import CorruptError
+from . import entropy
+
+STAGE_ID = "factored"
+DTYPES = ("F32", "F64")
+_HEX = re.compile(r"[0-9a-fA-F]*")
+
+
+@dataclass(frozen=True)
+class FactoredPlan:
+    """The stage's parameters: the column factors, in the tensor's dtype."""
+
+    dtype: DType
+    columns: np.ndarray
+
+    def to_dict(self) -> dict:
+        return {"id": STAGE_ID, "columns": self.columns.astype(self.dtype.numpy).tobytes().hex()}
+
+    def chain(self) -> list[dict]:
+        return [self.to_dict()]
+
+    @property
+    def streams(self) -> int:
+        return 1
+
+    @classmethod
+    def from_dict(cls, d: dict, dtype: DType) -> "FactoredPlan":
+        """Validate stage parameters read from a file (decoder side)."""
+        if set(d) != {"id", "columns"} or d["id"] != STAGE_ID:
+            raise CorruptError(f"bad factored stage parameters {sorted(d)}")
+        if dtype.name not in DTYPES:
+            raise CorruptError(f"factored stage on a {dtype.name} tensor")
+        hexed = d["columns"]
+        if (not isinstance(hexed, str) or not hexed or len(hexed) % (2 * dtype.itemsize)
+                or not _HEX.fullmatch(hexed)):
+            raise CorruptError("factored columns are not a non-empty hex string of whole "
+                               "elements")
+        columns = np.frombuffer(bytes.fromhex(hexed), dtype.numpy)
+        if not np.isfinite(columns).all():
+            raise CorruptError("factored columns must be finite")
+        return cls(dtype, columns)
+
+    def stream_sizes_ok(self, n: int, sizes: list[int], itemsize: int) -> bool:
+        """A chunk holds whole rows: n a multiple of C, and one row factor per row."""
+        columns = self.columns.size
+        return n % columns == 0 and sizes == [n // columns * itemsize]
+
+    def decode(self, chunks: list[tuple], out: np.ndarray) -> None:
+        """Decode one chunk, given its stream's (coding, payload, decoded size), into ``out``
+        (uint8, n × itemsize bytes)."""
+        (coding, payload, size), = chunks
+        rows = np.frombuffer(entropy.decode(coding, payload, size), self.dtype.numpy)
+        if not np.isfinite(rows).all():
+            raise CorruptError("factored row factors must be finite")
+        values = out.view(self.dtype.numpy).reshape(rows.size, self.columns.size)
+        np.multiply(rows[:, None], self.columns[None, :], out=values)
+
+
+def eligible(dtype: DType, shape: tuple[int, ...]) -> bool:
+    """Whether a tensor can be factored at all (its values decide the rest)."""
+    return dtype.name in DTYPES and len(shape) >= 2 and math.prod(shape) > 0
+
+
+def factors(row_sums: np.ndarray, column_sums: np.ndarray,
+            dtype: DType) -> tuple[np.ndarray, np.ndarray] | None:
+    """(a, b) in the dtype from float64 row and column sums; None if they do not fit it."""
+    total = float(row_sums.sum())
+    if not math.isfinite(total):
+        return None
+    with np.errstate(over="ignore"):  # a sum beyond the dtype: checked just below
+        a = (row_sums / total if total > 0 else np.zeros_like(row_sums)).astype(dtype.numpy)
+        b = column_sums.astype(dtype.numpy)
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return None
+    return a, b
+
+
+def encode_chunk(rows: np.ndarray, level: int | None) -> list[tuple]:
+    """The stored stream of one chunk: its row factors (in the dtype), entropy-coded."""
+    raw = np.ascontiguousarray(rows).view(np.uint8)
+    coding, payload = entropy.encode(raw, level)
+    return [(coding, payload, raw.size)]
