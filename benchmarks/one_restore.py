@@ -18,6 +18,10 @@ arm without a restore):
     u2, u4     the first moment from Adam's update direction exp_avg / (sqrt(exp_avg_sq) +
                eps) at 2 signed-log / 4 linear levels; u0p1 that direction zero but its 1%
                largest (with --arms; the second moment exact)
+    vfac       the second moment of every matrix as the outer product of its row sums / their
+               total and its column sums (Adafactor's factorization, what the ``factored``
+               stage stores), vectors at 2 levels; vfacm0 also the first moment zero (plus its
+               0.05% largest), as the default stores it (with --arms)
 
     OMP_NUM_THREADS=1 python benchmarks/one_restore.py --step 900      # ~4 min on 1 core
 

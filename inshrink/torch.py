@@ -621,7 +621,8 @@ class Checkpointer:
     space : inshrink.search.SearchSpace, optional
         Configurations the search may choose, and the optimizer moments' fixed
         configurations (default: the first moment as zeros plus its 0.05% largest entries,
-        so a restore restarts momentum; ``exp_avg_sq`` at 2 levels).
+        so a restore restarts momentum; ``exp_avg_sq`` of a matrix as row × column factors,
+        of a vector at 2 levels).
     max_evals : int
         Quality evaluations per checkpoint at most.
     keyframe_every : int
