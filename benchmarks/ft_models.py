@@ -197,6 +197,7 @@ class Task:
     loss_fn = None            # loss_fn(outputs, targets) -> scalar tensor
     metric = None             # optional metric(outputs, targets) -> float, higher is better
     search_metric = None      # what a searching codec keeps within epsilon (None: the loss)
+    search_settings: dict = {}  # inshrink.torch.Checkpointer settings recommended for the task
 
     def __init__(self, cfg, seed: int = 0):
         self.cfg = cfg
@@ -264,6 +265,10 @@ class Task:
 class LMTask(Task):
     name = "lm"
     loss_fn = staticmethod(lm_loss)
+    # a language model's outputs are logits: the search measures a candidate by the output KL
+    # divergence (far less noisy than the loss on 32 windows), and a linear learning-rate
+    # scale of epsilon is then enough (docs/decisions.md)
+    search_settings = {"criterion": "kl", "epsilon_follows_lr": 1}
     clip = 1.0
 
     def __init__(self, cfg: LMConfig | None = None, seed: int = 0):
