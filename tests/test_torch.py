@@ -399,8 +399,13 @@ def test_quality_kl_is_the_live_loss_plus_the_output_divergence():
                         for o, (_, y) in zip(live_out, batches)])
     model.train()
     state, _ = state_to_numpy(model)
+    passes = []
+    hook = model.register_forward_hook(lambda *_: passes.append(1))
     assert quality(state) == pytest.approx(live, rel=1e-6)  # no change: divergence 0
+    assert len(passes) == len(batches)  # the reference pass only
     assert quality({}) == pytest.approx(live, rel=1e-6)
+    assert len(passes) == 2 * len(batches)
+    hook.remove()
 
     other = mlp(seed=3, norm=True)
     other.eval()
