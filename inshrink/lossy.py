@@ -88,28 +88,26 @@ class FactoredTensor:
 def prepare_factored(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
                      max_chunk_elements: int) -> FactoredTensor | None:
     """Row and column factors of a non-negative, finite F32/F64 tensor of >= 2 dimensions,
-    with ``entry.chunk_elements`` rounded down to whole rows (at least one); None if the
+    with ``entry.chunk_elements`` then rounded down to whole rows (at least one); None if the
     tensor does not qualify (the caller then quantizes it in the log domain)."""
     columns = entry.shape[-1] if entry.shape else 0
     if not factored.eligible(entry.dtype, entry.shape) or columns > max_chunk_elements:
         return None
-    original = entry.chunk_elements
-    entry.chunk_elements = max(1, original // columns) * columns
+    whole_rows = replace(entry, chunk_elements=max(1, entry.chunk_elements // columns) * columns)
     row_sums = np.empty(entry.numel // columns)
     column_sums = np.zeros(columns)
     sumsq = 0.0
-    for start, stop, _, x in _chunks(entry, read):
+    for start, stop, _, x in _chunks(whole_rows, read):
         block = x.astype(np.float64).reshape(-1, columns)
         if not np.isfinite(block).all() or (block < 0).any():
-            entry.chunk_elements = original
             return None
         row_sums[start // columns:stop // columns] = block.sum(axis=1)
         column_sums += block.sum(axis=0)
         sumsq += float(np.square(block).sum())
     fitted = factored.factors(row_sums, column_sums, entry.dtype)
     if fitted is None:
-        entry.chunk_elements = original
         return None
+    entry.chunk_elements = whole_rows.chunk_elements
     rows, cols = fitted
     return FactoredTensor(role, config, factored.FactoredPlan(entry.dtype, cols), rows, sumsq)
 

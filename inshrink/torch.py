@@ -520,9 +520,10 @@ class _OutputKL:
             fresh = self.reference is None
             loss, reference = self._reference()
             values = _substitute(self.model, state)
-            live = _substitute(self.model, {})
-            if fresh and all(torch.equal(values[name], live[name]) for name in values):
-                return loss  # the weights the reference was just made from: no second pass
+            if fresh:  # the weights the reference was just made from need no second pass
+                live = _substitute(self.model, {})
+                if all(torch.equal(values[name], live[name]) for name in values):
+                    return loss
             kl = 0.0
             for (inputs, _), ref in zip(self.batches, reference):
                 log_q = torch.log_softmax(_forward(self.model, values, inputs).float(), dim=-1)
