@@ -315,26 +315,32 @@ class Series:
         """Decode the chain of ``step``: its tensors and (unless ``codes_of_last`` is false)
         the codes of its quantized ones."""
         state: dict[str, np.ndarray] = {}
+        exact: dict[str, np.ndarray] = {}
         codes: dict[str, np.ndarray] = {}
         previous = None
         chain = self.chain(step)
         for entry in chain:
             last = entry is chain[-1]
-            state, codes = self._decode_link(entry, previous, state, codes, whole=last,
-                                             with_codes=codes_of_last or not last)
+            state, exact, codes = self._decode_link(entry, previous, exact, codes, whole=last,
+                                                    with_codes=codes_of_last or not last)
             previous = entry
         return state, codes
 
     def _decode_link(self, entry: Checkpoint, previous: Checkpoint | None,
-                     state: dict[str, np.ndarray], codes: dict[str, np.ndarray], *,
-                     whole: bool, with_codes: bool = True) -> tuple[dict, dict]:
-        """Decode one link of a chain against what the link before it decoded to: every
-        tensor (``whole``) or only what the next link needs (exact tensors), plus the codes
-        of its quantized tensors. Checks the file's hash and its base's digest first."""
+                     exact: dict[str, np.ndarray], codes: dict[str, np.ndarray], *,
+                     whole: bool, with_codes: bool = True) -> tuple[dict, dict, dict]:
+        """Decode one link of a chain against what the link before it decoded to (its exact
+        tensors and codes). Returns the decoded tensors (every one if ``whole``, else only
+        the exact ones), the exact (lossless) ones, which with the codes of the quantized
+        ones are what the next link refers to and digests, and those codes. Checks the file's
+        hash and its base's digest first.
+
+        Lossy tensors that are not quantized (e.g. factored) are never part of a base: save
+        digests only exact tensors and codes, so load and verify must too."""
         path = self._path(entry.file)
         self._check_file(entry)
-        with File(path, threads=self.threads, base=state, base_codes=codes) as f:
-            expected = None if previous is None else decode_digest(state, codes)
+        with File(path, threads=self.threads, base=exact, base_codes=codes) as f:
+            expected = None if previous is None else decode_digest(exact, codes)
             if (f.base and f.base["sha256"]) != expected:
                 raise BaseMismatchError(
                     f"{path}: made against a base with digest "
@@ -345,7 +351,8 @@ class Series:
                 names=[n for n in f.keys() if n not in lossy])
             new_codes = {i.name: f.codes(i.name) for i in f.infos()
                          if i.quantized} if with_codes else {}
-        return decoded, new_codes
+        new_exact = {n: a for n, a in decoded.items() if n not in lossy}
+        return decoded, new_exact, new_codes
 
     def _check_file(self, entry: Checkpoint, content: bool = True) -> None:
         """The file exists and (``content``) hashes to what the manifest says."""
@@ -390,14 +397,14 @@ class Series:
         reached: set[int] = set()
         todo = [(e, None, {}, {}) for e in after.get(None, [])]
         while todo:
-            entry, previous, state, codes = todo.pop()
+            entry, previous, exact, codes = todo.pop()
             reached.add(entry.step)
-            try:
-                state, codes = self._decode_link(entry, previous, state, codes, whole=True)
+            try:  # whole: every tensor is decoded (and so checked), as a restore would
+                _, exact, codes = self._decode_link(entry, previous, exact, codes, whole=True)
             except (InshrinkError, OSError) as exc:
                 problems.append(f"step {entry.step}: {exc}")
                 continue  # what depends on it is reported below as unreachable
-            todo.extend((e, entry, state, codes) for e in after.get(entry.file, []))
+            todo.extend((e, entry, exact, codes) for e in after.get(entry.file, []))
         for e in self._checkpoints:
             if e.step not in reached:
                 problems.append(f"step {e.step}: cannot be restored: its base {e.base} "
