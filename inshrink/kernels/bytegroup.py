@@ -11,7 +11,7 @@ tuple of ``w`` uint8 arrays of length ``n`` (so decoded planes need no copying);
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from . import kernel
 
 _ONE = np.uint64(1)
 _SIXTY_THREE = np.uint64(63)
@@ -19,7 +19,7 @@ _EIGHT = np.uint64(8)
 _BYTE = np.uint64(0xFF)
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def split_u16(words, rotate, planes):
     for i in range(words.shape[0]):
         v = words[i]
@@ -29,7 +29,7 @@ def split_u16(words, rotate, planes):
         planes[1, i] = v & 0xFF
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def join_u16(planes, rotate, words):
     high, low = planes
     for i in range(words.shape[0]):
@@ -39,7 +39,7 @@ def join_u16(planes, rotate, words):
         words[i] = v
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def split_u32(words, rotate, planes):
     for i in range(words.shape[0]):
         v = words[i]
@@ -51,7 +51,7 @@ def split_u32(words, rotate, planes):
         planes[3, i] = v & 0xFF
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def join_u32(planes, rotate, words):
     p0, p1, p2, p3 = planes
     for i in range(words.shape[0]):
@@ -62,7 +62,7 @@ def join_u32(planes, rotate, words):
         words[i] = v
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def split_u64(words, rotate, planes):
     for i in range(words.shape[0]):
         v = words[i]
@@ -72,7 +72,7 @@ def split_u64(words, rotate, planes):
             planes[k, i] = (v >> np.uint64(56 - 8 * k)) & _BYTE
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def join_u64(planes, rotate, words):
     for i in range(words.shape[0]):
         v = np.uint64(0)

@@ -39,14 +39,14 @@ Callers guarantee, for each kernel:
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from . import kernel
 
 _ONE = np.uint64(1)
 _EIGHT = np.uint64(8)
 _ALL_ONES = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def cyclic_delta(prev, cur, modulus, out):
     """Write ``(prev - cur) mod modulus`` element by element."""
     m = np.int64(modulus)
@@ -57,7 +57,7 @@ def cyclic_delta(prev, cur, modulus, out):
         out[i] = d
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def cyclic_undelta(prev, delta, modulus, out):
     """Write ``(prev - delta) mod modulus`` element by element: the inverse of
     ``cyclic_delta``."""
@@ -69,7 +69,7 @@ def cyclic_undelta(prev, delta, modulus, out):
         out[i] = c
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def group_counts(prev, nlevels, counts):
     """Count the positions holding each code: ``counts[v]`` = number of ``i`` with
     ``prev[i] == v``, for ``v < nlevels``."""
@@ -79,7 +79,7 @@ def group_counts(prev, nlevels, counts):
         counts[prev[i]] += 1
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def _group_starts(counts):
     """Exclusive prefix sum of ``counts``: where each group begins."""
     starts = np.empty(counts.shape[0], np.int64)
@@ -90,7 +90,7 @@ def _group_starts(counts):
     return starts
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def regroup(prev, values, counts, out):
     """Stable partition of ``values`` by ``prev``: group ``v`` holds, in position order, the
     values at the positions where ``prev`` is ``v``, and the groups follow one another in
@@ -103,7 +103,7 @@ def regroup(prev, values, counts, out):
         starts[v] = j + 1
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def ungroup(prev, grouped, counts, out):
     """Undo ``regroup``: position ``i`` takes the next unread value of group ``prev[i]``."""
     starts = _group_starts(counts)
@@ -114,7 +114,7 @@ def ungroup(prev, grouped, counts, out):
         starts[v] = j + 1
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def run_lengths(values, out_values, out_lengths):
     """Split ``values`` into maximal runs of equal elements.
 
@@ -144,7 +144,7 @@ def run_lengths(values, out_values, out_lengths):
     return runs + 1
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def expand_runs(run_values, run_lengths, nruns, out):
     """Write the first ``nruns`` runs one after another from the start of ``out``.
 
@@ -168,7 +168,7 @@ def expand_runs(run_values, run_lengths, nruns, out):
     return o
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def _word_mask(itemsize):
     """All ones in the low ``8 * itemsize`` bits, as uint64."""
     if itemsize >= 8:
@@ -176,14 +176,14 @@ def _word_mask(itemsize):
     return (_ONE << (_EIGHT * np.uint64(itemsize))) - _ONE
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def xor_words(a, b, out):
     """Write ``a ^ b`` element by element."""
     for i in range(a.shape[0]):
         out[i] = a[i] ^ b[i]
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def sub_words(a, b, out):
     """Write ``a - b`` element by element, wrapping modulo ``2**bits``."""
     # computed without overflow, so numpy scalars (no JIT) wrap exactly as machine words do
@@ -197,7 +197,7 @@ def sub_words(a, b, out):
             out[i] = x + (mask - y) + _ONE
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def add_words(a, d, out):
     """Write ``a + d`` element by element, wrapping modulo ``2**bits``: the inverse of
     ``sub_words``."""

@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from . import kernel
 
 _ZERO = np.uint64(0)
 _ONE = np.uint64(1)
@@ -56,7 +56,7 @@ _BYTE = np.uint64(0xFF)
 _LINEAR_RANK_MAX = 256  # longest boundary table ranked by counting, not binary search
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def sketch_words(x, words, abs_mask, inf_bits, shift, counts_pos, counts_neg, totals):
     """Add one chunk to a log-linear magnitude histogram, per sign.
 
@@ -92,7 +92,7 @@ def sketch_words(x, words, abs_mask, inf_bits, shift, counts_pos, counts_neg, to
     totals[2] += sumsq
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def error_stats(x, codes, table, escape, prune_below, out):
     """Accumulate the error of decoding ``x`` as ``table[codes]`` (escapes are exact) into
     ``out`` = [sum of squared errors, max |error|, escaped, pruned, zeroed, sign flipped,
@@ -134,7 +134,7 @@ def error_stats(x, codes, table, escape, prune_below, out):
     out[6] += nonzero
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def _pick(cumulative_target, mass):
     """Index of the first ``j`` whose running sum of ``mass`` exceeds the target.
 
@@ -151,7 +151,7 @@ def _pick(cumulative_target, mass):
     return last_positive
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def kmeans_pp_seed(points, weights, k, uniforms, out):
     """Weighted k-means++ seeding in one dimension.
 
@@ -203,7 +203,7 @@ def kmeans_pp_seed(points, weights, k, uniforms, out):
     return chosen
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def kmeans_1d(points, weights, centroids, max_iter, tol):
     """Weighted Lloyd iterations on sorted 1-D points, refining ``centroids`` in place.
 
@@ -256,7 +256,7 @@ def kmeans_1d(points, weights, centroids, max_iter, tol):
     return iterations
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def _count_below(boundaries, v):
     """Number of ``boundaries`` strictly below ``v`` (0 for NaN), by a branch-free count."""
     count = 0
@@ -266,7 +266,7 @@ def _count_below(boundaries, v):
     return count
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def _search_below(boundaries, v):
     """Number of ``boundaries`` strictly below ``v`` (0 for NaN), by binary search."""
     nb = boundaries.shape[0]
@@ -284,7 +284,7 @@ def _search_below(boundaries, v):
     return base
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def assign_codes(x, boundaries, protect_lo, protect_hi, prune_lo, prune_hi, zero_code, escape,
                  force, codes):
     """Map each element to a level code, ``zero_code`` or ``escape``.
@@ -327,7 +327,7 @@ def assign_codes(x, boundaries, protect_lo, protect_hi, prune_lo, prune_hi, zero
     return escapes
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def lookup_decode(codes, levels, escape, values, out):
     """Replace each code by its level word, or each escape by the next of ``values``.
 
@@ -352,7 +352,7 @@ def lookup_decode(codes, levels, escape, values, out):
     return j
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def pack_bits(codes, bits, out):
     """Pack ``bits``-wide codes into a little-endian bit stream."""
     width = np.uint64(bits)
@@ -372,7 +372,7 @@ def pack_bits(codes, bits, out):
         out[o] = buffer & _BYTE
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def unpack_bits(packed, bits, n, out):
     """Read ``n`` codes of ``bits`` bits from a little-endian bit stream."""
     width = np.uint64(bits)
