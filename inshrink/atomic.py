@@ -1,39 +1,103 @@
-"""Atomic file creation: a temporary file in the destination directory, fsync, rename."""
+"""Atomic file creation: a temporary file in the destination directory, fsync, rename.
+
+Errors name the destination, not the hidden temporary file: an ``OSError`` raised while the
+file is created, written or committed is re-raised as an ``OSError`` of the same errno (so
+the same subclass, e.g. ``PermissionError``) whose ``filename`` is the destination path.
+"""
 from __future__ import annotations
 
+import io
 import os
 import tempfile
+
+
+def named_error(exc: OSError, path: str) -> OSError:
+    """``exc`` as an error about writing ``path`` (unchanged if it names ``path`` already or
+    carries no errno)."""
+    if exc.errno is None or exc.filename == path:
+        return exc
+    return OSError(exc.errno, f"{exc.strerror or os.strerror(exc.errno)} while writing", path)
+
+
+class _DestinationFile(io.BufferedRandom):
+    """The temporary file, whose write errors (a full disk...) name the destination."""
+
+    def __init__(self, raw: io.FileIO, destination: str) -> None:
+        super().__init__(raw)
+        self.destination = destination
+
+    def write(self, data) -> int:
+        try:
+            return super().write(data)
+        except OSError as exc:
+            raise named_error(exc, self.destination) from exc
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError as exc:
+            raise named_error(exc, self.destination) from exc
 
 
 class AtomicFile:
     """A binary file that appears at ``path`` only when :meth:`commit` succeeds.
 
-    Until then it lives as a hidden temporary file beside ``path``; :meth:`abort` (or a crash)
-    leaves any previous file at ``path`` untouched.
+    Until then it lives as a hidden temporary file ``.<name>.<random>.tmp`` beside ``path``;
+    :meth:`abort` (or a crash, which leaves the temporary behind) leaves any previous file at
+    ``path`` untouched. Every ``OSError`` it raises names ``path`` (see the module docstring).
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
         directory = os.path.dirname(os.path.abspath(self.path))
-        fd, self.tmp_path = tempfile.mkstemp(prefix=f".{os.path.basename(self.path)}.",
-                                             suffix=".tmp", dir=directory)
-        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; give what open() would
-        self.file = os.fdopen(fd, "w+b")
+        try:
+            fd, self.tmp_path = tempfile.mkstemp(prefix=f".{os.path.basename(self.path)}.",
+                                                 suffix=".tmp", dir=directory)
+        except OSError as exc:
+            raise named_error(exc, self.path) from exc
+        try:
+            os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; give what open() would
+            self.file = _DestinationFile(io.FileIO(fd, "r+b"), self.path)
+        except BaseException as exc:
+            os.close(fd)
+            _unlink(self.tmp_path)
+            if isinstance(exc, OSError):
+                raise named_error(exc, self.path) from exc
+            raise
 
     def commit(self) -> None:
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-        os.replace(self.tmp_path, self.path)
+        """Flush, fsync and rename the file to its destination (the caller aborts on error)."""
+        try:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+            os.replace(self.tmp_path, self.path)
+        except OSError as exc:
+            raise named_error(exc, self.path) from exc
         fsync_directory(os.path.dirname(os.path.abspath(self.path)))
 
     def abort(self) -> None:
-        if not self.file.closed:
-            self.file.close()
+        """Discard the temporary file. Never raises: it runs while another error propagates,
+        and closing may fail for the very reason the write did (a full disk), which must not
+        keep the temporary file from being removed."""
         try:
-            os.unlink(self.tmp_path)
-        except FileNotFoundError:
+            self.file.close()  # flushes what is buffered, which may fail: nothing to keep
+        except (OSError, ValueError):
             pass
+        raw = getattr(self.file, "raw", None)
+        if raw is not None and not raw.closed:  # a failed close may leave the descriptor
+            try:
+                raw.close()
+            except OSError:
+                pass
+        _unlink(self.tmp_path)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:  # gone already, or cannot be removed: the caller's error matters more
+        pass
 
 
 def current_umask() -> int:

@@ -1,0 +1,159 @@
+"""Atomic writes: no temporary file survives a failure, and errors name the destination."""
+import errno
+import os
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+
+import inshrink
+from inshrink import atomic
+from inshrink.atomic import AtomicFile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"),
+                                    reason="needs /dev/full (Linux) to simulate a full disk")
+
+
+def debris(directory):
+    return [n for n in os.listdir(directory) if n.endswith(".tmp")]
+
+
+def fill_up(fd):
+    """Make every later write to ``fd`` fail as on a full disk (ENOSPC)."""
+    full = os.open("/dev/full", os.O_WRONLY)
+    os.dup2(full, fd)
+    os.close(full)
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """Every AtomicFile created from now on writes to a full disk."""
+    real = atomic.tempfile.mkstemp
+
+    def mkstemp(*args, **kwargs):
+        fd, path = real(*args, **kwargs)
+        fill_up(fd)
+        return fd, path
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", mkstemp)
+
+
+class FullDiskFile:
+    """A file object that fails to close as a buffered file on a full disk does."""
+
+    closed = False
+
+    def write(self, data):
+        return len(data)
+
+    def close(self):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_abort_removes_the_temporary_even_when_closing_fails(tmp_path):
+    out = AtomicFile(tmp_path / "m.ink")
+    out.file.close()
+    out.file = FullDiskFile()
+    out.abort()  # must not raise: it runs while the original error propagates
+    assert os.listdir(tmp_path) == []
+
+
+@needs_dev_full
+def test_abort_with_buffered_data_on_a_full_disk_leaves_nothing(tmp_path):
+    out = AtomicFile(tmp_path / "m.ink")
+    fill_up(out.file.fileno())
+    out.file.write(b"x" * 100)  # buffered: only close() finds the disk full
+    out.abort()
+    assert os.listdir(tmp_path) == [] and out.file.closed
+
+
+@needs_dev_full
+def test_a_full_disk_names_the_destination(tmp_path):
+    path = str(tmp_path / "m.ink")
+    (tmp_path / "m.ink").write_bytes(b"previous")
+    out = AtomicFile(path)
+    fill_up(out.file.fileno())
+    with pytest.raises(OSError) as caught:
+        out.file.write(b"x" * (1 << 20))
+        out.commit()
+    out.abort()
+    exc = caught.value
+    assert exc.errno == errno.ENOSPC and exc.filename == path
+    assert path in str(exc) and ".tmp" not in str(exc)
+    assert os.listdir(tmp_path) == ["m.ink"] and (tmp_path / "m.ink").read_bytes() == b"previous"
+
+
+def test_failures_to_create_and_to_rename_name_the_destination(tmp_path):
+    missing = str(tmp_path / "no" / "m.ink")
+    with pytest.raises(FileNotFoundError) as caught:  # the subclass is kept
+        AtomicFile(missing)
+    assert caught.value.filename == missing and ".tmp" not in str(caught.value)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x").write_bytes(b"")
+    out = AtomicFile(tmp_path / "d")  # a non-empty directory cannot be replaced by a file
+    out.file.write(b"data")
+    with pytest.raises(OSError) as caught:
+        out.commit()
+    out.abort()
+    assert caught.value.filename == str(tmp_path / "d") and ".tmp" not in str(caught.value)
+    assert os.listdir(tmp_path) == ["d"] and os.listdir(tmp_path / "d") == ["x"]
+
+
+def test_committed_file_has_the_content_and_usual_mode(tmp_path):
+    out = AtomicFile(tmp_path / "m.ink")
+    out.file.write(b"hello")
+    out.commit()
+    assert (tmp_path / "m.ink").read_bytes() == b"hello"
+    assert os.stat(tmp_path / "m.ink").st_mode & 0o777 == 0o666 & ~atomic.current_umask()
+    out.abort()  # after a commit: nothing to do, nothing removed
+    assert os.listdir(tmp_path) == ["m.ink"]
+
+
+@needs_dev_full
+def test_save_on_a_full_disk_names_the_file_and_leaves_no_debris(tmp_path, full_disk):
+    path = str(tmp_path / "m.ink")
+    state = {"w": np.random.default_rng(0).standard_normal(100_000).astype(np.float32)}
+    with pytest.raises(OSError) as caught:
+        inshrink.save(path, state)
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == path
+    assert os.listdir(tmp_path) == []
+
+
+# -- a real full disk: a 2 MiB tmpfs (needs root and mount permission) -------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs mounted at a fresh directory."""
+    mountpoint = tmp_path / f"disk-{uuid.uuid4().hex[:8]}"
+    mountpoint.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (the simulated full-disk tests ran)")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mountpoint)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"mounting a small tmpfs is not permitted here ({r.stderr.strip()}); "
+                    f"the simulated full-disk tests ran")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+
+
+def test_real_full_disk_library_and_cli(tmp_path, small_disk):
+    big = np.random.default_rng(1).standard_normal(1_000_000).astype(np.float32)  # 4 MB
+    path = str(small_disk / "m.ink")
+    with pytest.raises(OSError) as caught:
+        inshrink.save(path, {"w": big})
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == path
+    assert os.listdir(small_disk) == []
+    src = tmp_path / "big.ink"
+    inshrink.save(src, {"w": big})
+    out = small_disk / "big.safetensors"
+    r = subprocess.run([sys.executable, "-m", "inshrink", "decompress", str(src), "-o",
+                        str(out)], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 1 and r.stdout == ""
+    assert os.listdir(small_disk) == [], r.stderr
