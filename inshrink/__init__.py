@@ -8,7 +8,7 @@
 """
 from .api import load, open, save
 from .errors import (BaseMismatchError, ChecksumError, CorruptError, InshrinkError, InvalidArgumentError,
-                     LimitExceededError, TensorNotFoundError, TruncatedError,
+                     LimitExceededError, SeriesLockedError, TensorNotFoundError, TruncatedError,
                      UnknownCodecError, UnsupportedFeatureError, UnsupportedVersionError)
 from .policy import PRESETS, Policy, QuantConfig
 from .search import Choice, Search, SearchResult, SearchSpace
@@ -23,5 +23,6 @@ __all__ = [
     "InshrinkError", "InvalidArgumentError", "CorruptError", "TruncatedError",
     "ChecksumError", "UnsupportedVersionError", "UnsupportedFeatureError",
     "UnknownCodecError", "LimitExceededError", "TensorNotFoundError", "BaseMismatchError",
+    "SeriesLockedError",
     "__version__",
 ]

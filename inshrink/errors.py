@@ -45,6 +45,10 @@ class BaseMismatchError(InshrinkError):
     """A delta file's base is missing, modified, or not the file the delta was made against."""
 
 
+class SeriesLockedError(InshrinkError):
+    """Another writer is saving into (or pruning) the same checkpoint series right now."""
+
+
 class TensorNotFoundError(InshrinkError, KeyError):
     """A tensor name is not present in the file."""
 

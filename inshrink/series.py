@@ -13,6 +13,11 @@ name so the manifest switch stays atomic, unless that would make a chain longer 
 ``keyframe_every`` files: then it stays whole, as a keyframe. Each delta file records the name
 and SHA-256 of its base; restoring an older step replays its chain back from the keyframe after
 it, checking every link.
+
+A series has one writer at a time: saving, deleting and retaining hold an exclusive advisory
+lock (``flock``) on ``.lock`` in the directory and re-read the manifest under it, so a second
+process writing at the same moment gets a :class:`SeriesLockedError` at once instead of
+waiting (a save may take minutes) or silently dropping the other's steps.
 """
 from __future__ import annotations
 
@@ -20,20 +25,29 @@ import hashlib
 import json
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock, one writer is the caller's responsibility
+    fcntl = None  # type: ignore[assignment]
+
 from .atomic import AtomicFile
 from .dtypes import as_numpy
-from .errors import BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError
+from .errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError,
+                     SeriesLockedError)
 from .policy import Policy
 from .rebase import write_delta
 from .search import Choice, Search, SearchResult
 from .tensorfile import File, TensorInfo, Writer
 
 MANIFEST = "manifest.json"
+LOCK = ".lock"
+"""The file a writer of the series holds an exclusive ``flock`` on."""
 SEARCH_KEY = "inshrink.search"
 """Metadata key of the configuration search report (JSON) of a checkpoint."""
 SERIES_FORMAT = "inshrink-series"
@@ -95,6 +109,15 @@ class Series:
         The configuration search used by ``save(..., quality=...)`` (default:
         ``Search()``, ε = 0.05 on a loss). A resumed series continues from the choice stored
         with its latest checkpoint.
+
+    Notes
+    -----
+    One writer at a time: :meth:`save`, :meth:`delete` and :meth:`retain` hold an exclusive
+    lock on ``directory/.lock`` while they change the series and re-read the manifest under
+    it (another process may have saved since this object was opened). While another process
+    or object holds it they raise :class:`inshrink.errors.SeriesLockedError` without waiting;
+    a caller that wants to wait catches it and retries. Reading (``load``, ``verify``...)
+    takes no lock.
     """
 
     def __init__(self, directory: str | os.PathLike, policy: Policy | str | None = None, *,
@@ -113,9 +136,52 @@ class Series:
         self._search_resumed = False
         os.makedirs(self.directory, exist_ok=True)
         self._checkpoints = self._read_manifest()
-        # what the next delta refers to: the last checkpoint's exact tensors and its codes
+        # what the next delta refers to: the exact tensors and the codes of the checkpoint
+        # _previous_entry, valid while that is still the newest one in the manifest
         self._previous: dict[str, np.ndarray] | None = None
         self._previous_codes: dict[str, np.ndarray] | None = None
+        self._previous_entry: Checkpoint | None = None
+
+    # -- the writer's lock -----------------------------------------------------------------
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Hold the series' write lock, with the manifest re-read under it."""
+        fd = self._lock()
+        try:
+            self._checkpoints = self._read_manifest()
+            yield
+        finally:
+            if fd is not None:
+                try:
+                    os.ftruncate(fd, 0)  # no stale pid for the next holder's contenders
+                except OSError:
+                    pass
+                fcntl.flock(fd, fcntl.LOCK_UN)  # also if a forked child shares the descriptor
+                os.close(fd)
+
+    def _lock(self) -> int | None:
+        """Take the exclusive lock without waiting; SeriesLockedError if someone holds it."""
+        if fcntl is None:
+            return None
+        fd = os.open(self._path(LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            raise SeriesLockedError(
+                f"{self.directory}: another writer{f' (pid {holder})' if holder else ''} is "
+                f"saving into this series; a series takes one writer at a time") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:  # who holds it, for the message a second writer gets
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass
+        return fd
 
     # -- manifest --------------------------------------------------------------------------
 
@@ -199,14 +265,15 @@ class Series:
         chosen policy is used, the search report is stored in the checkpoint's metadata under
         ``"inshrink.search"`` and kept in :attr:`last_search`; ``curvature`` goes to the
         search (per-tensor bins, :meth:`inshrink.search.Search.choose`).
+
+        The search runs before the series is locked; the checkpoint is written and the
+        manifest switched under the lock (:class:`Series`, Notes): raises
+        :class:`inshrink.errors.SeriesLockedError` if another writer holds it. On any failure
+        the series is unchanged and no file of this save is left behind.
         """
         if type(step) is not int or step < 0:
             raise InvalidArgumentError("step must be a non-negative integer")
-        if self._checkpoints and step <= self._checkpoints[-1].step:
-            raise InvalidArgumentError(f"step {step} is not after the latest step "
-                                       f"{self._checkpoints[-1].step}")
-        name = f"step_{step:012d}.ink"
-        path = self._path(name)
+        self._check_step(step)  # early, from what this object knows: before a long search
         importance = dict(importance or {})
         policy = self.policy if policy is None else policy
         metadata = dict(metadata or {})
@@ -215,6 +282,42 @@ class Series:
             result = self._search().choose(arrays, quality, importance, curvature)
             policy, self.last_search = result.policy, result
             metadata[SEARCH_KEY] = json.dumps(result.report)
+        with self._writing():
+            self._check_step(step)  # again, with the manifest as it is now
+            written: list[str] = []  # files of this save, not yet named by the manifest
+            try:
+                report, exact, codes, newest = self._write_checkpoint(
+                    step, arrays, metadata, importance, policy, written)
+                entries = list(self._checkpoints)
+                replaced = None
+                if entries and entries[-1].keyframe and self._deltas_before(entries) + 2 <= \
+                        self.keyframe_every:
+                    replaced = entries[-1]
+                    rewritten = self._rewrite_as_delta(replaced, newest, exact, codes, written)
+                    entries = [replace(e, base=rewritten.file) if e.base == replaced.file
+                               else e for e in entries[:-1]] + [rewritten]
+                self._write_manifest(entries + [newest])
+            except BaseException:
+                self._discard(written)
+                raise
+            if replaced is not None:  # only now: the manifest no longer names it
+                _remove(self._path(replaced.file))
+            self._previous, self._previous_codes, self._previous_entry = exact, codes, newest
+        return report
+
+    def _check_step(self, step: int) -> None:
+        if self._checkpoints and step <= self._checkpoints[-1].step:
+            raise InvalidArgumentError(f"step {step} is not after the latest step "
+                                       f"{self._checkpoints[-1].step} of {self.directory}")
+
+    def _write_checkpoint(self, step: int, arrays: dict[str, np.ndarray],
+                          metadata: dict[str, str], importance: dict[str, Any],
+                          policy: Policy | str | None, written: list[str]
+                          ) -> tuple[list[TensorInfo], dict, dict, Checkpoint]:
+        """Write ``step`` as a whole file; return its report, exact tensors, codes, entry."""
+        name = f"step_{step:012d}.ink"
+        path = self._path(name)
+        written.append(name)  # the rename may happen even if a later step of close fails
         with Writer(path, metadata, threads=self.threads, policy=policy,
                     keep_codes=True) as writer:
             for key, value in arrays.items():
@@ -223,19 +326,18 @@ class Series:
             codes = writer.codes
         exact = {info.name: arrays[info.name].copy() for info in report if info.lossless}
         newest = Checkpoint(step, name, True, None, file_sha256(path), os.path.getsize(path))
-        entries = list(self._checkpoints)
-        replaced = None
-        if entries and entries[-1].keyframe and self._deltas_before(entries) + 2 <= \
-                self.keyframe_every:
-            replaced = entries[-1]
-            rewritten = self._rewrite_as_delta(replaced, newest, exact, codes)
-            entries = [replace(e, base=rewritten.file) if e.base == replaced.file else e
-                       for e in entries[:-1]] + [rewritten]
-        self._write_manifest(entries + [newest])
-        if replaced is not None:  # only now: the manifest no longer names it
-            os.unlink(self._path(replaced.file))
-        self._previous, self._previous_codes = exact, codes
-        return report
+        return report, exact, codes, newest
+
+    def _discard(self, names: list[str]) -> None:
+        """Remove files a failed save wrote, unless the manifest on disk names them (a
+        failure after the manifest switch, e.g. an interrupt while syncing the directory)."""
+        try:
+            listed = {e.file for e in self._read_manifest()}
+        except (InshrinkError, OSError):
+            return  # leave them: the next writer's clean-up removes orphans
+        for name in names:
+            if name not in listed:
+                _remove(self._path(name))
 
     def _search(self) -> Search:
         """The search, continuing from the latest checkpoint's choice after a restart."""
@@ -270,11 +372,14 @@ class Series:
         return count
 
     def _rewrite_as_delta(self, entry: Checkpoint, base: Checkpoint, base_exact: dict,
-                          base_codes: dict) -> Checkpoint:
+                          base_codes: dict, written: list[str]) -> Checkpoint:
         """Write ``entry`` again as a delta file against the newer checkpoint ``base``."""
-        if self._previous is None:  # resumed: read back what the entry holds
+        if self._previous is None or self._previous_entry != entry:
+            # resumed, or another writer saved since: read back what the entry holds
             self._previous, self._previous_codes = self._exact_tensors(entry)
+            self._previous_entry = entry
         name = f"step_{entry.step:012d}.d.ink"
+        written.append(name)
         write_delta(self._path(entry.file), self._path(name),
                     src_exact=self._previous, src_codes=self._previous_codes or {},
                     base_exact=base_exact, base_codes=base_codes or {},
@@ -367,7 +472,11 @@ class Series:
 
     def delete(self, steps: list[int]) -> list[int]:
         """Forget ``steps``, keeping every file a remaining checkpoint needs; return the
-        steps whose files were removed."""
+        steps whose files were removed. Holds the series' lock (:class:`Series`, Notes)."""
+        with self._writing():
+            return self._delete(steps)
+
+    def _delete(self, steps: list[int]) -> list[int]:
         doomed = {self._entry(s).step for s in steps}
         keep = [e for e in self._checkpoints if e.step not in doomed]
         needed = {c.file for e in keep for c in self.chain(e.step)}
@@ -375,17 +484,15 @@ class Series:
         removed = [e for e in self._checkpoints if e not in survivors]
         self._write_manifest(survivors)  # first the manifest, then the files
         for e in removed:
-            try:
-                os.unlink(self._path(e.file))
-            except FileNotFoundError:
-                pass
+            _remove(self._path(e.file))
         return [e.step for e in removed]
 
     def retain(self, last: int) -> list[int]:
         """Keep the ``last`` newest steps (and what they need); delete the rest."""
         if type(last) is not int or last < 1:
             raise InvalidArgumentError("last must be a positive integer")
-        return self.delete(self.steps()[:-last])
+        with self._writing():  # the newest steps as they are under the lock
+            return self._delete(self.steps()[:-last])
 
     def verify(self) -> list[str]:
         """Check every file against the manifest and its own checksums, and every delta
@@ -410,3 +517,12 @@ class Series:
                 problems.append(f"step {e.step}: cannot be restored: its base {e.base} "
                                 f"does not lead to a readable keyframe")
         return problems
+
+
+def _remove(path: str) -> None:
+    """Unlink a file the manifest no longer names; one left behind is only an orphan, which
+    the next writer removes, so a failure here does not fail what already succeeded."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -149,7 +149,7 @@ def test_retention_keeps_chains_of_kept_steps(tmp_path):
     assert series.steps() == [7, 8, 9]
     assert removed == [0, 1, 2, 3, 4, 5, 6]
     assert sorted(os.listdir(tmp_path / "s")) == sorted(
-        ["manifest.json"] + [e.file for e in series.checkpoints()])
+        [".lock", "manifest.json"] + [e.file for e in series.checkpoints()])
     for step in (7, 8, 9):
         assert_same(series.load(step), states[step])
     needed = {c.file for c in series.chain(7)}
