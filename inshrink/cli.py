@@ -1,60 +1,176 @@
-"""The ``inshrink`` command line: compress, decompress, info, verify.
+"""The ``inshrink`` command line: compress, decompress, info, verify, series.
 
-Heavy modules are imported inside the commands so ``inshrink --help`` stays instant.
+Every command prints a one-line summary (or, with ``--json``, one JSON object of the shape
+documented in README.md, "Command line") and exits 0 on success, 1 on an error in the data or
+I/O, 2 on a usage error. Text output escapes control characters of tensor names, metadata and
+paths (they come from files that may be untrusted); JSON escaping covers ``--json``.
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import math
 import os
+import re
 import sys
+import time
+
+from .policy import MAX_BINS, PRESETS, SMALL_MOMENT, SMALL_TENSOR
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+LARGE_ERROR = 0.1
+"""A lossy tensor with a larger relative L2 error gets a warning: at 0.1 the error is a tenth
+of the tensor's norm, far above what any preset gives a trained weight (about 0.01-0.03)."""
 
 
 class UsageError(Exception):
     """A command-line mistake: reported in one line with exit status 2."""
 
 
+# -- argument types: bad values exit 2 with the flag's name ---------------------------------
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _step(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return value
+
+
+def _bins(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_BINS:  # 0 levels exist for optimizer moments, not for a model
+        raise argparse.ArgumentTypeError(f"must be an integer in [1, {MAX_BINS}], got {text!r}")
+    return value
+
+
+def _level(text: str) -> int:
+    from .codecs.entropy import check_level
+    from .errors import InvalidArgumentError
+    try:
+        value = int(text)
+        check_level(value)
+    except (ValueError, InvalidArgumentError):
+        from zstandard import MAX_COMPRESSION_LEVEL
+        raise argparse.ArgumentTypeError(f"must be a zstd level, an integer in "
+                                         f"[{-(1 << 17)}, {MAX_COMPRESSION_LEVEL}], "
+                                         f"got {text!r}") from None
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1), got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+# -- the parser ------------------------------------------------------------------------------
+
+def _preset_help() -> str:
+    """What each preset quantizes, read from the presets themselves."""
+    lines = ["presets (--preset NAME; --lossy alone means --preset balanced):"]
+    described: dict[tuple, str] = {}
+    for name, policy in PRESETS.items():
+        roles = policy.roles
+        if not any(roles.values()):
+            lines.append(f"  {name:<11} nothing quantized: the same as no lossy option")
+            continue
+        levels = {r: (c.bins if c else "exact") for r, c in roles.items()}
+        lines.append(f"  {name:<11} levels: weights {levels.get('weight', 'exact')}, "
+                     f"embeddings {levels.get('embedding', 'exact')}, optimizer exp_avg "
+                     f"{levels.get('exp_avg', 'exact')}, exp_avg_sq "
+                     f"{levels.get('exp_avg_sq', 'exact')}")
+        model = (roles.get("weight"), roles.get("embedding"))
+        if model in described:
+            lines.append(f"  {'':<11} = {described[model]} for weights and embeddings: the "
+                         f"two give identical files for a model without optimizer state")
+        described.setdefault(model, name)
+    protect = {c.protect for p in PRESETS.values() for c in p.roles.values() if c}
+    lines += [
+        f"Every quantized tensor keeps its {' / '.join(f'{p:.2%}' for p in sorted(protect))}"
+        f" largest values exact. Always exact: integers, bool, fp8, complex, steps, 1-D tensors"
+        f" (biases, norms), weights under {SMALL_TENSOR:,} elements, optimizer moments under"
+        f" {SMALL_MOMENT:,}. Roles come from tensor names: exp_avg (also momentum_buffer),"
+        f" exp_avg_sq, embeddings (embed, wte, wpe, lm_head), other matrices are weights.",
+        f"A tensor whose relative L2 error exceeds {LARGE_ERROR} gets a warning on stderr."]
+    return "\n".join(lines)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="inshrink", description="Compress deep-learning checkpoints (.safetensors <-> .ink).")
+        prog="inshrink", description="Compress deep-learning checkpoints (.safetensors <-> .ink).",
+        epilog="Exit status: 0 success, 1 error in the data or I/O, 2 usage error.")
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    c = sub.add_parser("compress", help="safetensors file or sharded directory -> .ink")
-    c.add_argument("input", help="a .safetensors file or a directory of shards")
+    c = sub.add_parser("compress", help="safetensors file or directory tree -> .ink",
+                       epilog=_preset_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("input", help="a .safetensors file, or a directory: every .safetensors file "
+                                 "under it (subdirectories too) is compressed, other files copied")
     c.add_argument("-o", "--output", help="output path (default: INPUT with .ink, or DIR-ink/)")
-    c.add_argument("--level", type=int, default=None,
+    c.add_argument("--level", type=_level, default=None,
                    help="zstd level for every plane (default: fast plane settings)")
     lossy = c.add_argument_group(
         "lossy compression", "quantize weights and optimizer moments (small tensors, integers "
-        "and steps stay exact); --lossy alone means --preset balanced")
-    lossy.add_argument("--lossy", action="store_true", help="quantize (default preset)")
-    lossy.add_argument("--preset", choices=["balanced", "aggressive", "compact", "lossless"],
-                       help="a named policy (implies --lossy)")
-    lossy.add_argument("--bins", type=int, help="quantization levels per tensor (k)")
-    lossy.add_argument("--prune", type=float, help="fraction of smallest values set to 0")
-    lossy.add_argument("--protect", type=float,
+        "and steps stay exact; see the presets below)")
+    lossy.add_argument("--lossy", action="store_true", help="quantize with --preset balanced")
+    lossy.add_argument("--preset", choices=list(PRESETS),
+                       help="a named policy, explained below (lossless: quantize nothing)")
+    lossy.add_argument("--bins", type=_bins, help="quantization levels per tensor (k)")
+    lossy.add_argument("--prune", type=_fraction, help="fraction of smallest values set to 0")
+    lossy.add_argument("--protect", type=_fraction,
                        help="fraction of largest values stored exactly (default 0.0005)")
-    lossy.add_argument("--max-rel-l2", "--max-rel-error", dest="max_rel_l2", type=float,
+    lossy.add_argument("--max-rel-l2", "--max-rel-error", dest="max_rel_l2",
+                       type=_positive_float,
                        help="per-tensor bound on ||x - x'|| / ||x||: fewest bins meeting it")
-    _common(c)
+    _common(c, lossy_output=True)
 
-    d = sub.add_parser("decompress", help=".ink file or directory -> safetensors")
-    d.add_argument("input", help="an .ink file or a directory of .ink shards")
+    d = sub.add_parser("decompress", help=".ink file or directory tree -> safetensors")
+    d.add_argument("input", help="an .ink file or a directory of .ink files")
     d.add_argument("-o", "--output",
                    help="output path (default: INPUT with .safetensors, or DIR-safetensors/)")
-    _common(d)
+    _common(d, lossy_output=True)
 
-    i = sub.add_parser("info", help="per-tensor table: dtype, shape, codec, ratio")
-    i.add_argument("input", help="an .ink file")
+    i = sub.add_parser("info", help="per-tensor table: dtype, shape, codec, ratio, error")
+    i.add_argument("input", help="an .ink file, or a directory: every .ink file under it")
     i.add_argument("--json", action="store_true", help="machine-readable output")
 
     v = sub.add_parser("verify", help="check structure and every checksum; exit 1 on a problem")
-    v.add_argument("input", nargs="+", help=".ink files or directories of .ink shards")
+    v.add_argument("input", nargs="+", help=".ink files or directories of .ink files")
     v.add_argument("--json", action="store_true", help="machine-readable output")
-    v.add_argument("--threads", type=int, default=None, help="threads (default: all cores)")
+    v.add_argument("--threads", type=_positive_int, default=None,
+                   help="threads (default: all cores)")
 
     ser = sub.add_parser("series", help="checkpoint series: ls, restore, verify")
     ser_sub = ser.add_subparsers(dest="series_command", required=True, metavar="ACTION")
@@ -63,18 +179,32 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     rs = ser_sub.add_parser("restore", help="write one checkpoint as .safetensors or .ink")
     rs.add_argument("directory")
-    rs.add_argument("--step", type=int, default=None, help="step to restore (default: latest)")
+    rs.add_argument("--step", type=_step, default=None, help="step to restore (default: latest)")
     rs.add_argument("-o", "--output", required=True, help="OUT.safetensors or OUT.ink")
     rs.add_argument("-f", "--force", action="store_true", help="overwrite an existing output")
+    _allow_lossy(rs)
+    rs.add_argument("--json", action="store_true", help="machine-readable output")
     sv = ser_sub.add_parser("verify", help="check every checkpoint and every delta chain")
     sv.add_argument("directory")
     sv.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _allow_lossy(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-lossy-overwrite", action="store_true",
+                   help="with -f, allow replacing an existing output with lossy (quantized) "
+                        "data; -f alone refuses, so that an original is not lost by mistake")
+
+
+def _common(p: argparse.ArgumentParser, lossy_output: bool = False) -> None:
     p.add_argument("-f", "--force", action="store_true", help="overwrite an existing output")
-    p.add_argument("--threads", type=int, default=None, help="threads (default: all cores)")
+    if lossy_output:
+        _allow_lossy(p)
+    p.add_argument("--follow-symlinks", action="store_true",
+                   help="in a directory, store the content of symbolic links that point "
+                        "outside it (e.g. a Hugging Face cache snapshot); refused otherwise")
+    p.add_argument("--threads", type=_positive_int, default=None,
+                   help="threads (default: all cores)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
 
@@ -87,6 +217,44 @@ def _version() -> str:
         return "unknown"
 
 
+# -- text output -----------------------------------------------------------------------------
+
+def _clean(text) -> str:
+    """``text`` with control and other non-printing characters escaped (``\\x1b``,
+    ``\\n``, ``\\u202e``), so that names from a file cannot drive the terminal."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
+                   for ch in text)
+
+
+def _short(value, limit: int = 60) -> str:
+    """A metadata value of any shape as one short, clean line."""
+    if not isinstance(value, str):
+        try:
+            value = json.dumps(value)
+        except (TypeError, ValueError, RecursionError):
+            value = f"<{type(value).__name__}>"
+    value = _clean(value)
+    return value if len(value) <= limit else value[:limit - 3] + "..."
+
+
+def _num(value) -> str:
+    """An error statistic as stored: a number, or whatever else the file holds, as text."""
+    if value is None:
+        return "-"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:.3g}"
+    return _short(value, 10)
+
+
+def _warn(message: str) -> None:
+    print(f"inshrink: warning: {_clean(message)}", file=sys.stderr)
+
+
+# -- paths -----------------------------------------------------------------------------------
+
 def _default_output(src: str, is_dir: bool, old: str, new: str, dir_suffix: str) -> str:
     src = src.rstrip("/\\") or src
     if is_dir:
@@ -94,221 +262,488 @@ def _default_output(src: str, is_dir: bool, old: str, new: str, dir_suffix: str)
     return (src[:-len(old)] if src.endswith(old) else src) + new
 
 
-def _tree_bytes(path: str, suffix: str) -> int:
-    if os.path.isdir(path):
-        return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path)
-                   if n.endswith(suffix))
-    return os.path.getsize(path)
-
-
-def _check_paths(src: str, dst: str, force: bool) -> None:
+def _check_input(src: str) -> None:
     if not os.path.exists(src):
         raise UsageError(f"{src}: no such file or directory")
+
+
+def _check_output(src: str, dst: str, force: bool) -> None:
     if os.path.abspath(src) == os.path.abspath(dst):
         raise UsageError("output would overwrite the input")
     if os.path.exists(dst) and not force:
         raise UsageError(f"{dst} exists (use --force to overwrite)")
+    if os.path.isdir(dst) and not os.path.isdir(src):
+        raise UsageError(f"{dst} is a directory; give a file name with -o")
 
 
-def _ink_bytes(path: str) -> int:
-    """Tensor bytes an .ink file (or directory of them) decodes to, for the progress bar."""
+def _check_lossy_overwrite(args, dst: str, lossy: bool) -> None:
+    if lossy and os.path.exists(dst) and not args.allow_lossy_overwrite:
+        raise UsageError(f"{dst} exists and the new data is lossy (quantized): -f alone "
+                         f"does not replace a file with approximate values; add "
+                         f"--allow-lossy-overwrite, or write elsewhere with -o")
+
+
+def _files_in(target: str, suffix: str) -> list[str]:
+    """``target`` itself, or the ``suffix`` files under a directory (none: a usage error)."""
+    from .convert import tensor_files
+    _check_input(target)
+    if not os.path.isdir(target):
+        return [target]
+    found = tensor_files(target, suffix)
+    if not found:
+        raise UsageError(f"{target} holds no {suffix} files (subdirectories included)")
+    return found
+
+
+_TEMPORARY = re.compile(r"^\.(.+)\.(?:old\.)?[A-Za-z0-9_]{8}(?:\.tmp)?$")
+
+
+def _user_path(path, destination: str | None):
+    """``path`` as the user knows it: a hidden temporary file or directory that inshrink
+    writes beside ``destination`` (``.m.ink.k2x9a7qz.tmp``) is named as what it becomes."""
+    if not destination or not isinstance(path, str):
+        return path
+    shown = os.sep.join(m.group(1) if (m := _TEMPORARY.match(part)) else part
+                        for part in path.split(os.sep))
+    target = os.path.abspath(destination)
+    absolute = os.path.abspath(shown)
+    if absolute == target or absolute.startswith(target + os.sep):
+        return os.path.join(destination, os.path.relpath(absolute, target)) \
+            if absolute != target else destination
+    return path
+
+
+_WRITE_ERRORS = {errno.ENOSPC, errno.EFBIG, errno.EROFS, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+def _os_error_message(exc: OSError, args) -> str:
+    """One line naming the user's path: never a temporary name, never a bare errno."""
+    destination = getattr(args, "destination", None)
+    reason = exc.strerror or str(exc)
+    path = _user_path(exc.filename, destination)
+    if path is None:  # e.g. a write into an open file: a full disk names the destination
+        path = destination if exc.errno in _WRITE_ERRORS and destination else \
+            getattr(args, "source", None) or destination
+        return f"{path}: {reason}" if path else reason
+    second = _user_path(exc.filename2, destination)
+    if second is not None and second != path:
+        return f"{path} -> {second}: {reason}"
+    return f"{path}: {reason}"
+
+
+# -- reports ---------------------------------------------------------------------------------
+
+def _finite(value):
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) else None
+
+
+def _rel_l2(info) -> float | None:
+    return _finite((info.error or {}).get("rel_l2_error"))
+
+
+def _tensor_json(info) -> dict:
+    return {"name": info.name, "dtype": info.dtype, "shape": list(info.shape),
+            "codec": info.codec, "nbytes": info.nbytes, "stored_bytes": info.stored_bytes,
+            "ratio": round(info.ratio, 6) if info.stored_bytes else None,
+            "role": info.role, "lossy": not info.lossless,
+            "error": {k: _finite(v) if isinstance(v, float) else v
+                      for k, v in info.error.items()} if info.error else None}
+
+
+def _ink_details(path: str) -> dict:
+    """What the index of an .ink file says (opens the index only)."""
     from .tensorfile import File
-    paths = _ink_files(path)
-    total = 0
-    for p in paths:
-        with File(p, threads=1) as f:
-            total += sum(i.nbytes for i in f.infos())
-    return total
+    with File(path, threads=1) as f:
+        return {"format_version": f.format_version, "metadata": f.metadata,
+                "tensors": f.infos()}
 
 
-def _ink_files(path: str) -> list[str]:
-    if os.path.isdir(path):
-        return [os.path.join(path, n) for n in sorted(os.listdir(path)) if n.endswith(".ink")]
-    return [path]
+def _file(path: str, output: str | None, bytes_in: int, bytes_out: int, *,
+          tensors=None, copied: bool = False, error: str | None = None,
+          format_version: str | None = None, metadata: dict | None = None, **extra) -> dict:
+    """One entry of a report's ``files`` (``tensors``: TensorInfo objects until printed)."""
+    return {"input": path, "output": output, "bytes_in": bytes_in, "bytes_out": bytes_out,
+            "copied": copied, "ok": error is None, "error": error,
+            "format_version": format_version, "metadata": metadata,
+            "tensors": list(tensors or []), **extra}
 
 
-def _summary(args, src: str, dst: str, in_suffix: str, out_suffix: str) -> None:
-    before, after = _tree_bytes(src, in_suffix), _tree_bytes(dst, out_suffix)
+def _report(command: str, started: float, inputs: list[str], outputs: list[str],
+            files: list[dict], uncompressed: int, compressed: int,
+            problems: list[str] | None = None, **extra) -> dict:
+    """The one JSON shape of every command (README.md, "Command line")."""
+    infos = [t for f in files for t in f["tensors"]]
+    lossy = [t for t in infos if not t.lossless]
+    errors = [e for e in map(_rel_l2, lossy) if e is not None]
+    problems = list(problems or []) + [f"{f['input']}: {f['error']}" for f in files
+                                        if f["error"]]
+    return {"command": command, "ok": not problems, "inputs": inputs, "outputs": outputs,
+            "bytes_in": sum(f["bytes_in"] for f in files),
+            "bytes_out": sum(f["bytes_out"] for f in files),
+            "tensor_bytes": sum(t.nbytes for t in infos),
+            "ratio": round(uncompressed / compressed, 6) if compressed else None,
+            "lossy": bool(lossy), "lossy_tensors": len(lossy),
+            "max_rel_l2_error": max(errors) if errors else None,
+            "seconds": round(time.monotonic() - started, 3),
+            **extra, "files": files, "problems": problems}
+
+
+def _print_json(report: dict) -> None:
+    files = [{**f, "tensors": [_tensor_json(t) for t in f["tensors"]]}
+             for f in report["files"]]
+    print(json.dumps({**report, "files": files}, allow_nan=False))
+
+
+def _lossy_text(report: dict) -> str:
+    """'; LOSSY: ...' for a summary line, or '' when every tensor is exact."""
+    if not report["lossy"]:
+        return ""
+    worst = report["max_rel_l2_error"]
+    total = sum(len(f["tensors"]) for f in report["files"])
+    return (f"; LOSSY: {report['lossy_tensors']} of {total} tensors quantized (max relative "
+            f"L2 error {'unknown' if worst is None else f'{worst:.3g}'})")
+
+
+def _warn_large_errors(report: dict) -> None:
+    large = [(e, t.name) for f in report["files"] for t in f["tensors"]
+             if not t.lossless and (e := _rel_l2(t)) is not None and e > LARGE_ERROR]
+    if large:
+        worst, name = max(large)
+        _warn(f"{len(large)} tensor{'s' if len(large) > 1 else ''} quantized with a relative "
+              f"L2 error above {LARGE_ERROR} (worst {worst:.3g}, {name!r}): use more --bins, "
+              f"a milder --preset, or --max-rel-l2")
+
+
+def _transfer_summary(args, report: dict, src: str, dst: str) -> None:
     if args.json:
-        print(json.dumps({"input": src, "output": dst, "input_bytes": before,
-                          "output_bytes": after}))
-    elif not args.quiet:
-        print(f"{src} -> {dst}: {before:,} -> {after:,} bytes "
-              f"({before / after if after else float('inf'):.3f}x)" if in_suffix == ".safetensors"
-              else f"{src} -> {dst}: {before:,} -> {after:,} bytes")
+        _print_json(report)
+        return
+    if args.quiet:
+        return
+    ratio = f" ({report['ratio']:.3f}x)" if report["ratio"] else ""
+    converted = [f for f in report["files"] if not f["copied"]]
+    copied = len(report["files"]) - len(converted)
+    what = "" if len(report["files"]) == 1 and not os.path.isdir(src) else (
+        f" {len(converted)} files converted, {copied} copied;")
+    print(_clean(f"{src} -> {dst}:{what} {report['bytes_in']:,} -> "
+                 f"{report['bytes_out']:,} bytes{ratio}{_lossy_text(report)}"))
 
 
-def cmd_compress(args) -> int:
+# -- commands --------------------------------------------------------------------------------
+
+def cmd_compress(args, started: float) -> int:
     from . import convert
     from .progress import ProgressBar
-    src, is_dir = args.input, os.path.isdir(args.input)
-    dst = args.output or _default_output(src, is_dir, ".safetensors", ".ink", "-ink")
-    _check_paths(src, dst, args.force)
+    src = args.source = args.input
+    sources = _files_in(src, ".safetensors")
+    is_dir = os.path.isdir(src)
+    dst = args.destination = args.output or _default_output(
+        src, is_dir, ".safetensors", ".ink", "-ink")
+    _check_output(src, dst, args.force)
     policy = _policy(args)
-    bar = ProgressBar(_tree_bytes(src, ".safetensors"), "compress",
+    _check_lossy_overwrite(args, dst, policy not in (None, "lossless"))
+    bar = ProgressBar(sum(os.path.getsize(s) for s in sources), "compress",
                       sys.stderr.isatty() and not args.quiet)
     kwargs = dict(level=args.level, threads=args.threads, progress=bar, policy=policy)
     if is_dir:
-        convert.compress_directory(src, dst, **kwargs)
+        done = convert.compress_directory(src, dst, overwrite=args.force,
+                                          follow_symlinks=args.follow_symlinks, **kwargs)
+        files = [_converted(os.path.join(src, r.source), os.path.join(dst, r.output), r,
+                            os.path.join(dst, r.output)) for r in done]
     else:
-        convert.compress_safetensors(src, dst, **kwargs)
+        tensors = convert.compress_safetensors(src, dst, **kwargs)
+        files = [_file(src, dst, os.path.getsize(src), os.path.getsize(dst), tensors=tensors,
+                       **_version_and_metadata(dst))]
     bar.finish()
-    _summary(args, src, dst, ".safetensors", ".ink")
+    _notice_links(args, done if is_dir else [])
+    converted = [f for f in files if not f["copied"]]
+    report = _report("compress", started, [src], [dst], files,
+                     sum(f["bytes_in"] for f in converted), sum(f["bytes_out"] for f in converted))
+    _transfer_summary(args, report, src, dst)
+    _warn_large_errors(report)
     return EXIT_OK
+
+
+def _version_and_metadata(path: str) -> dict:
+    details = _ink_details(path)
+    return {"format_version": details["format_version"], "metadata": details["metadata"]}
+
+
+def _converted(path: str, output: str, r, ink: str) -> dict:
+    """A file entry from a directory conversion's FileReport (``ink``: its .ink side)."""
+    if r.copied:
+        return _file(path, output, r.bytes_in, r.bytes_out, copied=True)
+    return _file(path, output, r.bytes_in, r.bytes_out, tensors=r.tensors,
+                 **_version_and_metadata(ink))
+
+
+def _notice_links(args, reports) -> None:
+    for r in reports:
+        if r.link_target is not None:
+            print(_clean(f"inshrink: note: {os.path.join(args.input, r.source)} is a link to "
+                         f"{r.link_target}, outside {args.input}: its content was stored"),
+                  file=sys.stderr)
 
 
 def _policy(args):
     """The policy the lossy options describe (None: lossless)."""
+    from .errors import InvalidArgumentError
     from .policy import Policy, QuantConfig
     explicit = {k: getattr(args, k) for k in ("bins", "prune", "protect", "max_rel_l2")
                 if getattr(args, k) is not None}
     if explicit and args.preset:
         raise UsageError("use either --preset or --bins/--prune/--protect/--max-rel-l2")
     if explicit:
-        if explicit.get("bins", 1) < 1:  # 0 levels exist for optimizer moments, not for a model
-            raise UsageError("--bins must be at least 1")
         if "max_rel_l2" in explicit and "bins" not in explicit:
             explicit["bins"] = 256  # the bound picks the fewest bins up to this
-        return Policy.uniform(QuantConfig(**explicit))
+        try:
+            return Policy.uniform(QuantConfig(**explicit))
+        except InvalidArgumentError as exc:  # a combination, e.g. --prune + --protect >= 1
+            raise UsageError(str(exc).replace("prune + protect", "--prune + --protect")
+                             ) from None
     if args.preset:
         return args.preset
     return "balanced" if args.lossy else None
 
 
-def cmd_decompress(args) -> int:
+def cmd_decompress(args, started: float) -> int:
     from . import convert
     from .progress import ProgressBar
-    src, is_dir = args.input, os.path.isdir(args.input)
-    dst = args.output or _default_output(src, is_dir, ".ink", ".safetensors", "-safetensors")
-    _check_paths(src, dst, args.force)
-    bar = ProgressBar(_ink_bytes(src), "decompress", sys.stderr.isatty() and not args.quiet)
+    src = args.source = args.input
+    sources = _files_in(src, ".ink")
+    is_dir = os.path.isdir(src)
+    dst = args.destination = args.output or _default_output(
+        src, is_dir, ".ink", ".safetensors", "-safetensors")
+    _check_output(src, dst, args.force)
+    for path in sources:
+        convert.check_ink(path)
+    indexes = {path: _ink_details(path)["tensors"] for path in sources}
+    _check_lossy_overwrite(args, dst, any(not t.lossless for infos in indexes.values()
+                                          for t in infos))
+    bar = ProgressBar(sum(t.nbytes for infos in indexes.values() for t in infos),
+                      "decompress", sys.stderr.isatty() and not args.quiet)
     kwargs = dict(threads=args.threads, progress=bar)
     if is_dir:
-        convert.decompress_directory(src, dst, **kwargs)
+        done = convert.decompress_directory(src, dst, overwrite=args.force,
+                                            follow_symlinks=args.follow_symlinks, **kwargs)
+        files = [_converted(os.path.join(src, r.source), os.path.join(dst, r.output), r,
+                            os.path.join(src, r.source)) for r in done]
     else:
-        convert.decompress_to_safetensors(src, dst, **kwargs)
+        tensors = convert.decompress_to_safetensors(src, dst, **kwargs)
+        files = [_file(src, dst, os.path.getsize(src), os.path.getsize(dst), tensors=tensors,
+                       **_version_and_metadata(src))]
     bar.finish()
-    _summary(args, src, dst, ".ink", ".safetensors")
+    _notice_links(args, done if is_dir else [])
+    converted = [f for f in files if not f["copied"]]
+    report = _report("decompress", started, [src], [dst], files,
+                     sum(f["bytes_out"] for f in converted), sum(f["bytes_in"] for f in converted))
+    _transfer_summary(args, report, src, dst)
     return EXIT_OK
 
 
-def cmd_info(args) -> int:
-    from .tensorfile import File
-    with File(args.input, threads=1) as f:
-        infos, metadata, version = f.infos(), f.metadata, f.format_version
-    total, stored = sum(i.nbytes for i in infos), sum(i.stored_bytes for i in infos)
+def cmd_info(args, started: float) -> int:
+    from .convert import check_ink
+    args.source = args.input
+    paths = _files_in(args.input, ".ink")
+    files = []
+    for path in paths:
+        check_ink(path)
+        details = _ink_details(path)
+        files.append(_file(path, None, os.path.getsize(path), 0, **details))
+    report = _report("info", started, [args.input], [], files,
+                     sum(t.nbytes for f in files for t in f["tensors"]),
+                     sum(f["bytes_in"] for f in files))
     if args.json:
-        print(json.dumps({"path": args.input, "file_bytes": os.path.getsize(args.input),
-                          "format_version": version,
-                          "metadata": metadata, "tensor_bytes": total, "stored_bytes": stored,
-                          "tensors": [dict(name=i.name, dtype=i.dtype, shape=list(i.shape),
-                                           codec=i.codec, nbytes=i.nbytes,
-                                           stored_bytes=i.stored_bytes,
-                                           ratio=round(i.ratio, 6) if i.stored_bytes else None,
-                                           role=i.role, error=i.error)
-                                      for i in infos]}))
+        _print_json(report)
         return EXIT_OK
-    width = max([len(i.name) for i in infos] + [4])
+    for n, f in enumerate(files):
+        if len(files) > 1:
+            print(("\n" if n else "") + _clean(f"{f['input']}:"))
+        _print_table(f)
+    if len(files) > 1:
+        ratio = f" ({report['ratio']:.3f}x)" if report["ratio"] else ""
+        print(f"\n{len(files)} files, {report['tensor_bytes']:,} tensor bytes in "
+              f"{report['bytes_in']:,} file bytes{ratio}{_lossy_text(report)}")
+    return EXIT_OK
+
+
+def _print_table(f: dict) -> None:
+    infos = f["tensors"]
+    names = [_clean(i.name) for i in infos]
+    width = max([len(n) for n in names] + [4])
     lossy = any(i.error for i in infos)
     extra = f" {'role':<10} {'rel L2 err':>10} {'max |err|':>10}" if lossy else ""
     print(f"{'name':<{width}}  {'dtype':<8} {'shape':<20} {'codec':<16} "
           f"{'bytes':>14} {'stored':>14} {'ratio':>8}{extra}")
-    for i in infos:
-        row = (f"{i.name:<{width}}  {i.dtype:<8} {str(list(i.shape)):<20} {i.codec:<16} "
-               f"{i.nbytes:>14,} {i.stored_bytes:>14,} {i.ratio:>8.3f}")
+    for name, i in zip(names, infos):
+        row = (f"{name:<{width}}  {i.dtype:<8} {str(list(i.shape)):<20} "
+               f"{_clean(i.codec):<16} {i.nbytes:>14,} {i.stored_bytes:>14,} {i.ratio:>8.3f}")
         if lossy:
             err = i.error or {}
-            row += (f" {i.role or '-':<10} {_num(err.get('rel_l2_error')):>10} "
+            row += (f" {_clean(i.role or '-'):<10} {_num(err.get('rel_l2_error')):>10} "
                     f"{_num(err.get('max_abs_error')):>10}")
         print(row)
+    total = sum(i.nbytes for i in infos)
+    stored = sum(i.stored_bytes for i in infos)
     ratio = total / stored if stored else float("inf")
+    quantized = [i for i in infos if not i.lossless]
+    errors = [e for e in map(_rel_l2, quantized) if e is not None]
+    lossy_text = (f"; LOSSY: {len(quantized)} quantized, max relative L2 error "
+                  f"{max(errors):.3g}" if errors else
+                  f"; LOSSY: {len(quantized)} quantized" if quantized else "")
     print(f"{len(infos)} tensors, {total:,} bytes -> {stored:,} stored ({ratio:.3f}x); "
-          f"file {os.path.getsize(args.input):,} bytes; metadata keys: {len(metadata)}; "
-          f"format {version}")
-    _print_search(metadata)
-    return EXIT_OK
+          f"file {f['bytes_in']:,} bytes; metadata keys: {len(f['metadata'])}; "
+          f"format {f['format_version']}{lossy_text}")
+    line = _search_line(f["metadata"])
+    if line:
+        print(line)
 
 
-def _print_search(metadata: dict) -> None:
-    """One line on the configuration search that chose this checkpoint's policy, if any."""
+def _search_line(metadata: dict) -> str | None:
+    """One line on the configuration search that chose this checkpoint's policy, if any.
+
+    The report is metadata any writer may set: an unexpected shape is shown as raw text."""
     from .series import SEARCH_KEY
+    raw = metadata.get(SEARCH_KEY)
+    if raw is None:
+        return None
     try:
-        report = json.loads(metadata[SEARCH_KEY])
-        chosen = report.get("chosen")
-    except (KeyError, ValueError, AttributeError):
-        return
-    what = "lossless weights" if chosen is None else ", ".join(
-        f"{k}={v}" for k, v in chosen.items())
-    print(f"search: {report.get('mode')}, epsilon {report.get('epsilon')}, "
-          f"{report.get('evaluations_used', 0)} evaluations -> {what}")
+        report = json.loads(raw)
+    except (ValueError, RecursionError):
+        report = None
+    if not isinstance(report, dict):
+        return f"search: unrecognised report {_short(raw)}"
+    chosen = report.get("chosen")
+    if chosen is None:
+        what = "lossless weights"
+    elif isinstance(chosen, dict):
+        what = ", ".join(f"{_short(k, 30)}={_short(v, 30)}" for k, v in chosen.items())
+    else:
+        what = _short(chosen)
+    return (f"search: {_short(report.get('mode'), 30)}, epsilon "
+            f"{_short(report.get('epsilon'), 30)}, {_short(report.get('evaluations_used', 0), 30)}"
+            f" evaluations -> {what}")
 
 
-def _num(value) -> str:
-    return "-" if value is None else f"{value:.3g}"
-
-
-def cmd_verify(args) -> int:
+def cmd_verify(args, started: float) -> int:
+    from .convert import check_ink
     from .errors import InshrinkError
     from .tensorfile import File
-    results, failed = [], False
-    for target in args.input:
-        for path in _ink_files(target):
-            try:
-                with File(path, threads=args.threads, mmap=False) as f:
-                    f.verify()
-                    results.append({"path": path, "ok": True, "tensors": len(f)})
-            except (InshrinkError, OSError) as exc:
-                failed = True
-                results.append({"path": path, "ok": False,
-                                "error": f"{type(exc).__name__}: {exc}"})
+    paths = [p for target in args.input for p in _files_in(target, ".ink")]
+    args.source = args.input[0]
+    files = []
+    for path in paths:
+        try:
+            check_ink(path)
+            with File(path, threads=args.threads, mmap=False) as f:
+                f.verify()
+                files.append(_file(path, None, os.path.getsize(path), 0,
+                                   format_version=f.format_version, metadata=f.metadata,
+                                   tensors=f.infos()))
+        except (InshrinkError, OSError) as exc:
+            message = _os_error_message(exc, args) if isinstance(exc, OSError) else str(exc)
+            files.append(_file(path, None, _size(path), 0,
+                               error=f"{type(exc).__name__}: {message}"))
+    report = _report("verify", started, list(args.input), [], files,
+                     sum(t.nbytes for f in files for t in f["tensors"]),
+                     sum(f["bytes_in"] for f in files))
     if args.json:
-        print(json.dumps(results))
+        _print_json(report)
     else:
-        for r in results:
-            print(f"OK    {r['path']} ({r['tensors']} tensors)" if r["ok"]
-                  else f"FAIL  {r['path']}: {r['error']}")
-    return EXIT_ERROR if failed or not results else EXIT_OK
+        for f in files:
+            print(_clean(f"OK    {f['input']} ({len(f['tensors'])} tensors)" if f["ok"]
+                         else f"FAIL  {f['input']}: {f['error']}"))
+    return EXIT_OK if report["ok"] else EXIT_ERROR
 
 
-def cmd_series(args) -> int:
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def cmd_series(args, started: float) -> int:
     from .series import MANIFEST, Series
+    args.source = args.directory
+    _check_input(args.directory)
     if not os.path.isfile(os.path.join(args.directory, MANIFEST)):
         raise UsageError(f"{args.directory}: not a series (no {MANIFEST})")
     series = Series(args.directory)
-    if args.series_command == "ls":
-        entries = series.checkpoints()
-        if args.json:
-            print(json.dumps([e.__dict__ for e in entries]))
-        else:
-            print(f"{'step':>12}  {'kind':<8} {'bytes':>14}  base")
-            for e in entries:
-                print(f"{e.step:>12}  {'keyframe' if e.keyframe else 'delta':<8} "
-                      f"{e.bytes:>14,}  {e.base or '-'}")
-        return EXIT_OK
-    if args.series_command == "verify":
-        problems = series.verify()
-        if args.json:
-            print(json.dumps({"ok": not problems, "problems": problems}))
-        else:
-            print("\n".join(f"FAIL  {p}" for p in problems) if problems
-                  else f"OK    {len(series.steps())} checkpoints")
-        return EXIT_ERROR if problems else EXIT_OK
-    _check_paths(args.directory, args.output, args.force)
-    state = series.load(args.step)
+    if args.series_command == "restore":
+        return _series_restore(args, series, started)
+    problems = series.verify() if args.series_command == "verify" else []
+    files = [_checkpoint_file(args.directory, e) for e in series.checkpoints()]
+    report = _report(f"series {args.series_command}", started, [args.directory], [], files,
+                     sum(t.nbytes for f in files for t in f["tensors"]),
+                     sum(f["bytes_in"] for f in files), problems=problems)
+    if args.json:
+        _print_json(report)
+    elif args.series_command == "ls":
+        print(f"{'step':>12}  {'kind':<8} {'bytes':>14}  base")
+        for f in files:
+            print(_clean(f"{f['step']:>12}  {'keyframe' if f['keyframe'] else 'delta':<8} "
+                         f"{f['bytes_in']:>14,}  {f['base'] or '-'}"))
+    else:
+        print("\n".join(_clean(f"FAIL  {p}") for p in problems) if problems
+              else f"OK    {len(files)} checkpoints")
+    return EXIT_OK if report["ok"] else EXIT_ERROR
+
+
+def _checkpoint_file(directory: str, entry) -> dict:
+    from .errors import InshrinkError
+    path = os.path.join(directory, entry.file)
+    extra = dict(step=entry.step, keyframe=entry.keyframe, base=entry.base)
+    try:
+        details = _ink_details(path)
+    except (InshrinkError, OSError) as exc:
+        return _file(path, None, entry.bytes, 0, error=f"{type(exc).__name__}: {exc}", **extra)
+    return _file(path, None, entry.bytes, 0, **details, **extra)
+
+
+def _series_restore(args, series, started: float) -> int:
+    import tempfile
+
+    from . import api, convert
+    dst = args.destination = args.output
+    _check_output(args.directory, dst, args.force)
     step = series.latest() if args.step is None else args.step
-    if args.output.endswith(".safetensors"):
-        from . import api, convert
-        tmp = args.output + ".ink.tmp"
+    if step is None:
+        raise UsageError(f"{args.directory}: the series is empty")
+    if step not in series.steps():
+        raise UsageError(f"{args.directory}: no step {step} (steps: "
+                         f"{', '.join(map(str, series.steps())) or 'none'})")
+    entry = next(e for e in series.checkpoints() if e.step == step)
+    source = _checkpoint_file(args.directory, entry)
+    _check_lossy_overwrite(args, dst, any(not t.lossless for t in source["tensors"]))
+    state = series.load(step)
+    metadata = {"step": str(step)}
+    if dst.endswith(".safetensors"):
+        # a unique temporary beside the output, like every other write: never a fixed name
+        # that could be someone's file
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(dst)}.", suffix=".tmp",
+                                   dir=os.path.dirname(os.path.abspath(dst)))
+        os.close(fd)
         try:
-            api.save(tmp, state, {"step": str(step)})
-            convert.decompress_to_safetensors(tmp, args.output)
+            api.save(tmp, state, metadata)
+            convert.decompress_to_safetensors(tmp, dst)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
     else:
-        from . import api
-        api.save(args.output, state, {"step": str(step)})
-    print(f"step {step} -> {args.output}")
+        api.save(dst, state, metadata)
+    size = os.path.getsize(dst)
+    files = [_file(source["input"], dst, source["bytes_in"], size, tensors=source["tensors"],
+                   format_version=source["format_version"], metadata=source["metadata"],
+                   step=step, keyframe=entry.keyframe, base=entry.base)]
+    report = _report("series restore", started, [args.directory], [dst], files,
+                     sum(t.nbytes for t in source["tensors"]), source["bytes_in"], step=step)
+    if args.json:
+        _print_json(report)
+    else:
+        print(_clean(f"step {step} -> {dst}: {size:,} bytes"
+                     f"{_lossy_text(report)}"))
     return EXIT_OK
 
 
@@ -320,16 +755,20 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit status (0 ok, 1 error, 2 usage error)."""
     args = _parser().parse_args(argv)
     from .errors import InshrinkError
+    started = time.monotonic()
     try:
-        return COMMANDS[args.command](args)
+        return COMMANDS[args.command](args, started)
     except BrokenPipeError:  # output piped into e.g. `head`
         sys.stderr.close()
         return EXIT_ERROR
     except UsageError as exc:
-        print(f"inshrink: error: {exc}", file=sys.stderr)
+        print(f"inshrink: error: {_clean(exc)}", file=sys.stderr)
         return EXIT_USAGE
-    except (InshrinkError, OSError) as exc:
-        print(f"inshrink: error: {exc}", file=sys.stderr)
+    except OSError as exc:
+        print(f"inshrink: error: {_clean(_os_error_message(exc, args))}", file=sys.stderr)
+        return EXIT_ERROR
+    except (InshrinkError, RecursionError) as exc:
+        print(f"inshrink: error: {_clean(exc)}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("inshrink: interrupted", file=sys.stderr)

@@ -1,8 +1,9 @@
-"""safetensors <-> .ink conversion, for single files and sharded checkpoint directories.
+"""safetensors <-> .ink conversion, for single files and checkpoint directories.
 
 Tensors stream through in chunks (``os.pread``/``os.pwrite``), so memory stays near a few
 chunks whatever the file size. The original safetensors header is kept in the .ink index, so
-converting back reproduces the original file byte for byte.
+converting back reproduces the original file byte for byte. Directories are converted with
+their whole tree (sharded Hugging Face checkpoints, diffusers' ``unet/``, ``vae/``... folders).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from . import dtypes
 from .atomic import AtomicFile, current_umask, fsync_directory
+from .container import layout
 from .errors import CorruptError, InshrinkError, InvalidArgumentError, LimitExceededError
 from .policy import Policy
 from .tensorfile import File, Progress, TensorInfo, Writer
@@ -87,20 +89,77 @@ def parse_safetensors_header(text: str, file_size: int | None = None) -> Safeten
     return header
 
 
-def read_safetensors_header(fd: int, file_size: int) -> SafetensorsHeader:
-    head = os.pread(fd, 8, 0)
+_SIGNATURES = (  # leading bytes of formats people mistake for safetensors, and a hint
+    (layout.MAGIC, "an .ink file, already compressed",
+     "decompress it, or read it with inshrink.load"),
+    (b"PK\x03\x04", "a zip archive, e.g. a PyTorch torch.save checkpoint", "_torch"),
+    (b"GGUF", "a GGUF file", None),
+    (b"\x93NUMPY", "a NumPy .npy file", None),
+    (b"\x89HDF\r\n\x1a\n", "an HDF5 file (Keras/TensorFlow)", None),
+    (b"\x28\xb5\x2f\xfd", "a zstd-compressed file", None),
+    (b"\x1f\x8b", "a gzip-compressed file", None),
+)
+_TORCH_HINT = ("torch pickles are not read: load it with torch and save it with "
+               "safetensors.torch.save_file or inshrink.save")
+
+
+def sniff(head: bytes) -> tuple[str, str | None] | None:
+    """What a file whose first bytes are ``head`` looks like, when that is a format inshrink
+    does not convert: (description, hint or None); None when it is not recognised."""
+    for magic, what, hint in _SIGNATURES:
+        if head.startswith(magic):
+            return what, _TORCH_HINT if hint == "_torch" else hint
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return "a Python pickle, e.g. a PyTorch torch.save checkpoint", _TORCH_HINT
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:  # a multi-byte character cut off at the end is text
+        text = head[:exc.start].decode("utf-8") if exc.start >= len(head) - 3 else None
+    if text and all(c.isprintable() or c in "\t\r\n" for c in text):
+        return "a text file", None
+    return None
+
+
+def _not_safetensors(path: str, head: bytes, reason: str) -> InshrinkError:
+    """The error for a file that is not safetensors: what it looks like, else why not."""
+    known = sniff(head)
+    if known is None:
+        return CorruptError(f"{path} is not a safetensors file ({reason})")
+    what, hint = known
+    if what.startswith("an .ink file"):
+        return InvalidArgumentError(f"{path} is already compressed (an .ink file): {hint}")
+    return InvalidArgumentError(f"{path} is not a safetensors file (it looks like {what}"
+                                + (f"; {hint})" if hint else ")"))
+
+
+def read_safetensors_header(fd: int, file_size: int,
+                            path: str | os.PathLike | None = None) -> SafetensorsHeader:
+    """Read and validate the header of the safetensors file open as ``fd``.
+
+    Errors name ``path`` and, for a file in another format (an .ink file, a torch pickle or
+    zip, text...), say what it looks like.
+    """
+    where = "the input" if path is None else os.fspath(path)
+    head = os.pread(fd, 64, 0)
     if len(head) < 8:
-        raise CorruptError("file is too short for safetensors")
-    n = int.from_bytes(head, "little")
-    if n > MAX_SAFETENSORS_HEADER:
-        raise LimitExceededError(f"safetensors header of {n} bytes exceeds the 100 MiB limit")
+        raise _not_safetensors(where, head, f"{file_size} bytes is too short")
+    n = int.from_bytes(head[:8], "little")
     if 8 + n > file_size:
-        raise CorruptError("safetensors header is longer than the file")
+        raise _not_safetensors(where, head, f"its first 8 bytes declare a header of {n:,} "
+                                            f"bytes, the file has {file_size:,}")
+    if n and head[8:9] != b"{":  # the safetensors format requires this
+        raise _not_safetensors(where, head, "the header is not a JSON object")
+    if n > MAX_SAFETENSORS_HEADER:
+        raise LimitExceededError(f"{where}: safetensors header of {n:,} bytes exceeds the "
+                                 f"100 MiB limit")
     try:
         text = os.pread(fd, n, 8).decode("utf-8")
     except UnicodeDecodeError:
-        raise CorruptError("safetensors header is not UTF-8") from None
-    return parse_safetensors_header(text, file_size)
+        raise CorruptError(f"{where}: safetensors header is not UTF-8") from None
+    try:
+        return parse_safetensors_header(text, file_size)
+    except InshrinkError as exc:
+        raise type(exc)(f"{where}: {exc}") from None
 
 
 def compress_safetensors(src: str | os.PathLike, dst: str | os.PathLike, *,
@@ -110,11 +169,14 @@ def compress_safetensors(src: str | os.PathLike, dst: str | os.PathLike, *,
     """Convert a safetensors file into an .ink file (tensors and ``__metadata__``).
 
     Lossless unless ``policy`` (a :class:`~inshrink.Policy` or preset name) quantizes some
-    tensors; see :func:`inshrink.save`.
+    tensors; see :func:`inshrink.save`. Returns a report per tensor (with the error achieved
+    by each lossy one).
     """
+    if os.path.isdir(src):
+        raise InvalidArgumentError(f"{os.fspath(src)} is a directory: use compress_directory")
     fd = os.open(src, os.O_RDONLY)
     try:
-        header = read_safetensors_header(fd, os.fstat(fd).st_size)
+        header = read_safetensors_header(fd, os.fstat(fd).st_size, src)
         with Writer(dst, header.metadata, level=level, threads=threads,
                     progress=progress, policy=policy) as writer:
             writer.safetensors_header = header.text
@@ -166,13 +228,36 @@ def _header_for(f: File) -> SafetensorsHeader:
     return parse_safetensors_header(text)
 
 
+def check_ink(path: str | os.PathLike) -> None:
+    """Raise a typed error naming ``path`` unless it is a file that starts like an .ink file
+    (saying what it looks like instead, e.g. a safetensors file)."""
+    where = os.fspath(path)
+    if os.path.isdir(where):
+        raise InvalidArgumentError(f"{where} is a directory, not an .ink file")
+    with open(where, "rb") as f:
+        head = f.read(64)
+    if head.startswith(layout.MAGIC):
+        return
+    known = sniff(head)
+    if known is None and len(head) >= 9 and head[8:9] == b"{":
+        known = ("a safetensors file", "compress it first")
+    if known is None:
+        raise CorruptError(f"{where} is not an .ink file (bad magic)")
+    what, hint = known
+    raise InvalidArgumentError(f"{where} is not an .ink file (it looks like {what}"
+                               + (f"; {hint})" if hint else ")"))
+
+
 def decompress_to_safetensors(src: str | os.PathLike, dst: str | os.PathLike, *,
                               threads: int | None = None,
-                              progress: Progress | None = None) -> None:
-    """Convert an .ink file into a safetensors file (atomically).
+                              progress: Progress | None = None) -> list[TensorInfo]:
+    """Convert an .ink file into a safetensors file (atomically); return what its index
+    says about each tensor (lossy tensors decode to their quantized values).
 
-    The result is byte-identical to the original when the .ink file was made from one.
+    The result is byte-identical to the original when the .ink file was made from one
+    losslessly.
     """
+    check_ink(src)
     with File(src, threads=threads, mmap=False) as f:  # streamed: keep the RSS bounded
         header = _header_for(f)
         out = AtomicFile(dst)
@@ -189,47 +274,203 @@ def decompress_to_safetensors(src: str | os.PathLike, dst: str | os.PathLike, *,
         except BaseException:
             out.abort()
             raise
+        return f.infos()
 
 
-def _convert_directory(src: str, dst: str, convert, suffix_in: str, suffix_out: str) -> None:
-    """Convert every shard of a checkpoint directory; copy every other file verbatim.
+@dataclass(frozen=True)
+class FileReport:
+    """What a directory conversion did with one file of the source directory.
 
-    The new directory is built beside ``dst`` and renamed into place at the end.
+    Attributes
+    ----------
+    source : str
+        The file's path relative to the source directory.
+    output : str
+        The path written, relative to the destination directory.
+    bytes_in, bytes_out : int
+        Sizes of the source file and of the file written.
+    tensors : list of TensorInfo or None
+        The file's tensors (with the error of each lossy one); None for a file copied
+        verbatim (configs, tokenizers, shard indexes...).
+    link_target : str or None
+        Where the source file, a symbolic link out of the source directory, pointed
+        (only with ``follow_symlinks=True``; its content was converted or copied).
     """
+
+    source: str
+    output: str
+    bytes_in: int
+    bytes_out: int
+    tensors: list[TensorInfo] | None
+    link_target: str | None = None
+
+    @property
+    def copied(self) -> bool:
+        return self.tensors is None
+
+
+def _raise(exc: OSError) -> None:
+    raise exc
+
+
+def tensor_files(directory: str | os.PathLike, suffix: str) -> list[str]:
+    """Paths of the files under ``directory`` (recursively, sorted) whose names end with
+    ``suffix``; a directory that cannot be read raises."""
+    found = []
+    for top, dirnames, filenames in os.walk(directory, onerror=_raise):
+        dirnames.sort()
+        found += [os.path.join(top, n) for n in sorted(filenames) if n.endswith(suffix)]
+    return found
+
+
+def _walk(src: str, follow_symlinks: bool) -> tuple[list[str], list[tuple[str, str, str | None]]]:
+    """The subdirectories (relative paths) and files ``(relative path, path, link target
+    outside src or None)`` of ``src``; raises for what cannot be converted faithfully."""
+    root = os.path.realpath(src)
+    directories, files = [], []
+    for top, dirnames, filenames in os.walk(src, onerror=_raise):
+        dirnames.sort()
+        for name in dirnames:
+            path = os.path.join(top, name)
+            if os.path.islink(path):
+                raise InvalidArgumentError(
+                    f"{path} is a symbolic link to a directory; such links are not followed "
+                    f"(copy the directory in, or convert it separately)")
+            directories.append(os.path.relpath(path, src))
+        for name in sorted(filenames):
+            path = os.path.join(top, name)
+            outside = None
+            if os.path.islink(path):
+                target = os.path.realpath(path)
+                if not os.path.exists(target):
+                    raise InvalidArgumentError(f"{path} is a broken symbolic link")
+                if os.path.commonpath([root, target]) != root:
+                    if not follow_symlinks:
+                        raise InvalidArgumentError(
+                            f"{path} is a symbolic link to {target}, outside {src}; pass "
+                            f"follow_symlinks=True (--follow-symlinks) to store its content")
+                    outside = target
+            if not os.path.isfile(path):
+                raise InvalidArgumentError(f"{path} is not a regular file")
+            files.append((os.path.relpath(path, src), path, outside))
+    return directories, files
+
+
+def _check_destination(src: str, dst: str, overwrite: bool) -> None:
+    real_src, real_dst = os.path.realpath(src), os.path.realpath(dst)
+    if os.path.commonpath([real_src, real_dst]) == real_dst:
+        raise InvalidArgumentError(f"{dst} would replace the source directory {src}")
+    if os.path.commonpath([real_src, real_dst]) == real_src:
+        raise InvalidArgumentError(f"{dst} is inside the source directory {src}")
+    if os.path.lexists(dst) and not overwrite:
+        raise InvalidArgumentError(f"{dst} exists (pass overwrite=True to replace it)")
+
+
+def _convert_directory(src: str | os.PathLike, dst: str | os.PathLike, convert,
+                       suffix_in: str, suffix_out: str, overwrite: bool,
+                       follow_symlinks: bool) -> list[FileReport]:
+    """Convert every ``suffix_in`` file under ``src``, copy every other file verbatim, keeping
+    relative paths. The new tree is built beside ``dst`` and renamed into place at the end, so
+    a failure leaves no partial destination (and any previous one intact)."""
+    src, dst = os.fspath(src), os.path.normpath(os.fspath(dst))
     if not os.path.isdir(src):
         raise InvalidArgumentError(f"{src} is not a directory")
-    parent = os.path.dirname(os.path.abspath(dst))
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.", dir=parent)
+    _check_destination(src, dst, overwrite)
+    directories, files = _walk(src, follow_symlinks)
+    if not any(rel.endswith(suffix_in) for rel, _, _ in files):
+        raise InvalidArgumentError(f"{src} holds no {suffix_in} files (subdirectories "
+                                   f"included): nothing to convert")
+    parent, name = os.path.split(os.path.abspath(dst))
+    staging = tempfile.mkdtemp(prefix=f".{name}.", dir=parent)
     try:
-        for name in sorted(os.listdir(src)):
-            path = os.path.join(src, name)
-            if not os.path.isfile(path):
-                continue
-            if name.endswith(suffix_in):
-                convert(path, os.path.join(staging, name[:-len(suffix_in)] + suffix_out))
+        for rel in directories:
+            os.makedirs(os.path.join(staging, rel), exist_ok=True)
+        reports = []
+        for rel, path, outside in files:
+            out_rel = rel[:-len(suffix_in)] + suffix_out if rel.endswith(suffix_in) else rel
+            out = os.path.join(staging, out_rel)
+            if rel.endswith(suffix_in):
+                tensors = convert(path, out)
             else:
-                shutil.copy2(path, os.path.join(staging, name))
+                shutil.copy2(path, out)  # follows a link: its content is what is stored
+                tensors = None
+            reports.append(FileReport(rel, out_rel, os.path.getsize(path),
+                                      os.path.getsize(out), tensors, outside))
         os.chmod(staging, 0o777 & ~current_umask())
-        if os.path.exists(dst):
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.old.", dir=parent)
+        if os.path.lexists(dst):
+            old = tempfile.mkdtemp(prefix=f".{name}.old.", dir=parent)
             os.replace(dst, os.path.join(old, "x"))
-            os.replace(staging, dst)
-            shutil.rmtree(old)
+            try:
+                os.replace(staging, dst)
+            except BaseException:
+                os.replace(os.path.join(old, "x"), dst)
+                os.rmdir(old)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(staging, dst)
         fsync_directory(parent)
+        return reports
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise _user_paths(exc, staging, dst) from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
 
 
-def compress_directory(src: str, dst: str, **kwargs) -> None:
-    """Compress a sharded safetensors checkpoint directory into a directory of .ink shards."""
-    _convert_directory(src, dst, lambda a, b: compress_safetensors(a, b, **kwargs),
-                       ".safetensors", ".ink")
+def _user_paths(exc: OSError, staging: str, dst: str) -> OSError:
+    """``exc`` with paths inside the hidden staging directory shown under ``dst``."""
+    def shown(path):
+        if isinstance(path, str) and (path == staging or path.startswith(staging + os.sep)):
+            return os.path.join(dst, os.path.relpath(path, staging))
+        return path
+    if shown(exc.filename) == exc.filename and shown(exc.filename2) == exc.filename2:
+        return exc
+    return type(exc)(exc.errno, exc.strerror, shown(exc.filename), None, shown(exc.filename2))
 
 
-def decompress_directory(src: str, dst: str, **kwargs) -> None:
-    """Turn a directory of .ink shards back into a sharded safetensors directory."""
-    _convert_directory(src, dst, lambda a, b: decompress_to_safetensors(a, b, **kwargs),
-                       ".ink", ".safetensors")
+def compress_directory(src: str | os.PathLike, dst: str | os.PathLike, *,
+                       overwrite: bool = False, follow_symlinks: bool = False,
+                       **kwargs) -> list[FileReport]:
+    """Compress a checkpoint directory (with its subdirectories) into a directory of .ink
+    files; every other file is copied verbatim.
+
+    Parameters
+    ----------
+    src, dst : str or os.PathLike
+        The safetensors tree and the destination directory, created atomically (a failure
+        leaves no partial destination).
+    overwrite : bool
+        Replace an existing ``dst`` (otherwise :class:`InvalidArgumentError`).
+    follow_symlinks : bool
+        Store the content of symbolic links that point outside ``src`` (such as the
+        Hugging Face cache's links into its ``blobs/``); by default they are refused.
+        Links inside ``src`` are always stored as the content they point to.
+    **kwargs
+        ``level``, ``threads``, ``progress``, ``policy``: see :func:`compress_safetensors`.
+
+    Returns
+    -------
+    list of FileReport
+        One per file of ``src``, in path order.
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``src`` holds no .safetensors file, ``dst`` exists (without ``overwrite``), is or
+        contains ``src``, or ``src`` holds a link or special file that cannot be stored.
+    """
+    return _convert_directory(src, dst, lambda a, b: compress_safetensors(a, b, **kwargs),
+                              ".safetensors", ".ink", overwrite, follow_symlinks)
+
+
+def decompress_directory(src: str | os.PathLike, dst: str | os.PathLike, *,
+                         overwrite: bool = False, follow_symlinks: bool = False,
+                         **kwargs) -> list[FileReport]:
+    """Turn a directory of .ink files (subdirectories included) back into safetensors; the
+    other files are copied verbatim. Parameters and result as :func:`compress_directory`
+    (``**kwargs``: ``threads``, ``progress``)."""
+    return _convert_directory(src, dst,
+                              lambda a, b: decompress_to_safetensors(a, b, **kwargs),
+                              ".ink", ".safetensors", overwrite, follow_symlinks)

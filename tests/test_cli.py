@@ -45,23 +45,22 @@ def test_compress_info_verify_decompress(model):
 def test_json_outputs(model):
     r = run("compress", "m.safetensors", "--json", cwd=model)
     summary = json.loads(r.stdout)
-    assert summary["output"] == "m.ink" and summary["input_bytes"] > summary["output_bytes"]
+    assert summary["outputs"] == ["m.ink"] and summary["bytes_in"] > summary["bytes_out"]
     info = json.loads(run("info", "m.ink", "--json", cwd=model).stdout)
-    assert {t["name"] for t in info["tensors"]} == {"b", "w"}
-    assert info["format_version"] == "1.0"  # lossless, plain index: nothing newer needed
+    assert {t["name"] for t in info["files"][0]["tensors"]} == {"b", "w"}
+    assert info["files"][0]["format_version"] == "1.0"  # lossless, plain index
     assert "format 1.0" in run("info", "m.ink", cwd=model).stdout
-    assert info["metadata"] == {"format": "np"}
-    assert json.loads(run("verify", "m.ink", "--json", cwd=model).stdout)[0]["ok"] is True
+    assert info["files"][0]["metadata"] == {"format": "np"}
+    assert json.loads(run("verify", "m.ink", "--json", cwd=model).stdout)["ok"] is True
 
 
 def test_user_errors_are_one_line_without_traceback(model):
     (model / "junk.ink").write_bytes(b"not an ink file at all" * 10)
     cases = [
         (("compress", "missing.safetensors"), 2, "no such file"),
-        (("info", "junk.ink"), 1, "bad magic"),
-        (("decompress", "junk.ink"), 1, "bad magic"),
-        (("compress", "junk.ink"), 1, "safetensors"),
-        (("compress", "m.safetensors", "--threads", "0"), 1, "threads"),
+        (("info", "junk.ink"), 1, "junk.ink is not an .ink file"),
+        (("decompress", "junk.ink"), 1, "junk.ink is not an .ink file"),
+        (("compress", "junk.ink"), 1, "junk.ink is not a safetensors file"),
     ]
     for args, code, text in cases:
         r = run(*args, cwd=model)

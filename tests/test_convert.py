@@ -91,15 +91,20 @@ def test_sharded_directory_round_trip(tmp_path):
     convert.decompress_directory(str(tmp_path / "ckpt-ink"), str(tmp_path / "back"))
     for name in os.listdir(src):
         assert (tmp_path / "back" / name).read_bytes() == (src / name).read_bytes()
-    # converting again over an existing output replaces it whole
-    convert.decompress_directory(str(tmp_path / "ckpt-ink"), str(tmp_path / "back"))
+    # converting again over an existing output replaces it whole, when asked to
+    (tmp_path / "back" / "stale.json").write_text("{}")
+    with pytest.raises(errors.InvalidArgumentError, match="exists"):
+        convert.decompress_directory(str(tmp_path / "ckpt-ink"), str(tmp_path / "back"))
+    assert (tmp_path / "back" / "stale.json").exists()
+    convert.decompress_directory(str(tmp_path / "ckpt-ink"), str(tmp_path / "back"),
+                                 overwrite=True)
     assert sorted(os.listdir(tmp_path / "back")) == sorted(os.listdir(src))
 
 
 @pytest.mark.parametrize("payload, error", [
     (b"", errors.CorruptError),
     (b"\x05\x00\x00\x00\x00\x00\x00\x00{}", errors.CorruptError),
-    ((2 ** 40).to_bytes(8, "little"), errors.LimitExceededError),
+    ((2 ** 40).to_bytes(8, "little"), errors.CorruptError),  # header longer than the file
     (b"\x02\x00\x00\x00\x00\x00\x00\x00[]", errors.CorruptError),
     (b"\x04\x00\x00\x00\x00\x00\x00\x00\xff\xfe{}", errors.CorruptError),
 ])
@@ -131,3 +136,135 @@ def test_unsupported_safetensors_dtype_is_invalid_argument(tmp_path):
     (tmp_path / "f4.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + b"\0")
     with pytest.raises(errors.InvalidArgumentError, match="F4"):
         convert.compress_safetensors(tmp_path / "f4.safetensors", tmp_path / "f4.ink")
+
+
+def test_a_header_over_the_limit_is_limit_exceeded(tmp_path):
+    path = tmp_path / "huge.safetensors"
+    n = convert.MAX_SAFETENSORS_HEADER + 8
+    with open(path, "wb") as f:  # sparse: the header is declared and present, not written
+        f.write(n.to_bytes(8, "little") + b"{")
+        f.truncate(8 + n)
+    with pytest.raises(errors.LimitExceededError, match="huge.safetensors"):
+        convert.compress_safetensors(path, tmp_path / "huge.ink")
+
+
+def _torch_like_pickle() -> bytes:
+    import pickle
+    return pickle.dumps({"weight": [1.0, 2.0]}, protocol=2)
+
+
+@pytest.mark.parametrize("content, said", [
+    (b"PK\x03\x04" + bytes(60), "zip archive, e.g. a PyTorch torch.save checkpoint; torch "
+                                "pickles are not read"),
+    (_torch_like_pickle(), "Python pickle, e.g. a PyTorch torch.save checkpoint; torch pickles"),
+    (b"hello, this is a text file\n", "looks like a text file"),
+])
+def test_files_of_other_formats_say_what_they_are(tmp_path, content, said):
+    (tmp_path / "model.pt").write_bytes(content)
+    with pytest.raises(errors.InvalidArgumentError, match="model.pt is not a safetensors") as e:
+        convert.compress_safetensors(tmp_path / "model.pt", tmp_path / "model.ink")
+    assert said in str(e.value) and "100 MiB" not in str(e.value)
+
+
+def test_random_bytes_and_ink_files_are_not_safetensors(tmp_path):
+    (tmp_path / "r.bin").write_bytes(np.random.default_rng(0).bytes(100))
+    with pytest.raises(errors.CorruptError, match="r.bin is not a safetensors file"):
+        convert.compress_safetensors(tmp_path / "r.bin", tmp_path / "r.ink")
+    inshrink.save(tmp_path / "a.ink", {"w": np.ones(3, np.float32)})
+    with pytest.raises(errors.InvalidArgumentError, match="a.ink is already compressed"):
+        convert.compress_safetensors(tmp_path / "a.ink", tmp_path / "b.ink")
+    save_file({"w": np.ones(3, np.float32)}, str(tmp_path / "s.safetensors"))
+    with pytest.raises(errors.InvalidArgumentError, match="looks like a safetensors file"):
+        convert.decompress_to_safetensors(tmp_path / "s.safetensors", tmp_path / "o")
+    assert sorted(os.listdir(tmp_path)) == ["a.ink", "r.bin", "s.safetensors"]
+
+
+def make_tree(root):
+    """Tensors in subfolders only (diffusers layout), configs at every level."""
+    for i, sub in enumerate(["unet", "vae/decoder"]):
+        (root / sub).mkdir(parents=True)
+        save_file({"w": random_bits(np.float32, (8, 4), i)}, str(root / sub / "m.safetensors"))
+        (root / sub / "config.json").write_text(json.dumps({"i": i}))
+    (root / "empty_folder").mkdir()
+    (root / "model_index.json").write_text("{}")
+
+
+def test_directories_recurse_and_return_a_report(tmp_path):
+    make_tree(tmp_path / "src")
+    report = convert.compress_directory(tmp_path / "src", tmp_path / "ink")
+    assert [(r.source, r.output, r.copied) for r in report] == [
+        ("model_index.json", "model_index.json", True),
+        ("unet/config.json", "unet/config.json", True),
+        ("unet/m.safetensors", "unet/m.ink", False),
+        ("vae/decoder/config.json", "vae/decoder/config.json", True),
+        ("vae/decoder/m.safetensors", "vae/decoder/m.ink", False)]
+    assert [t.name for t in report[2].tensors] == ["w"]
+    assert report[2].bytes_out == os.path.getsize(tmp_path / "ink" / "unet" / "m.ink")
+    back = convert.decompress_directory(tmp_path / "ink", tmp_path / "back")
+    assert [r.output for r in back if not r.copied] == ["unet/m.safetensors",
+                                                        "vae/decoder/m.safetensors"]
+    assert (tmp_path / "back" / "empty_folder").is_dir()
+    for r in report:
+        assert (tmp_path / "back" / r.source).read_bytes() == \
+            (tmp_path / "src" / r.source).read_bytes()
+
+
+def test_directory_without_safetensors_is_an_error(tmp_path):
+    (tmp_path / "src" / "sub").mkdir(parents=True)
+    (tmp_path / "src" / "sub" / "config.json").write_text("{}")
+    with pytest.raises(errors.InvalidArgumentError, match="no .safetensors files"):
+        convert.compress_directory(tmp_path / "src", tmp_path / "out")
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+def test_a_failed_directory_conversion_leaves_no_partial_destination(tmp_path):
+    make_tree(tmp_path / "src")
+    (tmp_path / "src" / "vae" / "decoder" / "z.safetensors").write_bytes(b"\x10" + bytes(20))
+    with pytest.raises(errors.CorruptError, match="z.safetensors"):
+        convert.compress_directory(tmp_path / "src", tmp_path / "ink")
+    assert sorted(os.listdir(tmp_path)) == ["src"]  # no destination, no staging debris
+    (tmp_path / "ink").mkdir()
+    (tmp_path / "ink" / "keep.txt").write_text("previous")
+    with pytest.raises(errors.CorruptError):
+        convert.compress_directory(tmp_path / "src", tmp_path / "ink", overwrite=True)
+    assert sorted(os.listdir(tmp_path)) == ["ink", "src"]
+    assert os.listdir(tmp_path / "ink") == ["keep.txt"]
+
+
+def test_destination_must_not_be_or_contain_the_source(tmp_path):
+    make_tree(tmp_path / "src")
+    for dst, message in [(tmp_path / "src" / "out", "inside the source"),
+                         (tmp_path, "would replace the source"),
+                         (tmp_path / "src", "would replace the source")]:
+        with pytest.raises(errors.InvalidArgumentError, match=message):
+            convert.compress_directory(tmp_path / "src", dst, overwrite=True)
+    assert sorted(os.listdir(tmp_path / "src")) == ["empty_folder", "model_index.json",
+                                                    "unet", "vae"]
+
+
+def test_symbolic_links(tmp_path):
+    make_tree(tmp_path / "src")
+    src = tmp_path / "src"
+    (tmp_path / "outside.json").write_text("outside")
+    os.symlink(src / "unet" / "config.json", src / "inner_link.json")  # inside: its content
+    convert.compress_directory(src, tmp_path / "a")
+    assert (tmp_path / "a" / "inner_link.json").read_text() == '{"i": 0}'
+
+    os.symlink(tmp_path / "outside.json", src / "outer_link.json")
+    with pytest.raises(errors.InvalidArgumentError, match="outer_link.json is a symbolic link"):
+        convert.compress_directory(src, tmp_path / "b")
+    report = convert.compress_directory(src, tmp_path / "b", follow_symlinks=True)
+    linked = [r for r in report if r.link_target is not None]
+    assert [r.source for r in linked] == ["outer_link.json"]
+    assert linked[0].link_target == os.path.realpath(tmp_path / "outside.json")
+    assert (tmp_path / "b" / "outer_link.json").read_text() == "outside"
+
+    os.unlink(src / "outer_link.json")
+    os.symlink(tmp_path / "missing", src / "broken")
+    with pytest.raises(errors.InvalidArgumentError, match="broken symbolic link"):
+        convert.compress_directory(src, tmp_path / "c", follow_symlinks=True)
+    os.unlink(src / "broken")
+    os.symlink(src / "unet", src / "unet_again")
+    with pytest.raises(errors.InvalidArgumentError, match="link to a directory"):
+        convert.compress_directory(src, tmp_path / "c", follow_symlinks=True)
+    assert not (tmp_path / "c").exists()
