@@ -52,7 +52,11 @@ SEARCH_KEY = "inshrink.search"
 """Metadata key of the configuration search report (JSON) of a checkpoint."""
 SERIES_FORMAT = "inshrink-series"
 SERIES_VERSION = 1
-_FILE = re.compile(r"^step_\d{12}(\.d)?\.ink$")
+# ASCII digits and \A...\Z: "$" would accept a trailing newline, "\d" any Unicode digit
+_FILE = re.compile(r"\Astep_[0-9]{12}(\.d)?\.ink\Z", re.ASCII)
+# AtomicFile's temporaries of the series' own files: "." + name + "." + mkstemp's 8 characters
+_TEMPORARY = re.compile(r"\A\.(step_[0-9]{12}(\.d)?\.ink|manifest\.json)\.[a-z0-9_]{8}\.tmp\Z",
+                        re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,11 @@ class Series:
     or object holds it they raise :class:`inshrink.errors.SeriesLockedError` without waiting;
     a caller that wants to wait catches it and retries. Reading (``load``, ``verify``...)
     takes no lock.
+
+    A save killed midway leaves a hidden temporary file (``.step_….ink.XXXXXXXX.tmp``,
+    ``.manifest.json.XXXXXXXX.tmp``) or a checkpoint file the manifest does not name. Opening
+    the series and every save, delete and retain remove such files while holding the lock
+    (opening skips it while another writer is at work); :meth:`verify` reports any left.
     """
 
     def __init__(self, directory: str | os.PathLike, policy: Policy | str | None = None, *,
@@ -141,15 +150,24 @@ class Series:
         self._previous: dict[str, np.ndarray] | None = None
         self._previous_codes: dict[str, np.ndarray] | None = None
         self._previous_entry: Checkpoint | None = None
+        try:  # what an interrupted writer left, unless a writer is at work right now
+            with self._writing():
+                pass
+        except (SeriesLockedError, OSError):  # busy, or a directory we may not write to
+            pass
 
     # -- the writer's lock -----------------------------------------------------------------
 
     @contextmanager
     def _writing(self) -> Iterator[None]:
-        """Hold the series' write lock, with the manifest re-read under it."""
+        """Hold the series' write lock, with the manifest re-read under it and what an
+        interrupted writer left removed (only under the lock: never a live writer's files)."""
         fd = self._lock()
         try:
             self._checkpoints = self._read_manifest()
+            if fd is not None:
+                for name in self._debris():
+                    _remove(self._path(name))
             yield
         finally:
             if fd is not None:
@@ -159,6 +177,17 @@ class Series:
                     pass
                 fcntl.flock(fd, fcntl.LOCK_UN)  # also if a forked child shares the descriptor
                 os.close(fd)
+
+    def _debris(self) -> list[str]:
+        """Files an interrupted save left: temporaries of the series' own files, and
+        checkpoint files that the manifest does not name (written, but never listed)."""
+        listed = {e.file for e in self._checkpoints}
+        try:
+            names = sorted(os.listdir(self.directory))
+        except OSError:
+            return []
+        return [n for n in names if _TEMPORARY.match(n)
+                or (_FILE.match(n) and n not in listed)]
 
     def _lock(self) -> int | None:
         """Take the exclusive lock without waiting; SeriesLockedError if someone holds it."""
@@ -496,7 +525,8 @@ class Series:
 
     def verify(self) -> list[str]:
         """Check every file against the manifest and its own checksums, and every delta
-        against its base, decoding each link once (keyframe first); return the problems."""
+        against its base, decoding each link once (keyframe first); return the problems,
+        including files an interrupted save left (see :class:`Series`, Notes)."""
         problems: list[str] = []
         after: dict[str | None, list[Checkpoint]] = {}
         for e in self._checkpoints:
@@ -516,6 +546,10 @@ class Series:
             if e.step not in reached:
                 problems.append(f"step {e.step}: cannot be restored: its base {e.base} "
                                 f"does not lead to a readable keyframe")
+        for name in self._debris():
+            what = "temporary file" if name.startswith(".") else "file not in the manifest"
+            problems.append(f"{name}: {what}, left by an interrupted save; the next save "
+                            f"(or opening the series) removes it")
         return problems
 
 

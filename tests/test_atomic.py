@@ -157,3 +157,19 @@ def test_real_full_disk_library_and_cli(tmp_path, small_disk):
                        env=dict(os.environ, PYTHONPATH=ROOT))
     assert r.returncode == 1 and r.stdout == ""
     assert os.listdir(small_disk) == [], r.stderr
+
+
+def test_real_full_disk_series(small_disk):
+    from inshrink.series import Series
+    series = Series(small_disk / "s")
+    small = {"w": np.arange(1000, dtype=np.float32)}
+    series.save(0, small)
+    listed = sorted(os.listdir(small_disk / "s"))
+    big = {"w": np.random.default_rng(2).standard_normal(1_000_000).astype(np.float32)}
+    with pytest.raises(OSError) as caught:
+        series.save(1, big)
+    assert caught.value.errno == errno.ENOSPC
+    assert caught.value.filename == str(small_disk / "s" / "step_000000000001.ink")
+    assert sorted(os.listdir(small_disk / "s")) == listed and series.verify() == []
+    series.save(1, small)  # the space is free again
+    assert Series(small_disk / "s").steps() == [0, 1]
