@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 
 from . import dtypes
-from .atomic import AtomicFile, current_umask, fsync_directory
+from .atomic import AtomicFile, current_umask, fsync_directory, named_error
 from .container import layout
 from .errors import CorruptError, InshrinkError, InvalidArgumentError, LimitExceededError
 from .policy import Policy
@@ -197,12 +197,16 @@ def _pread(fd: int, n: int, offset: int) -> bytes:
     return data
 
 
-def _pwrite(fd: int, data, offset: int) -> None:
-    """Write all of ``data`` at ``offset`` (os.pwrite may write less than asked)."""
+def _pwrite(fd: int, data, offset: int, path: str) -> None:
+    """Write all of ``data`` at ``offset`` (os.pwrite may write less than asked); an error
+    (a full disk) names ``path``, the destination the user knows."""
     view = memoryview(data).cast("B")
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
+    try:
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view, offset = view[written:], offset + written
+    except OSError as exc:
+        raise named_error(exc, path) from exc
 
 
 def _header_for(f: File) -> SafetensorsHeader:
@@ -269,7 +273,7 @@ def decompress_to_safetensors(src: str | os.PathLike, dst: str | os.PathLike, *,
             for e in header.entries:
                 base = header.data_start + e.begin
                 f.read_into(e.name, lambda start, chunk, base=base: _pwrite(
-                    fd, chunk, base + start), progress, in_order=False)
+                    fd, chunk, base + start, os.fspath(dst)), progress, in_order=False)
             out.commit()
         except BaseException:
             out.abort()
