@@ -99,6 +99,12 @@ def _positive_float(text: str) -> float:
 
 def _preset_help() -> str:
     """What each preset quantizes, read from the presets themselves."""
+    import textwrap
+
+    def fill(text: str, indent: str = "") -> str:
+        return textwrap.fill(text, 79, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False)
+
     lines = ["presets (--preset NAME; --lossy alone means --preset balanced):"]
     described: dict[tuple, str] = {}
     for name, policy in PRESETS.items():
@@ -113,17 +119,20 @@ def _preset_help() -> str:
                      f"{levels.get('exp_avg_sq', 'exact')}")
         model = (roles.get("weight"), roles.get("embedding"))
         if model in described:
-            lines.append(f"  {'':<11} = {described[model]} for weights and embeddings: the "
-                         f"two give identical files for a model without optimizer state")
+            lines.append(fill(f"= {described[model]} for weights and embeddings: the two give "
+                              f"identical files for a model without optimizer state", " " * 14))
         described.setdefault(model, name)
     protect = {c.protect for p in PRESETS.values() for c in p.roles.values() if c}
-    lines += [
-        f"Every quantized tensor keeps its {' / '.join(f'{p:.2%}' for p in sorted(protect))}"
-        f" largest values exact. Always exact: integers, bool, fp8, complex, steps, 1-D tensors"
-        f" (biases, norms), weights under {SMALL_TENSOR:,} elements, optimizer moments under"
-        f" {SMALL_MOMENT:,}. Roles come from tensor names: exp_avg (also momentum_buffer),"
-        f" exp_avg_sq, embeddings (embed, wte, wpe, lm_head), other matrices are weights.",
-        f"A tensor whose relative L2 error exceeds {LARGE_ERROR} gets a warning on stderr."]
+    lines += ["", fill(
+        f"Every quantized tensor keeps its {' / '.join(f'{p:.2%}' for p in sorted(protect))} "
+        f"largest values exact. Always exact: integers, bool, fp8, complex, steps; weights "
+        f"that are 1-D (biases, norms) or under {SMALL_TENSOR:,} elements; optimizer moments "
+        f"under {SMALL_MOMENT:,} elements. Roles come from tensor names: exp_avg (also "
+        f"momentum_buffer), exp_avg_sq, embeddings (embed, wte, wpe, lm_head); other "
+        f"matrices are weights."),
+        fill(f"A tensor quantized with a relative L2 error above {LARGE_ERROR} gets a warning "
+             f"on stderr. -f does not replace an existing file with lossy data: add "
+             f"--allow-lossy-overwrite.")]
     return "\n".join(lines)
 
 
@@ -142,8 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--level", type=_level, default=None,
                    help="zstd level for every plane (default: fast plane settings)")
     lossy = c.add_argument_group(
-        "lossy compression", "quantize weights and optimizer moments (small tensors, integers "
-        "and steps stay exact; see the presets below)")
+        "lossy compression", "quantize weights and optimizer moments (presets below)")
     lossy.add_argument("--lossy", action="store_true", help="quantize with --preset balanced")
     lossy.add_argument("--preset", choices=list(PRESETS),
                        help="a named policy, explained below (lossless: quantize nothing)")
@@ -371,7 +379,7 @@ def _file(path: str, output: str | None, bytes_in: int, bytes_out: int, *,
 
 def _report(command: str, started: float, inputs: list[str], outputs: list[str],
             files: list[dict], uncompressed: int, compressed: int,
-            problems: list[str] | None = None, **extra) -> dict:
+            problems: list[str] | None = None) -> dict:
     """The one JSON shape of every command (README.md, "Command line")."""
     infos = [t for f in files for t in f["tensors"]]
     lossy = [t for t in infos if not t.lossless]
@@ -386,7 +394,7 @@ def _report(command: str, started: float, inputs: list[str], outputs: list[str],
             "lossy": bool(lossy), "lossy_tensors": len(lossy),
             "max_rel_l2_error": max(errors) if errors else None,
             "seconds": round(time.monotonic() - started, 3),
-            **extra, "files": files, "problems": problems}
+            "files": files, "problems": problems}
 
 
 def _print_json(report: dict) -> None:
@@ -738,7 +746,7 @@ def _series_restore(args, series, started: float) -> int:
                    format_version=source["format_version"], metadata=source["metadata"],
                    step=step, keyframe=entry.keyframe, base=entry.base)]
     report = _report("series restore", started, [args.directory], [dst], files,
-                     sum(t.nbytes for t in source["tensors"]), source["bytes_in"], step=step)
+                     sum(t.nbytes for t in source["tensors"]), source["bytes_in"])
     if args.json:
         _print_json(report)
     else:
