@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import re
+import reprlib
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterator, Mapping
@@ -40,10 +41,10 @@ from .atomic import AtomicFile
 from .dtypes import as_numpy
 from .errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError,
                      SeriesLockedError)
-from .policy import Policy
+from .policy import Policy, resolve
 from .rebase import write_delta
 from .search import Choice, Search, SearchResult
-from .tensorfile import File, TensorInfo, Writer
+from .tensorfile import File, TensorInfo, Writer, resolve_threads
 
 MANIFEST = "manifest.json"
 LOCK = ".lock"
@@ -52,6 +53,12 @@ SEARCH_KEY = "inshrink.search"
 """Metadata key of the configuration search report (JSON) of a checkpoint."""
 SERIES_FORMAT = "inshrink-series"
 SERIES_VERSION = 1
+MAX_MANIFEST_BYTES = 64 << 20
+"""A larger manifest.json is refused as corrupt (some 300,000 checkpoints)."""
+MAX_STEP = 10 ** 12 - 1
+"""The largest step: file names hold it in 12 digits."""
+_ENTRY_KEYS = frozenset(("step", "file", "keyframe", "base", "sha256", "bytes"))
+_SHA256 = re.compile(r"\A[0-9a-f]{64}\Z", re.ASCII)
 # ASCII digits and \A...\Z: "$" would accept a trailing newline, "\d" any Unicode digit
 _FILE = re.compile(r"\Astep_[0-9]{12}(\.d)?\.ink\Z", re.ASCII)
 # AtomicFile's temporaries of the series' own files: "." + name + "." + mkstemp's 8 characters
@@ -69,6 +76,66 @@ class Checkpoint:
     base: str | None
     sha256: str
     bytes: int
+
+
+def parse_manifest(doc: Any, path: str = MANIFEST) -> list[Checkpoint]:
+    """The checkpoints of a decoded ``manifest.json`` document, every field checked for its
+    exact type and value (spec section 23); CorruptError naming ``path`` otherwise."""
+    def bad(why: str) -> CorruptError:
+        return CorruptError(f"{path}: invalid series manifest: {why}")
+    if type(doc) is not dict or doc.get("format") != SERIES_FORMAT:
+        raise CorruptError(f"{path}: not a series manifest")
+    version = doc.get("version")
+    if type(version) is not int or version != SERIES_VERSION:
+        raise CorruptError(f"{path}: not a version {SERIES_VERSION} series manifest "
+                           f"(version {reprlib.repr(version)})")
+    checkpoints = doc.get("checkpoints")
+    if type(checkpoints) is not list:
+        raise bad("'checkpoints' must be a list")
+    entries: list[Checkpoint] = []
+    for i, e in enumerate(checkpoints):
+        if type(e) is not dict or set(e) != _ENTRY_KEYS:
+            raise bad(f"checkpoint {i} must be an object with exactly the keys "
+                      f"{sorted(_ENTRY_KEYS)}")
+        step, keyframe, base, sha256, size = (e[k] for k in ("step", "keyframe", "base",
+                                                             "sha256", "bytes"))
+        if type(step) is not int or not 0 <= step <= MAX_STEP:
+            raise bad(f"checkpoint {i}: step must be an integer in [0, {MAX_STEP}]")
+        if entries and step <= entries[-1].step:
+            raise bad(f"checkpoint {i}: steps must increase ({step} after "
+                      f"{entries[-1].step})")
+        if type(keyframe) is not bool:
+            raise bad(f"step {step}: keyframe must be true or false")
+        if keyframe != (base is None) or not (base is None or type(base) is str):
+            raise bad(f"step {step}: a keyframe has base null, a delta a file name")
+        expected = checkpoint_file(step, delta=not keyframe)
+        if e["file"] != expected:
+            raise bad(f"step {step}: file must be {expected!r}, not {reprlib.repr(e['file'])}")
+        if type(sha256) is not str or not _SHA256.match(sha256):
+            raise bad(f"step {step}: sha256 must be 64 lowercase hexadecimal digits")
+        if type(size) is not int or size < 0:
+            raise bad(f"step {step}: bytes must be a non-negative integer")
+        entries.append(Checkpoint(step, expected, keyframe, base, sha256, size))
+    by_file = {e.file: e for e in entries}
+    reaches_keyframe: set[str] = set()
+    for e in entries:  # every base is listed, and its links lead to a keyframe
+        path_of_e: list[str] = []
+        link = e
+        while link.base is not None and link.file not in reaches_keyframe:
+            path_of_e.append(link.file)
+            if link.base not in by_file:
+                raise bad(f"step {link.step}: base {reprlib.repr(link.base)} is not in the "
+                          f"manifest")
+            link = by_file[link.base]
+            if len(path_of_e) > len(entries):
+                raise bad(f"step {e.step}: its base links form a cycle")
+        reaches_keyframe.update(path_of_e)
+    return entries
+
+
+def checkpoint_file(step: int, delta: bool = False) -> str:
+    """The file name of ``step`` in a series: whole (keyframe) or delta."""
+    return f"step_{step:012d}{'.d' if delta else ''}.ink"
 
 
 def decode_digest(exact: Mapping[str, np.ndarray], codes: Mapping[str, np.ndarray]) -> str:
@@ -136,6 +203,11 @@ class Series:
             raise InvalidArgumentError("search must be an inshrink.search.Search")
         if type(keyframe_every) is not int or keyframe_every < 1:
             raise InvalidArgumentError("keyframe_every must be a positive integer")
+        if not isinstance(directory, (str, os.PathLike)):
+            raise InvalidArgumentError("directory must be a str or os.PathLike")
+        resolve(policy)  # a bad policy fails here, not at the first save
+        if threads is not None:
+            resolve_threads(threads)
         self.directory = os.fspath(directory)
         self.policy = policy
         self.keyframe_every = keyframe_every
@@ -218,24 +290,23 @@ class Series:
         return os.path.join(self.directory, name)
 
     def _read_manifest(self) -> list[Checkpoint]:
+        """The manifest's entries ([] if there is none); CorruptError for anything that is
+        not a valid manifest (spec section 23)."""
         path = self._path(MANIFEST)
         if not os.path.exists(path):
             return []
+        if not os.path.isfile(path):
+            raise CorruptError(f"{path}: the series manifest is not a file")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise CorruptError(f"{path}: series manifest larger than {MAX_MANIFEST_BYTES} bytes")
         try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-            if doc.get("format") != SERIES_FORMAT or doc.get("version") != SERIES_VERSION:
-                raise CorruptError(f"{path}: not a version {SERIES_VERSION} series manifest")
-            entries = [Checkpoint(**e) for e in doc["checkpoints"]]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptError(f"{path}: invalid series manifest ({exc})") from None
-        names = {e.file for e in entries}
-        for i, e in enumerate(entries):
-            if (type(e.step) is not int or not isinstance(e.file, str) or not _FILE.match(e.file)
-                    or (i and e.step <= entries[i - 1].step)
-                    or (e.base is not None and e.base not in names) or e.keyframe != (e.base is None)):
-                raise CorruptError(f"{path}: invalid checkpoint entry {asdict(e)}")
-        return entries
+            doc = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
+            raise CorruptError(f"{path}: invalid series manifest "
+                               f"({reprlib.repr(str(exc))})") from None
+        return parse_manifest(doc, path)
 
     def _write_manifest(self, entries: list[Checkpoint]) -> None:
         doc = {"format": SERIES_FORMAT, "version": SERIES_VERSION,
@@ -263,6 +334,8 @@ class Series:
         return list(self._checkpoints)
 
     def _entry(self, step: int) -> Checkpoint:
+        if type(step) is not int:  # not bool either: True would be step 1
+            raise InvalidArgumentError(f"step must be an integer, got {reprlib.repr(step)}")
         for e in self._checkpoints:
             if e.step == step:
                 return e
@@ -300,8 +373,14 @@ class Series:
         :class:`inshrink.errors.SeriesLockedError` if another writer holds it. On any failure
         the series is unchanged and no file of this save is left behind.
         """
-        if type(step) is not int or step < 0:
-            raise InvalidArgumentError("step must be a non-negative integer")
+        if type(step) is not int or not 0 <= step <= MAX_STEP:
+            raise InvalidArgumentError(f"step must be an integer in [0, {MAX_STEP}]")
+        if not isinstance(tensors, Mapping):
+            raise InvalidArgumentError("tensors must be a mapping of names to arrays")
+        for what, value in (("metadata", metadata), ("importance", importance),
+                            ("curvature", curvature)):
+            if value is not None and not isinstance(value, Mapping):
+                raise InvalidArgumentError(f"{what} must be a mapping or None")
         self._check_step(step)  # early, from what this object knows: before a long search
         importance = dict(importance or {})
         policy = self.policy if policy is None else policy
@@ -344,7 +423,7 @@ class Series:
                           policy: Policy | str | None, written: list[str]
                           ) -> tuple[list[TensorInfo], dict, dict, Checkpoint]:
         """Write ``step`` as a whole file; return its report, exact tensors, codes, entry."""
-        name = f"step_{step:012d}.ink"
+        name = checkpoint_file(step)
         path = self._path(name)
         written.append(name)  # the rename may happen even if a later step of close fails
         with Writer(path, metadata, threads=self.threads, policy=policy,
@@ -407,7 +486,7 @@ class Series:
             # resumed, or another writer saved since: read back what the entry holds
             self._previous, self._previous_codes = self._exact_tensors(entry)
             self._previous_entry = entry
-        name = f"step_{entry.step:012d}.d.ink"
+        name = checkpoint_file(entry.step, delta=True)
         written.append(name)
         write_delta(self._path(entry.file), self._path(name),
                     src_exact=self._previous, src_codes=self._previous_codes or {},
@@ -502,6 +581,9 @@ class Series:
     def delete(self, steps: list[int]) -> list[int]:
         """Forget ``steps``, keeping every file a remaining checkpoint needs; return the
         steps whose files were removed. Holds the series' lock (:class:`Series`, Notes)."""
+        if isinstance(steps, (str, bytes, Mapping)) or not hasattr(steps, "__iter__"):
+            raise InvalidArgumentError("steps must be a list of integers")
+        steps = list(steps)
         with self._writing():
             return self._delete(steps)
 

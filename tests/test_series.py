@@ -268,7 +268,7 @@ def test_cli_series_commands(tmp_path):
     assert_same(inshrink.load(tmp_path / "one.ink"), states[1])
     assert run("restore", tmp_path / "s", "-o", tmp_path / "last.safetensors").returncode == 0
     r = run("ls", tmp_path / "missing")
-    assert r.returncode == 2 and "not a series" in r.stderr
+    assert r.returncode == 2 and str(tmp_path / "missing") in r.stderr
     (tmp_path / "s" / series.checkpoints()[0].file).write_bytes(b"broken")
     r = run("verify", tmp_path / "s")
     assert r.returncode == 1 and "FAIL" in r.stdout
