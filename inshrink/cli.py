@@ -730,6 +730,8 @@ def _series_restore(args, series, started: float) -> int:
 
     from . import api, convert
     dst = args.destination = args.output
+    if not dst.endswith((".safetensors", ".ink")):
+        raise UsageError(f"{dst}: the output must end with .safetensors or .ink (its format)")
     _check_output(args.directory, dst, args.force)
     step = series.latest() if args.step is None else args.step
     if step is None:
@@ -741,7 +743,8 @@ def _series_restore(args, series, started: float) -> int:
     source = _checkpoint_file(args.directory, entry)
     _check_lossy_overwrite(args, dst, any(not t.lossless for t in source["tensors"]))
     state = series.load(step)
-    metadata = {"step": str(step)}
+    metadata = dict(source["metadata"] or {})  # the checkpoint's own, kept
+    metadata.setdefault("step", str(step))
     if dst.endswith(".safetensors"):
         # a unique temporary beside the output, like every other write: never a fixed name
         # that could be someone's file

@@ -81,3 +81,15 @@ def test_series_restore_uses_a_unique_temporary(workdir):
     assert (workdir / "s.safetensors.ink.tmp").read_text() == "someone's file"
     assert load_file(str(workdir / "s.safetensors"))["layer.bias"][0] == 1
     assert sorted(n for n in os.listdir(workdir) if n.startswith(".")) == []
+
+
+def test_series_restore_keeps_the_metadata_and_names_its_format(tmp_path):
+    series = inshrink.Series(tmp_path / "ckpts")
+    series.save(7, {"w": np.arange(6, dtype=np.float32)}, {"epoch": "3"})
+    r = run("series", "restore", "ckpts", "-o", "s.ink", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    with inshrink.open(tmp_path / "s.ink") as f:
+        assert f.metadata["epoch"] == "3" and f.metadata["step"] == "7"
+    r = run("series", "restore", "ckpts", "-o", "s.pt", cwd=tmp_path)
+    assert r.returncode == 2 and ".safetensors or .ink" in r.stderr
+    assert not (tmp_path / "s.pt").exists()
