@@ -52,6 +52,8 @@ def save(path: str | os.PathLike, tensors: Mapping[str, Any],
     """
     if not isinstance(tensors, Mapping):
         raise InvalidArgumentError("tensors must be a mapping of names to arrays")
+    if importance is not None and not isinstance(importance, Mapping):
+        raise InvalidArgumentError("importance must be a mapping of tensor names to scores")
     importance = dict(importance or {})
     unknown = set(importance) - set(tensors)
     if unknown:

@@ -92,9 +92,16 @@ def as_numpy(value: Any) -> np.ndarray:
 
     Accepts numpy arrays, objects with ``__array__`` or ``__dlpack__`` and torch tensors
     (moved to host; bf16/fp8 included). Non-contiguous and big-endian inputs are copied.
+    Masked arrays and torch meta tensors raise :class:`InvalidArgumentError`.
     """
+    if isinstance(value, np.ma.MaskedArray):
+        # the mask would be lost: storing .data silently keeps values the caller masked out
+        raise InvalidArgumentError("masked arrays are not supported: store .data (and the "
+                                   "mask as a BOOL tensor) or .filled(value) explicitly")
     torch_dtype = str(getattr(value, "dtype", ""))
     if torch_dtype.startswith("torch.") and hasattr(value, "detach"):
+        if getattr(getattr(value, "device", None), "type", None) == "meta":
+            raise InvalidArgumentError("a torch meta tensor has no data to store")
         value = value.detach().cpu()
         if torch_dtype in _TORCH_VIA_INT:
             import torch  # only reachable when the caller already uses torch

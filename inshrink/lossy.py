@@ -129,7 +129,10 @@ def _force(importance: Any, config: QuantConfig, numel: int) -> np.ndarray | Non
         if config.prune_metric == "sensitivity" and config.prune > 0:
             raise InvalidArgumentError("prune_metric='sensitivity' needs importance scores")
         return None
-    scores = np.abs(np.asarray(importance, dtype=np.float64)).reshape(-1)
+    try:
+        scores = np.abs(np.asarray(importance, dtype=np.float64)).reshape(-1)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"importance must be an array of numbers: {exc}") from None
     if scores.size != numel:
         raise InvalidArgumentError(f"importance has {scores.size} elements, tensor {numel}")
     scores = np.nan_to_num(scores, nan=0.0, posinf=np.finfo(np.float64).max)

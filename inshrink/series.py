@@ -37,6 +37,7 @@ try:
 except ImportError:  # not POSIX: no lock, one writer is the caller's responsibility
     fcntl = None  # type: ignore[assignment]
 
+from . import digest as _digest
 from .atomic import AtomicFile
 from .dtypes import as_numpy
 from .errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError,
@@ -138,20 +139,13 @@ def checkpoint_file(step: int, delta: bool = False) -> str:
     return f"step_{step:012d}{'.d' if delta else ''}.ink"
 
 
-def decode_digest(exact: Mapping[str, np.ndarray], codes: Mapping[str, np.ndarray]) -> str:
+def decode_digest(exact: Mapping[str, np.ndarray], codes: Mapping[str, np.ndarray],
+                  version: int = _digest.LATEST) -> str:
     """SHA-256 of what a delta decodes against: the exact bytes of a checkpoint's lossless
-    tensors and the codes of its quantized ones (spec section 23). It does not change when the
-    checkpoint's own file is rewritten as a delta, unlike the file's bytes."""
-    digest = hashlib.sha256()
-    for name in sorted(set(exact) | set(codes)):
-        digest.update(name.encode("utf-8") + b"\0")
-        if name in codes:
-            digest.update(b"C" + np.ascontiguousarray(codes[name], "<u2").tobytes())
-        else:
-            arr = np.ascontiguousarray(exact[name])
-            digest.update(b"X" + arr.dtype.str.encode() + repr(arr.shape).encode()
-                          + arr.reshape(-1).view(np.uint8).tobytes())
-    return digest.hexdigest()
+    tensors and the codes of its quantized ones (spec section 23.1), by definition
+    ``version`` (see :mod:`inshrink.digest`). It does not change when the checkpoint's own
+    file is rewritten as a delta, unlike the file's bytes."""
+    return _digest.decode_digest(exact, codes, version)
 
 
 def file_sha256(path: str) -> str:
@@ -491,8 +485,7 @@ class Series:
         write_delta(self._path(entry.file), self._path(name),
                     src_exact=self._previous, src_codes=self._previous_codes or {},
                     base_exact=base_exact, base_codes=base_codes or {},
-                    base_file={"file": base.file,
-                               "sha256": decode_digest(base_exact, base_codes or {})})
+                    base_file=_digest.base_reference(base.file, base_exact, base_codes or {}))
         path = self._path(name)
         return Checkpoint(entry.step, name, False, base.file, file_sha256(path),
                           os.path.getsize(path))
@@ -553,7 +546,8 @@ class Series:
         path = self._path(entry.file)
         self._check_file(entry)
         with File(path, threads=self.threads, base=exact, base_codes=codes) as f:
-            expected = None if previous is None else decode_digest(exact, codes)
+            expected = None if previous is None else decode_digest(
+                exact, codes, _digest.version_of(f.base))
             if (f.base and f.base["sha256"]) != expected:
                 raise BaseMismatchError(
                     f"{path}: made against a base with digest "

@@ -108,6 +108,26 @@ def _record_bytes(payload: int) -> int:
     return size + layout.padding(size)
 
 
+def _checked_source(name: str, read: Callable[[int, int], Any]) -> Callable[[int, int], Any]:
+    """``read`` wrapped so that a result that is not a contiguous buffer is a typed error."""
+    if not callable(read):
+        raise InvalidArgumentError(f"tensor {name!r}: the source must be callable as "
+                                   f"read(start, stop)")
+
+    def checked(start: int, stop: int) -> Any:
+        data = read(start, stop)
+        try:
+            contiguous = memoryview(data).c_contiguous
+        except TypeError:
+            contiguous = False
+        if not contiguous:
+            raise InvalidArgumentError(f"tensor {name!r}: source returned a "
+                                       f"{type(data).__name__}, not a contiguous bytes-like "
+                                       f"buffer")
+        return data
+    return checked
+
+
 def _executor(threads: int) -> Executor | None:
     return ThreadPoolExecutor(threads, thread_name_prefix="inshrink") if threads > 1 else None
 
@@ -222,6 +242,12 @@ class Writer:
             raise InvalidArgumentError(str(exc)) from None
         if name in self._names:
             raise InvalidArgumentError(f"duplicate tensor name {name!r}")
+        if not isinstance(dtype, dtypes.DType):
+            raise InvalidArgumentError(f"tensor {name!r}: dtype must be an inshrink.dtypes.DType")
+        if isinstance(importance, (str, bytes, Mapping)):
+            raise InvalidArgumentError(f"tensor {name!r}: importance must be an array of "
+                                       f"scores, not a {type(importance).__name__}")
+        read = _checked_source(name, read)
         per_chunk = max(1, self._chunk_bytes // dtype.itemsize)
         entry = TensorEntry(name, dtype, tuple(shape), [], per_chunk)
         role, config = self._policy.config_for(name, dtype.name, entry.shape)
@@ -430,7 +456,9 @@ class File:
         self._reader = ContainerReader(path, use_mmap=mmap)
         try:
             self._entries = {e.name: e for e in self._reader.index.tensors}
-            self._stages = {name: chain.for_entry(e) for name, e in self._entries.items()}
+            has_base = self._reader.index.base is not None
+            self._stages = {name: chain.for_entry(e, has_base)
+                            for name, e in self._entries.items()}
         except BaseException:
             self._reader.close()
             raise
@@ -534,6 +562,8 @@ class File:
         """
         entry = self._entry(name)
         itemsize = entry.dtype.itemsize
+        if not callable(sink):
+            raise InvalidArgumentError("sink must be callable as sink(byte_offset, chunk)")
 
         def decode(c: int) -> tuple[int, np.ndarray]:
             start, stop = entry.chunk_range(c)
@@ -572,26 +602,34 @@ class File:
             yield window.popleft().result()
 
     def _decode_chunk(self, entry: TensorEntry, c: int, out: np.ndarray) -> None:
+        stage = self._stages[entry.name]
+        quantized = isinstance(stage, quant.QuantPlan)
+        # the base is checked (rules B-1, B-2) before any record of the tensor is read
+        base_codes = self._chunk_base_codes(entry, c) if quantized else None
+        base = self._base_bytes(entry) if chain.is_delta(entry) and not quantized else None
         chunks = [stream[c] for stream in entry.streams]
         payloads = self._reader.read_chunks(chunks)
-        stage = self._stages[entry.name]
         decoded = [(chunk.coding, payload, chunk.size) for chunk, payload in zip(chunks, payloads)]
-        if isinstance(stage, quant.QuantPlan):
-            return stage.decode(decoded, out, self._chunk_base_codes(entry, c))
+        if quantized:
+            return stage.decode(decoded, out, base_codes)
         stage.decode(decoded, out)
-        if chain.is_delta(entry):
+        if base is not None:
             start, stop = entry.chunk_range(c)
             itemsize = entry.dtype.itemsize
-            np.bitwise_xor(out, self._base_bytes(entry)[start * itemsize:stop * itemsize],
-                           out=out)
+            np.bitwise_xor(out, base[start * itemsize:stop * itemsize], out=out)
+
+    def _base_name(self) -> str:
+        return self.base["file"] if self.base else "a base"
 
     def _chunk_base_codes(self, entry: TensorEntry, c: int) -> np.ndarray | None:
         if not chain.is_delta(entry):
             return None
         codes = None if self._base_codes is None else self._base_codes.get(entry.name)
-        if codes is None or codes.dtype != np.uint16 or codes.shape != (entry.numel,):
-            raise BaseMismatchError(f"{self.path}: tensor {entry.name!r} is a code delta "
-                                    f"against {self.base['file']}, whose codes were not given")
+        if (not isinstance(codes, np.ndarray) or codes.dtype != np.uint16
+                or codes.shape != (entry.numel,)):
+            raise BaseMismatchError(f"[B-2] {self.path}: tensor {entry.name!r} is a code delta "
+                                    f"against {self._base_name()}, whose codes of it were not "
+                                    f"given")
         start, stop = entry.chunk_range(c)
         return codes[start:stop]
 
@@ -605,22 +643,29 @@ class File:
         out = np.empty(entry.numel, np.uint16)
         for c in range(entry.chunk_count):
             start, stop = entry.chunk_range(c)
+            base_codes = self._chunk_base_codes(entry, c)
             chunk = entry.streams[0][c]
             packed = entropy.decode(chunk.coding, self._reader.read_chunks([chunk])[0],
                                     chunk.size)
-            out[start:stop] = stage.decode_codes(packed, stop - start,
-                                                 self._chunk_base_codes(entry, c))
+            out[start:stop] = stage.decode_codes(packed, stop - start, base_codes)
         return out
 
     def _base_bytes(self, entry: TensorEntry) -> np.ndarray:
-        """The base tensor a delta tensor is XORed with, checked against the entry."""
+        """The base tensor a delta tensor is XORed with, checked against the entry (rule
+        B-1: given, stored losslessly by the base file, same dtype and shape)."""
         base = None if self._base is None else self._base.get(entry.name)
         if base is None:
-            raise BaseMismatchError(f"{self.path}: tensor {entry.name!r} is a delta against "
-                                    f"{self.base['file']}, which was not given")
-        if base.dtype != entry.dtype.numpy or tuple(base.shape) != entry.shape:
-            raise BaseMismatchError(f"{self.path}: base tensor {entry.name!r} is "
-                                    f"{base.dtype}{list(base.shape)}, the delta needs "
+            raise BaseMismatchError(f"[B-1] {self.path}: tensor {entry.name!r} is a delta "
+                                    f"against {self._base_name()}, which was not given")
+        if self._base_codes is not None and entry.name in self._base_codes:
+            raise BaseMismatchError(f"[B-1] {self.path}: tensor {entry.name!r} is an XOR delta, "
+                                    f"but its base tensor is quantized (only a lossless "
+                                    f"tensor can be the base of one)")
+        if (not isinstance(base, np.ndarray) or base.dtype != entry.dtype.numpy
+                or tuple(base.shape) != entry.shape):
+            raise BaseMismatchError(f"[B-1] {self.path}: base tensor {entry.name!r} is "
+                                    f"{getattr(base, 'dtype', type(base).__name__)}"
+                                    f"{list(getattr(base, 'shape', ()))}, the delta needs "
                                     f"{entry.dtype.name}{list(entry.shape)}")
         return np.ascontiguousarray(base).reshape(-1).view(np.uint8)
 

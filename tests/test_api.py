@@ -165,3 +165,82 @@ def test_tensor_too_big_for_memory_is_a_limit_error(tmp_path, monkeypatch):
         monkeypatch.setattr(np, "empty", refuse)
         with pytest.raises(errors.LimitExceededError, match="read_into"):
             f["x"]
+
+
+@pytest.mark.parametrize("value, match", [
+    (np.ma.masked_array([1.0, 2.0], mask=[False, True]), "masked"),
+    ("meta", "meta"),
+])
+def test_arrays_without_usable_data_are_refused(tmp_path, value, match):
+    """A masked array would lose its mask (refused rather than storing .data); a torch meta
+    tensor has no data at all."""
+    if isinstance(value, str):
+        torch = pytest.importorskip("torch")
+        value = torch.empty(3, device="meta")
+    with pytest.raises(errors.InvalidArgumentError, match=match):
+        inshrink.save(tmp_path / "x.ink", {"x": value})
+    assert os.listdir(tmp_path) == []
+
+
+def test_importance_must_be_scores(tmp_path):
+    x = {"layer.weight": np.ones((100, 50), np.float32)}  # quantized by "balanced"
+    with pytest.raises(errors.InvalidArgumentError, match="importance"):
+        inshrink.save(tmp_path / "x.ink", x, importance="abc", policy="balanced")
+    with pytest.raises(errors.InvalidArgumentError, match="importance"):
+        inshrink.save(tmp_path / "x.ink", x, importance={"layer.weight": "abc"},
+                      policy="balanced")
+    with inshrink.Writer(tmp_path / "x.ink", policy="balanced") as w:
+        with pytest.raises(errors.InvalidArgumentError, match="importance"):
+            w.add("layer.weight", x["layer.weight"], importance=[["a"] * 50] * 100)
+    assert os.listdir(tmp_path) == ["x.ink"]
+
+
+def test_streaming_callbacks_must_give_and_take_buffers(tmp_path):
+    f32 = inshrink.dtypes.BY_NAME["F32"]
+    with inshrink.Writer(tmp_path / "x.ink", threads=1) as w:
+        with pytest.raises(errors.InvalidArgumentError, match="NoneType"):
+            w.add_source("none", f32, (3,), lambda start, stop: None)
+        with pytest.raises(errors.InvalidArgumentError, match="callable"):
+            w.add_source("data", f32, (3,), b"not a function")
+        w.add("x", np.arange(3, dtype=np.float32))
+    with inshrink.open(tmp_path / "x.ink") as f:
+        with pytest.raises(errors.InvalidArgumentError, match="sink"):
+            f.read_into("x", None)
+        assert f.keys() == ["x"]
+
+
+def test_save_over_the_index_limit_fails_and_keeps_the_previous_file(tmp_path):
+    """An index over 64 MiB (here from metadata, or a kept safetensors header) makes a file
+    no reader accepts: it was written, replacing the good one. Now the writer refuses first
+    (rule T-3, checked before the rename)."""
+    path = tmp_path / "x.ink"
+    inshrink.save(path, {"x": np.arange(4, dtype=np.float32)})
+    before = path.read_bytes()
+    huge = "a" * (64 << 20)
+    with pytest.raises(errors.LimitExceededError, match=r"^\[T-3\]"):
+        inshrink.save(path, {"x": np.zeros(4, np.float32)}, metadata={"note": huge})
+    with pytest.raises(errors.LimitExceededError, match=r"^\[T-3\]"):
+        with inshrink.Writer(path) as w:
+            w.add("x", np.zeros(4, np.float32))
+            w.safetensors_header = huge
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["x.ink"]  # no temporary file left behind
+
+
+def test_writer_keeps_a_small_file_with_many_empty_tensors_readable(tmp_path):
+    """3,000 empty tensors compress to a few KB of index, more tensors than a file that size
+    may hold (rule I-3): the writer stores that index as plain JSON instead."""
+    path = tmp_path / "x.ink"
+    inshrink.save(path, {f"t{i}": np.zeros(0, np.float32) for i in range(3000)})
+    with inshrink.open(path) as f:
+        assert len(f) == 3000
+        assert f.format_version == "1.0"  # no zindex
+
+
+def test_writer_checks_the_base_reference(tmp_path):
+    base = {"x": np.zeros(3, np.float32)}
+    with pytest.raises(errors.InvalidArgumentError, match="I-5a"):
+        with inshrink.Writer(tmp_path / "x.ink", base=base,
+                             base_file={"file": "b.ink", "sha256": "not hex"}) as w:
+            w.add("x", np.ones(3, np.float32))
+    assert os.listdir(tmp_path) == []

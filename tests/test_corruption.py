@@ -12,18 +12,21 @@ import json
 import os
 import struct
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import inshrink
 from inshrink.container import layout
-from inshrink.errors import CorruptError, InshrinkError, TruncatedError
+from inshrink.errors import (BaseMismatchError, CorruptError, InshrinkError,
+                             LimitExceededError, TruncatedError)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fuzz"))
 import ink_repair  # noqa: E402
@@ -473,3 +476,104 @@ def test_struct_sizes_match_the_layout():
     assert layout.MAGIC == ink_repair.MAGIC
     assert struct.calcsize("<QQII8s") == TAIL
     assert os.path.basename(ink_repair.__file__) == "ink_repair.py"
+
+
+# --- rules of format 1.5: what the reader refuses, typed and quickly --------------------------
+
+VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
+
+
+def _zindex_file(text: bytes) -> bytes:
+    """A file with no records whose compressed index is ``text``."""
+    frame = zstandard.ZstdCompressor(level=1, write_content_size=True).compress(text)
+    header = layout.pack_header(3, 0, layout.FEATURE_ZINDEX)
+    return ink_repair.replace_index(header, HEADER, frame)
+
+
+def _open_fails_quickly(path: Path, error: type, rule: str) -> None:
+    start = time.perf_counter()
+    with pytest.raises(error, match=rf"^\[{rule}\]"):
+        inshrink.open(path, threads=1)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_index_expanding_to_millions_of_values_is_refused_quickly(tmp_path):
+    """6 KB whose index expands to 21 million empty arrays (64 MiB): it took 20 s and 1.7 GB
+    to open; the expansion is now bounded by the file size (rule I-0a)."""
+    text = b'{"tensors":[],"x":[' + b"[]," * 21_000_000 + b"[]]}"
+    path = tmp_path / "bomb.ink"
+    path.write_bytes(_zindex_file(text))
+    assert path.stat().st_size < 8000
+    _open_fails_quickly(path, LimitExceededError, "I-0a")
+
+
+def test_half_a_million_empty_tensors_are_refused_quickly(tmp_path):
+    """500,000 empty tensors in a file of about 500 KB took 38 s and 855 MB to open."""
+    entry = ('{"name":"t%d","dtype":"U8","shape":[0],"chunk_elements":1,"codec":[{"id":'
+             '"bytegroup","word":1,"rotate":false}],"streams":[[]]}')
+    text = ('{"tensors":[' + ",".join(entry % i for i in range(500_000)) + "]}").encode()
+    path = tmp_path / "tensors.ink"
+    path.write_bytes(_zindex_file(text))
+    assert path.stat().st_size < 1_000_000
+    _open_fails_quickly(path, LimitExceededError, "I-0a")
+    # the same tensors with an index that expands less still hit the tensor limit (I-3)
+    few = ('{"tensors":[' + ",".join(entry % i for i in range(5_000)) + "]}").encode()
+    path.write_bytes(_zindex_file(few))
+    _open_fails_quickly(path, LimitExceededError, "I-3")
+
+
+def _strip_base(data: bytes) -> bytes:
+    """The delta file ``data`` with its base object removed and the delta bit cleared."""
+    offset, doc = ink_repair.read_index(data)
+    del doc["base"]
+    payload = json.dumps(doc).encode()
+    if ink_repair.index_compressed(data):
+        payload = zstandard.ZstdCompressor(write_content_size=True).compress(payload)
+    data = bytearray(ink_repair.replace_index(data, offset, payload))
+    required = struct.unpack_from("<Q", data, 16)[0] & ~layout.FEATURE_DELTA
+    struct.pack_into("<Q", data, 16, required)
+    return ink_repair.fix_container(bytes(data))
+
+
+@pytest.mark.parametrize("vector", ["delta", "qdelta"])
+def test_delta_chain_in_a_file_without_base_is_refused(tmp_path, vector):
+    """[xor, ...] and [codedelta, quant] need a base: without one, reading raised a bare
+    TypeError while verify() passed. Now the file does not open (rule C-2)."""
+    path = tmp_path / "nobase.ink"
+    path.write_bytes(_strip_base((VECTORS / f"{vector}.ink").read_bytes()))
+    with pytest.raises(CorruptError, match=r"^\[C-2\] .*names no base"):
+        inshrink.open(path, threads=1)
+
+
+def test_xor_against_a_quantized_base_tensor_is_refused():
+    """An xor delta refers to a lossless tensor of its base: the decode digest does not cover
+    a quantized tensor's values (rule B-1)."""
+    with inshrink.open(VECTORS / "delta_base.ink") as b:
+        base = b.load()
+    codes = {"w": np.zeros(base["w"].size, np.uint16)}
+    with inshrink.File(VECTORS / "delta.ink", threads=1, base=base, base_codes=codes) as f:
+        assert f.info("w").codec.startswith("xor+")
+        with pytest.raises(BaseMismatchError, match=r"^\[B-1\] .*quantized"):
+            f["w"]
+        f["ids"]  # other tensors are unaffected
+
+
+def test_hex_digits_of_either_case_are_accepted(tmp_path):
+    """Section 10.6.1: hex digits in either case, mixed too; nothing else (see the vector
+    quant_levels_space)."""
+    data = (VECTORS / "quant_f32.ink").read_bytes()
+    offset, doc = ink_repair.read_index(data)
+    with inshrink.open(VECTORS / "quant_f32.ink") as f:
+        expected = f["layer.weight"].tobytes()
+    levels = doc["tensors"][0]["codec"][0]["levels"]
+    for variant in (levels.upper(), "".join(c.upper() if i % 3 else c
+                                            for i, c in enumerate(levels))):
+        doc["tensors"][0]["codec"][0]["levels"] = variant
+        path = tmp_path / "case.ink"
+        path.write_bytes(ink_repair.replace_index(data, offset, json.dumps(doc).encode()))
+        with inshrink.open(path, threads=1) as f:
+            assert f["layer.weight"].tobytes() == expected
+    doc["tensors"][0]["codec"][0]["levels"] = "\n" + levels[1:]  # same length, a newline
+    path.write_bytes(ink_repair.replace_index(data, offset, json.dumps(doc).encode()))
+    with pytest.raises(CorruptError, match=r"^\[C-3\]"):
+        inshrink.open(path, threads=1)

@@ -263,6 +263,7 @@ def test_short_source_is_a_typed_error(tmp_path, numel):
 
 def test_compressed_index_frames_are_validated():
     import json as _json
+    import struct
 
     import zstandard
 
@@ -270,12 +271,21 @@ def test_compressed_index_frames_are_validated():
     from inshrink.errors import CorruptError, LimitExceededError
     text = _json.dumps({"tensors": [], "metadata": {"a": "b" * 2000}}).encode()
     good = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(text)
-    assert unpack_index(good) == text
+    size = 10_000  # the size of the file the frame is in
+    assert unpack_index(good, size) == text
     bad_checksum = good[:-1] + bytes([good[-1] ^ 1])
     no_size = zstandard.ZstdCompressor(write_content_size=False).compress(text)
-    for frame in (bad_checksum, good + b"JUNK", no_size, b"", b"not a frame", good[:10]):
+    # a valid frame of the text, but declaring a 2^28-byte window (rule I-0a)
+    wide = (b"\x28\xb5\x2f\xfd" + bytes([0x80, 0x90]) + struct.pack("<I", len(text))
+            + ((len(text) << 3) | 1).to_bytes(3, "little") + text)
+    for frame in (bad_checksum, good + b"JUNK", no_size, b"", b"not a frame", good[:10], wide):
         with pytest.raises(CorruptError):
-            unpack_index(frame)
+            unpack_index(frame, size)
     huge = zstandard.ZstdCompressor(write_content_size=True).compress(bytes((64 << 20) + 1))
     with pytest.raises(LimitExceededError):
-        unpack_index(huge)
+        unpack_index(huge, 1 << 40)
+    # within 64 MiB, but more than 4 x the file size (and 1 MiB): refused before decompressing
+    big = zstandard.ZstdCompressor(write_content_size=True).compress(bytes(2 << 20))
+    with pytest.raises(LimitExceededError, match=r"^\[I-0a\]"):
+        unpack_index(big, 500_000)
+    assert len(unpack_index(big, 600_000)) == 2 << 20

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import inshrink
-from inshrink import errors
+from inshrink import digest, errors
 from inshrink.convert import decompress_to_safetensors
 
 VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
@@ -44,13 +44,13 @@ def test_manifest_lists_every_file():
 
 def test_vectors_are_small():
     assert sum(p.stat().st_size for p in VECTORS.iterdir()
-               if p.suffix in (".ink", ".json", ".safetensors", ".md")) < 300_000
+               if p.suffix in (".ink", ".json", ".safetensors", ".md")) < 350_000
 
 
 @pytest.mark.parametrize("entry", POSITIVE, ids=_ids(POSITIVE))
 def test_positive_decodes_bit_exactly(entry):
     expected = json.loads((VECTORS / entry["expected"]).read_text(encoding="utf-8"))
-    assert expected["format_version"] == MANIFEST["format_version"] == "1.4"
+    assert expected["format_version"] == MANIFEST["format_version"] == "1.5"
     base = base_codes = None
     if "base" in entry:
         with inshrink.open(VECTORS / entry["base"]) as b:
@@ -108,6 +108,41 @@ def test_negative_raises_exact_error(entry):
             f.load()
     assert type(caught.value) is expected, (entry["name"], caught.value)
     assert stage == entry["raised_by"], (entry["name"], caught.value)
+    # the reference reader names the rule that failed first in its message
+    assert str(caught.value).startswith(f"[{entry['rule']}] "), (entry["name"], caught.value)
+
+
+def _decoded_base(path):
+    """What a delta refers to in the checkpoint at ``path``: its lossless tensors and the
+    codes of its quantized ones."""
+    with inshrink.open(path) as f:
+        exact = f.load(names=[i.name for i in f.infos() if i.lossless])
+        codes = {i.name: f.codes(i.name) for i in f.infos() if i.quantized}
+    return exact, codes
+
+
+@pytest.mark.parametrize("entry", [e for e in POSITIVE if "base" in e],
+                         ids=[e["name"] for e in POSITIVE if "base" in e])
+def test_delta_vector_names_its_base_by_decode_digest(entry):
+    """base.sha256 of every delta vector is its base vector's decode digest, by the definition
+    its base object names (absent: 1), and by no other definition."""
+    with inshrink.open(VECTORS / entry["file"]) as f:
+        base = f.base
+    assert base["file"] == entry["base"]
+    version = base.get("digest", 1)
+    exact, codes = _decoded_base(VECTORS / entry["base"])
+    for other in digest.VERSIONS:
+        assert (digest.decode_digest(exact, codes, other) == base["sha256"]) == (other == version)
+
+
+def test_digest2_vector_covers_what_the_spec_promises():
+    with inshrink.open(VECTORS / "digest2_base.ink") as f:
+        dtypes_ = {i.dtype for i in f.infos()}
+        shapes = {i.shape for i in f.infos()}
+        quantized = [i.name for i in f.infos() if i.quantized]
+    assert {"BF16", "F8_E4M3", "F32"} <= dtypes_ and () in shapes and quantized
+    with inshrink.open(VECTORS / "digest2.ink") as f:
+        assert f.format_version == "1.5" and f.base["digest"] == 2
 
 
 def test_hexdump_is_current():

@@ -8,6 +8,7 @@ import threading
 
 import zstandard
 
+from ..container.layout import MAX_ZSTD_WINDOW
 from ..errors import CorruptError, InvalidArgumentError, UnknownCodecError
 
 ZSTD = "zstd"
@@ -62,23 +63,28 @@ def encode(data, level: int | None = None):
 
 
 def decode(coding: str, payload: bytes, size: int) -> bytes:
-    """Decode one chunk payload into exactly ``size`` bytes, or raise :class:`CorruptError`."""
+    """Decode one chunk payload into exactly ``size`` bytes, or raise :class:`CorruptError`
+    (spec rules D-1 ... D-4)."""
     if coding == RAW:
         if len(payload) != size:
-            raise CorruptError(f"raw chunk holds {len(payload)} bytes, index says {size}")
+            raise CorruptError(f"[D-1] raw chunk holds {len(payload)} bytes, index says {size}")
         return payload
     if coding != ZSTD:  # the index validator rejects other values; kept as a guard
-        raise UnknownCodecError(f"unknown chunk coding {coding!r}")
+        raise UnknownCodecError(f"[I-13] unknown chunk coding {coding!r}")
     try:
         params = zstandard.get_frame_parameters(payload)
     except zstandard.ZstdError as exc:
-        raise CorruptError(f"bad zstd frame header: {exc}") from None
+        raise CorruptError(f"[D-2] bad zstd frame header: {exc}") from None
+    if params.dict_id or params.window_size > MAX_ZSTD_WINDOW:
+        raise CorruptError(f"[D-2a] zstd frame needs a dictionary ({params.dict_id}) or a "
+                           f"window over {MAX_ZSTD_WINDOW} bytes ({params.window_size})")
     if params.content_size != size:
-        raise CorruptError(f"zstd frame declares {params.content_size} bytes, index says {size}")
+        raise CorruptError(f"[D-3] zstd frame declares {params.content_size} bytes, index "
+                           f"says {size}")
     try:
         out = _decompressor().decompress(payload, max_output_size=size, allow_extra_data=False)
     except zstandard.ZstdError as exc:
-        raise CorruptError(f"corrupt zstd frame: {exc}") from None
+        raise CorruptError(f"[D-4] corrupt zstd frame: {exc}") from None
     if len(out) != size:
-        raise CorruptError(f"zstd frame decoded to {len(out)} bytes, index says {size}")
+        raise CorruptError(f"[D-4] zstd frame decoded to {len(out)} bytes, index says {size}")
     return out

@@ -28,7 +28,7 @@ from . import entropy
 
 STAGE_ID = "factored"
 DTYPES = ("F32", "F64")
-_HEX = re.compile(r"[0-9a-fA-F]*")
+_HEX = re.compile(r"[0-9a-fA-F]*")  # no whitespace, sign or prefix (spec 10.6.1)
 
 
 @dataclass(frozen=True)
@@ -52,17 +52,17 @@ class FactoredPlan:
     def from_dict(cls, d: dict, dtype: DType) -> "FactoredPlan":
         """Validate stage parameters read from a file (decoder side)."""
         if set(d) != {"id", "columns"} or d["id"] != STAGE_ID:
-            raise CorruptError(f"bad factored stage parameters {sorted(d)}")
+            raise CorruptError(f"[C-3] bad factored stage parameters {sorted(d)}")
         if dtype.name not in DTYPES:
-            raise CorruptError(f"factored stage on a {dtype.name} tensor")
+            raise CorruptError(f"[C-3] factored stage on a {dtype.name} tensor")
         hexed = d["columns"]
         if (not isinstance(hexed, str) or not hexed or len(hexed) % (2 * dtype.itemsize)
                 or not _HEX.fullmatch(hexed)):
-            raise CorruptError("factored columns are not a non-empty hex string of whole "
+            raise CorruptError("[C-3] factored columns are not a non-empty hex string of whole "
                                "elements")
         columns = np.frombuffer(bytes.fromhex(hexed), dtype.numpy)
         if not np.isfinite(columns).all():
-            raise CorruptError("factored columns must be finite")
+            raise CorruptError("[C-3] factored columns must be finite")
         return cls(dtype, columns)
 
     def stream_sizes_ok(self, n: int, sizes: list[int], itemsize: int) -> bool:
@@ -76,7 +76,7 @@ class FactoredPlan:
         (coding, payload, size), = chunks
         rows = np.frombuffer(entropy.decode(coding, payload, size), self.dtype.numpy)
         if not np.isfinite(rows).all():
-            raise CorruptError("factored row factors must be finite")
+            raise CorruptError("[D-7] factored row factors must be finite")
         values = out.view(self.dtype.numpy).reshape(rows.size, self.columns.size)
         np.multiply(rows[:, None], self.columns[None, :], out=values)
 

@@ -37,12 +37,12 @@ class ByteGroup:
     def from_dict(cls, d: dict, dtype: DType) -> "ByteGroup":
         """Validate stage parameters read from a file against the tensor's dtype."""
         if set(d) != {"id", "word", "rotate"} or d["id"] != STAGE_ID:
-            raise CorruptError(f"bad bytegroup stage parameters {d!r}")
+            raise CorruptError(f"[C-3] bad bytegroup stage parameters {d!r}")
         word, rotate = d["word"], d["rotate"]
         if type(word) is not int or word not in _WORD_TYPES or dtype.itemsize % word:
-            raise CorruptError(f"bytegroup word {word!r} does not divide {dtype.name}")
+            raise CorruptError(f"[C-3] bytegroup word {word!r} does not divide {dtype.name}")
         if type(rotate) is not bool or (rotate and word == 1):
-            raise CorruptError(f"bad bytegroup rotate flag {rotate!r}")
+            raise CorruptError(f"[C-3] bad bytegroup rotate flag {rotate!r}")
         return cls(word, rotate)
 
     @property

@@ -16,6 +16,7 @@ exact values, in the tensor's dtype. Each then goes through the per-chunk zstd/r
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -28,6 +29,7 @@ from ..policy import QuantConfig
 from . import entropy
 
 STAGE_ID = "quant"
+_HEX = re.compile(r"[0-9a-fA-F]*")  # hex digits of either case, nothing else (spec 10.6.1)
 DELTA_ID = "codedelta"
 MAX_LEVELS = 65_535
 _WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -160,31 +162,30 @@ class QuantPlan:
     def check_delta(self, modulus) -> "QuantPlan":
         """Validate a ``codedelta`` stage read from a file and attach its modulus."""
         if type(modulus) is not int or not max(1, len(self.levels)) <= modulus <= 65_536:
-            raise CorruptError(f"codedelta modulus {modulus!r} does not cover the "
-                               f"{len(self.levels)} levels or exceeds 65536")
+            raise CorruptError(f"[C-3a] codedelta modulus {modulus!r} is not an integer that "
+                               f"covers the {len(self.levels)} levels and is at most 65536")
         if code_bits(modulus) > self.bits:
-            raise CorruptError(f"deltas modulo {modulus} need more than {self.bits} bits")
+            raise CorruptError(f"[C-3a] deltas modulo {modulus} need more than {self.bits} "
+                               f"bits")
         return replace(self, modulus=modulus)
 
     @classmethod
     def from_dict(cls, d: dict, dtype: DType) -> "QuantPlan":
         """Validate stage parameters read from a file (decoder side)."""
         if set(d) != {"id", "bits", "levels"} or d["id"] != STAGE_ID:
-            raise CorruptError(f"bad quant stage parameters {sorted(d)}")
+            raise CorruptError(f"[C-3] bad quant stage parameters {sorted(d)}")
         bits, hexed = d["bits"], d["levels"]
         if type(bits) is not int or not 1 <= bits <= 16:
-            raise CorruptError(f"quant bits {bits!r} not in [1, 16]")
-        if not isinstance(hexed, str) or len(hexed) % (2 * dtype.itemsize):
-            raise CorruptError("quant levels are not a hex string of whole elements")
+            raise CorruptError(f"[C-3] quant bits {bits!r} not in [1, 16]")
+        # hex digits only: bytes.fromhex alone would skip whitespace
+        if (not isinstance(hexed, str) or len(hexed) % (2 * dtype.itemsize)
+                or not _HEX.fullmatch(hexed)):
+            raise CorruptError("[C-3] quant levels are not a hex string of whole elements")
         if dtype.name not in ("F64", "F32", "F16", "BF16"):
-            raise CorruptError(f"quant stage on a {dtype.name} tensor")
-        try:
-            raw = bytes.fromhex(hexed)
-        except ValueError:
-            raise CorruptError("quant levels are not valid hex") from None
-        levels = np.frombuffer(raw, dtype.numpy)
+            raise CorruptError(f"[C-3] quant stage on a {dtype.name} tensor")
+        levels = np.frombuffer(bytes.fromhex(hexed), dtype.numpy)
         if len(levels) > MAX_LEVELS or code_bits(len(levels)) > bits:
-            raise CorruptError(f"{len(levels)} levels need more than {bits} bits")
+            raise CorruptError(f"[C-3] {len(levels)} levels need more than {bits} bits")
         return cls(dtype, levels, bits, np.empty(0))
 
     @property
@@ -205,9 +206,10 @@ class QuantPlan:
         if self.modulus is None:
             return stored
         if base_codes is None or base_codes.shape != (n,):
-            raise BaseMismatchError("a code delta needs the base tensor's codes")
+            raise BaseMismatchError("[B-2] a code delta needs the base tensor's codes")
         if n and (int(stored.max()) >= self.modulus or int(base_codes.max()) >= self.modulus):
-            raise CorruptError(f"code delta or base code not below modulus {self.modulus}")
+            raise CorruptError(f"[D-4a] code delta or base code not below modulus "
+                               f"{self.modulus}")
         counts = np.zeros(self.modulus, np.int64)
         delta_kernels.group_counts(base_codes, self.modulus, counts)
         deltas = np.empty(n, np.uint16)
@@ -228,15 +230,16 @@ class QuantPlan:
         words = out.view(word)
         codes = self.decode_codes(packed, n, base_codes)
         positions = np.cumsum(np.frombuffer(gaps, "<u4").astype(np.int64) + 1) - 1
-        if positions.size and positions[-1] >= n:
-            raise CorruptError("escaped position past the end of its chunk")
         if self.levels.size:
             bad = kernels.lookup_decode(codes, self.levels.view(word), self.escape,
                                         np.empty(0, word), words)
             if bad < 0:
-                raise CorruptError(f"quantization code out of range at element {-1 - bad}")
+                raise CorruptError(f"[D-5] quantization code out of range at element "
+                                   f"{-1 - bad}")
         elif positions.size != n:
-            raise CorruptError("a chunk without levels must escape every element")
+            raise CorruptError("[D-5] a chunk without levels must escape every element")
+        if positions.size and positions[-1] >= n:
+            raise CorruptError("[D-6] escaped position past the end of its chunk")
         words[positions] = np.frombuffer(values, word)
         return codes
 

@@ -106,25 +106,32 @@ def pack_index(payload: bytes) -> bytes | None:
     return frame if len(frame) < len(payload) else None
 
 
-def unpack_index(frame: bytes) -> bytes:
+def unpack_index(frame: bytes, file_size: int) -> bytes:
     """Decompress a ``zindex`` payload after checking that its frame declares a size within
-    the index limit; typed errors for anything else (spec rules I-0a, I-0b)."""
+    the index limits for a file of ``file_size`` bytes; typed errors for anything else (spec
+    rules I-0a, I-0b)."""
     try:
-        size = zstandard.get_frame_parameters(frame).content_size
+        params = zstandard.get_frame_parameters(frame)
     except zstandard.ZstdError as exc:
-        _fail(f"compressed index: bad zstd frame header ({exc})")
+        _fail("I-0a", f"compressed index: bad zstd frame header ({exc})")
+    size = params.content_size
     if size == zstandard.CONTENTSIZE_UNKNOWN:
-        _fail("compressed index: the zstd frame does not declare its size")
-    if size > layout.MAX_INDEX_BYTES:
-        raise LimitExceededError(f"compressed index declares {size} bytes, over the "
-                                 f"{layout.MAX_INDEX_BYTES}-byte limit")
+        _fail("I-0a", "compressed index: the zstd frame does not declare its size")
+    if params.dict_id or params.window_size > layout.MAX_ZSTD_WINDOW:
+        _fail("I-0a", f"compressed index: the zstd frame needs a dictionary "
+                      f"({params.dict_id}) or a window over {layout.MAX_ZSTD_WINDOW} bytes "
+                      f"({params.window_size})")
+    limit = layout.max_index_text(file_size)
+    if size > limit:
+        raise LimitExceededError(f"[I-0a] compressed index declares {size} bytes, over the "
+                                 f"{limit}-byte limit for a file of {file_size} bytes")
     try:
         out = zstandard.ZstdDecompressor().decompress(frame, max_output_size=size,
                                                        allow_extra_data=False)
     except zstandard.ZstdError as exc:
-        _fail(f"compressed index: corrupt zstd frame ({exc})")
+        _fail("I-0b", f"compressed index: corrupt zstd frame ({exc})")
     if len(out) != size:
-        _fail(f"compressed index: frame decoded to {len(out)} bytes, declared {size}")
+        _fail("I-0b", f"compressed index: frame decoded to {len(out)} bytes, declared {size}")
     return out
 
 
@@ -132,14 +139,15 @@ def _is_int(x, lo: int = 0, hi: int = 1 << 63) -> bool:
     return type(x) is int and lo <= x <= hi
 
 
-def _fail(msg: str):
-    raise CorruptError(f"invalid index: {msg}")
+def _fail(rule: str, msg: str):
+    """Raise the CorruptError of a rule of spec section 16 (its id first in the message)."""
+    raise CorruptError(f"[{rule}] invalid index: {msg}")
 
 
 def _reject_duplicate_keys(pairs):
     keys = [k for k, _ in pairs]
     if len(set(keys)) != len(keys):
-        _fail("duplicate key in a JSON object")
+        _fail("I-1", "duplicate key in a JSON object")
     return dict(pairs)
 
 
@@ -155,113 +163,141 @@ def _is_unicode(text) -> bool:
 
 
 def _reject_constant(name: str):
-    _fail(f"{name} is not valid JSON")
+    _fail("I-1", f"{name} is not valid JSON")
 
 
 def check_name(name) -> None:
     """Names are non-empty Unicode strings of at most MAX_NAME_BYTES UTF-8 bytes."""
     if not _is_unicode(name) or not name:
-        _fail(f"tensor name {name!r} is not a non-empty Unicode string")
+        _fail("I-7", f"tensor name {name!r} is not a non-empty Unicode string")
     if len(name.encode("utf-8")) > layout.MAX_NAME_BYTES:
-        raise LimitExceededError(f"tensor name longer than {layout.MAX_NAME_BYTES} bytes")
+        raise LimitExceededError(f"[I-7] tensor name longer than {layout.MAX_NAME_BYTES} bytes")
 
 
 def check_metadata(metadata) -> None:
     if not isinstance(metadata, dict) or not all(
             _is_unicode(k) and _is_unicode(v) for k, v in metadata.items()):
-        _fail("metadata must map Unicode strings to Unicode strings")
+        _fail("I-4", "metadata must map Unicode strings to Unicode strings")
     if len(metadata) > layout.MAX_METADATA_ENTRIES:
-        raise LimitExceededError(f"more than {layout.MAX_METADATA_ENTRIES} metadata entries")
+        raise LimitExceededError(f"[I-4] more than {layout.MAX_METADATA_ENTRIES} metadata "
+                                 f"entries")
 
 
 def check_shape(shape, itemsize: int = 1) -> tuple[int, ...]:
     """Dimensions are integers in [0, 2^63]; the product of the non-zero ones times the
     item size is at most MAX_TENSOR_BYTES (so even an empty tensor has a sane shape)."""
     if not isinstance(shape, list) or not all(_is_int(d) for d in shape):
-        _fail(f"shape {shape!r} is not a list of non-negative integers")
+        _fail("I-9", f"shape {shape!r} is not a list of non-negative integers")
     if len(shape) > layout.MAX_NDIM:
-        raise LimitExceededError(f"tensor has {len(shape)} dimensions (limit {layout.MAX_NDIM})")
+        raise LimitExceededError(f"[I-9] tensor has {len(shape)} dimensions (limit "
+                                 f"{layout.MAX_NDIM})")
     if math.prod(d for d in shape if d) * itemsize > layout.MAX_TENSOR_BYTES:
-        raise LimitExceededError(f"shape {shape} exceeds {layout.MAX_TENSOR_BYTES} bytes")
+        raise LimitExceededError(f"[I-9] shape {shape} exceeds {layout.MAX_TENSOR_BYTES} bytes")
     return tuple(shape)
+
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def check_base(base) -> None:
+    """The ``base`` object of a delta file: exactly ``file`` (a non-empty name), ``sha256``
+    (64 lowercase hex digits) and, since 1.5, optionally ``digest`` (the definition of the
+    decode digest, an integer >= 1; absent means 1)."""
+    if not (isinstance(base, dict) and set(base) - {"digest"} == {"file", "sha256"}
+            and _is_unicode(base["file"]) and base["file"]
+            and isinstance(base["sha256"], str) and _SHA256_HEX.fullmatch(base["sha256"])
+            and _is_int(base.get("digest", 1), 1)):
+        _fail("I-5a", 'base must be {"file": name, "sha256": 64 lowercase hex digits} '
+                      'and optionally "digest": a positive integer')
 
 
 def _parse_chunk(raw, data_end: int) -> Chunk:
     if not isinstance(raw, list) or len(raw) != 5:
-        _fail("a chunk must be [offset, length, crc, size, coding]")
+        _fail("I-13", "a chunk must be [offset, length, crc, size, coding]")
     offset, length, crc, size, coding = raw
     if not (_is_int(offset) and _is_int(length) and _is_int(crc, 0, 0xFFFFFFFF)
-            and _is_int(size)):
-        _fail(f"chunk fields must be non-negative integers: {raw!r}")
+            and _is_int(size) and isinstance(coding, str)):
+        _fail("I-13", f"chunk fields must be non-negative integers and a coding: {raw!r}")
     if coding not in ("zstd", "raw"):
-        raise UnknownCodecError(f"invalid index: unknown chunk coding {coding!r}")
+        raise UnknownCodecError(f"[I-13] invalid index: unknown chunk coding {coding!r}")
     if size > layout.MAX_CHUNK_BYTES:
-        raise LimitExceededError(f"chunk decodes to {size} bytes (limit {layout.MAX_CHUNK_BYTES})")
+        raise LimitExceededError(f"[I-13] chunk decodes to {size} bytes (limit "
+                                 f"{layout.MAX_CHUNK_BYTES})")
     if offset % layout.ALIGNMENT or offset < layout.HEADER_SIZE:
-        _fail(f"chunk offset {offset} is not an aligned offset after the header")
+        _fail("I-13", f"chunk offset {offset} is not an aligned offset after the header")
     if offset + layout.RECORD_HEADER_SIZE + length > data_end:
-        _fail(f"chunk at offset {offset} extends past the data section")
+        _fail("I-13", f"chunk at offset {offset} extends past the data section")
     return Chunk(offset, length, crc, size, coding)
+
+
+def _is_report_value(value) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
 
 
 def _parse_tensor(raw, data_end: int) -> TensorEntry:
     if not isinstance(raw, dict):
-        _fail("a tensor entry must be an object")
+        _fail("I-6", "a tensor entry must be an object")
     for key in ("name", "dtype", "shape", "chunk_elements", "codec", "streams"):
         if key not in raw:
-            _fail(f"tensor entry lacks {key!r}")
+            _fail("I-6", f"tensor entry lacks {key!r}")
     check_name(raw["name"])
-    dtype = dtypes.by_name(raw["dtype"])
+    dtype = dtypes.BY_NAME.get(raw["dtype"]) if isinstance(raw["dtype"], str) else None
+    if dtype is None:
+        raise UnknownCodecError(f"[I-8] invalid index: unknown dtype {raw['dtype']!r}")
     shape = check_shape(raw["shape"], dtype.itemsize)
     per_chunk = raw["chunk_elements"]
     if not _is_int(per_chunk, 1):
-        _fail(f"chunk_elements {per_chunk!r} is not a positive integer")
+        _fail("I-10", f"chunk_elements {per_chunk!r} is not a positive integer")
     if per_chunk * dtype.itemsize > layout.MAX_CHUNK_BYTES:
-        raise LimitExceededError(f"chunks of {per_chunk} elements exceed "
+        raise LimitExceededError(f"[I-10] chunks of {per_chunk} elements exceed "
                                  f"{layout.MAX_CHUNK_BYTES} bytes")
     codec = raw["codec"]
     if not isinstance(codec, list) or not codec or not all(
             isinstance(s, dict) and isinstance(s.get("id"), str) for s in codec):
-        _fail("codec must be a non-empty list of objects with a string 'id'")
+        _fail("I-11", "codec must be a non-empty list of objects with a string 'id'")
     streams = raw["streams"]
     if not isinstance(streams, list) or not all(isinstance(s, list) for s in streams):
-        _fail("streams must be a list of chunk lists")
+        _fail("I-11", "streams must be a list of chunk lists")
     report = raw.get("report")
-    if report is not None and not (isinstance(report, dict) and all(
-            isinstance(v, (str, int, float, bool)) or v is None for v in report.values())):
-        _fail("report must be a flat JSON object")
+    if report is not None and not (isinstance(report, dict)
+                                   and all(map(_is_report_value, report.values()))):
+        _fail("I-11a", "report must be an object whose values are strings, numbers, "
+                       "booleans or null")
     entry = TensorEntry(raw["name"], dtype, shape, codec, per_chunk, report=report)
     if any(len(s) != entry.chunk_count for s in streams):
-        _fail(f"tensor {entry.name!r}: every stream needs {entry.chunk_count} chunks")
+        _fail("I-12", f"tensor {entry.name!r}: every stream needs {entry.chunk_count} chunks")
     entry.streams = [[_parse_chunk(c, data_end) for c in s] for s in streams]
     return entry
 
 
-def parse(payload: bytes, data_end: int) -> Index:
-    """Parse and validate an index payload; ``data_end`` is the offset of the index record."""
+def parse(payload: bytes, data_end: int, file_size: int | None = None) -> Index:
+    """Parse and validate an index payload (the JSON text); ``data_end`` is the offset of the
+    index record, ``file_size`` the size of the file (default: what a file with this plain
+    index would have), which bounds the number of tensors (spec rule I-3)."""
+    if file_size is None:
+        file_size = layout.file_size(data_end, len(payload))
     try:
         doc = json.loads(payload.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys,
                          parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:  # bad UTF-8, bad JSON, huge ints
-        _fail(f"not valid UTF-8 JSON ({exc})")
+        _fail("I-1", f"not valid UTF-8 JSON ({exc})")
     if not isinstance(doc, dict) or not isinstance(doc.get("tensors"), list):
-        _fail("top level must be an object with a 'tensors' list")
-    if len(doc["tensors"]) > layout.MAX_TENSORS:
-        raise LimitExceededError(f"more than {layout.MAX_TENSORS} tensors")
+        _fail("I-2", "top level must be an object with a 'tensors' list")
+    limit = layout.max_tensors(file_size)
+    if len(doc["tensors"]) > limit:
+        raise LimitExceededError(f"[I-3] {len(doc['tensors'])} tensors, more than the "
+                                 f"{limit} allowed in a file of {file_size} bytes")
     metadata = doc.get("metadata", {})
     check_metadata(metadata)
     header = doc.get("safetensors_header")
     if header is not None and not isinstance(header, str):
-        _fail("safetensors_header must be a string")
+        _fail("I-5", "safetensors_header must be a string")
     base = doc.get("base")
-    if base is not None and not (
-            isinstance(base, dict) and set(base) == {"file", "sha256"}
-            and _is_unicode(base["file"]) and base["file"]
-            and isinstance(base["sha256"], str) and re.fullmatch(r"[0-9a-f]{64}", base["sha256"])):
-        _fail("base must be {\"file\": name, \"sha256\": 64 lowercase hex digits}")
+    if base is not None:
+        check_base(base)
     tensors = [_parse_tensor(t, data_end) for t in doc["tensors"]]
     if len({t.name for t in tensors}) != len(tensors):
-        _fail("duplicate tensor names")
+        _fail("I-14", "duplicate tensor names")
     _check_no_overlap(tensors)
     return Index(tensors, metadata, header, base)
 
@@ -271,4 +307,4 @@ def _check_no_overlap(tensors: list[TensorEntry]) -> None:
                    for t in tensors for s in t.streams for c in s)
     for (_, end), (start, _) in zip(spans, spans[1:]):
         if start < end:
-            _fail(f"records overlap at offset {start}")
+            _fail("I-15", f"records overlap at offset {start}")

@@ -12,7 +12,7 @@ from ..errors import (ChecksumError, CorruptError, TruncatedError, UnsupportedFe
 
 MAGIC = b"\x89INK\r\n\x1a\n"
 VERSION_MAJOR = 1
-VERSION_MINOR = 4           # the newest minor this code writes and reads
+VERSION_MINOR = 5           # the newest minor this code writes and reads
 MINOR_FOR_STAGE = {"bytegroup": 0, "quant": 1, "xor": 2, "codedelta": 2,
                    "factored": 4}  # lowest minor needed
 ALIGNMENT = 64
@@ -37,6 +37,30 @@ MAX_NDIM = 32
 MAX_TENSOR_BYTES = 1 << 48
 MAX_CHUNK_BYTES = 64 << 20
 MAX_METADATA_ENTRIES = 65_536
+MAX_ZSTD_WINDOW = 1 << 27   # Window_Size of any zstd frame (chunks and the index)
+# What the index may cost to parse grows with the file, not with what a small file declares
+# (spec section 15): a compressed index may expand to at most INDEX_EXPANSION times the file
+# size (at least FREE_INDEX_BYTES), and every tensor beyond FREE_TENSORS needs RECORD_SPAN
+# bytes of file, what one chunk record of a non-empty tensor takes at the least.
+INDEX_EXPANSION = 4
+FREE_INDEX_BYTES = 1 << 20
+FREE_TENSORS = 1024
+RECORD_SPAN = ALIGNMENT
+
+
+def file_size(index_offset: int, index_length: int) -> int:
+    """The size of a file whose index record is at ``index_offset`` with this payload."""
+    return index_offset + RECORD_HEADER_SIZE + index_length + TAIL_SIZE
+
+
+def max_index_text(size: int) -> int:
+    """The longest index text (decompressed) a file of ``size`` bytes may have."""
+    return min(MAX_INDEX_BYTES, max(FREE_INDEX_BYTES, INDEX_EXPANSION * size))
+
+
+def max_tensors(size: int) -> int:
+    """The most tensors a file of ``size`` bytes may hold."""
+    return min(MAX_TENSORS, FREE_TENSORS + size // RECORD_SPAN)
 
 _HEADER = struct.Struct("<8sHHIQQ28sI")        # magic, major, minor, size, req, opt, zero, crc
 _RECORD = struct.Struct("<4sB3sQI8sI")         # tag, kind, zero, length, payload crc, zero, crc
@@ -63,21 +87,22 @@ def read_header(data: bytes) -> tuple[tuple[int, int], int]:
     """Validate the fixed header (raising the typed error that names the first problem);
     return ((major, minor), required feature bits)."""
     if len(data) < HEADER_SIZE:
-        raise TruncatedError(f"file is {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header")
+        raise TruncatedError(f"[H-1] file is {len(data)} bytes, shorter than the "
+                             f"{HEADER_SIZE}-byte header")
     magic, major, minor, size, required, _optional, reserved, crc = _HEADER.unpack(data[:HEADER_SIZE])
     if magic != MAGIC:
-        raise CorruptError("not an .ink file (bad magic)")
+        raise CorruptError("[H-2] not an .ink file (bad magic)")
     if major != VERSION_MAJOR:  # before the CRC: another major may lay the header out anew
         raise UnsupportedVersionError(
-            f"format version {major}.{minor} is not supported (this reader implements "
+            f"[H-3] format version {major}.{minor} is not supported (this reader implements "
             f"{VERSION_MAJOR}.x)")
     if crc32(data[:HEADER_SIZE - 4]) != crc:
-        raise ChecksumError("header checksum mismatch")
+        raise ChecksumError("[H-4] header checksum mismatch")
     if size != HEADER_SIZE or reserved != bytes(28):
-        raise CorruptError("header reserved fields are not zero")
+        raise CorruptError("[H-5] header reserved fields are not zero")
     unknown = required & ~KNOWN_REQUIRED_FEATURES
     if unknown:
-        raise UnsupportedFeatureError(f"file requires unknown feature bits {unknown:#x}")
+        raise UnsupportedFeatureError(f"[H-6] file requires unknown feature bits {unknown:#x}")
     return (major, minor), required
 
 
@@ -93,14 +118,15 @@ def pack_record_header(kind: int, payload, payload_crc: int | None = None) -> by
 def parse_record_header(data: bytes, offset: int) -> tuple[int, int, int]:
     """Return (kind, payload length, payload crc) of the record header at ``offset``."""
     if len(data) < RECORD_HEADER_SIZE:
-        raise TruncatedError(f"record header at offset {offset} is truncated")
+        raise TruncatedError(f"[R-0] record header at offset {offset} is truncated")
     tag, kind, zero3, length, payload_crc, zero8, crc = _RECORD.unpack(data[:RECORD_HEADER_SIZE])
     if tag != RECORD_TAG:
-        raise CorruptError(f"no record at offset {offset} (bad tag)")
+        raise CorruptError(f"[R-1] no record at offset {offset} (bad tag)")
     if crc32(data[:RECORD_HEADER_SIZE - 4]) != crc:
-        raise ChecksumError(f"record header checksum mismatch at offset {offset}")
+        raise ChecksumError(f"[R-2] record header checksum mismatch at offset {offset}")
     if zero3 != bytes(3) or zero8 != bytes(8) or kind not in (KIND_CHUNK, KIND_INDEX):
-        raise CorruptError(f"record header at offset {offset} has bad kind or reserved bytes")
+        raise CorruptError(f"[R-3] record header at offset {offset} has bad kind or reserved "
+                           f"bytes")
     return kind, length, payload_crc
 
 
@@ -113,7 +139,8 @@ def parse_tail(data: bytes) -> tuple[int, int, int]:
     """Return (index record offset, index payload length, index crc) from the last 32 bytes."""
     index_offset, length, index_crc, crc, magic = _TAIL.unpack(data)
     if magic != MAGIC:
-        raise TruncatedError("file does not end with the .ink magic (truncated or not .ink)")
+        raise TruncatedError("[T-1] file does not end with the .ink magic (truncated or not "
+                             ".ink)")
     if crc32(data[:20]) != crc:
-        raise ChecksumError("tail checksum mismatch")
+        raise ChecksumError("[T-2] tail checksum mismatch")
     return index_offset, length, index_crc

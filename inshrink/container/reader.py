@@ -43,7 +43,8 @@ class ContainerReader:
     def _pread(self, length: int, offset: int) -> bytes:
         data = os.pread(self._fd, length, offset)
         if len(data) != length:
-            raise TruncatedError(f"{self.path}: file ends inside a structure at offset {offset}")
+            raise TruncatedError(f"[R-0] {self.path}: file ends inside a structure at offset "
+                                 f"{offset}")
         return data
 
     def _read_index(self) -> Index:
@@ -51,34 +52,36 @@ class ContainerReader:
         if self.size < minimum:
             head = os.pread(self._fd, layout.HEADER_SIZE, 0)
             if not layout.MAGIC.startswith(head[:len(layout.MAGIC)]):
-                raise CorruptError(f"{self.path}: not an .ink file (bad magic)")
-            raise TruncatedError(f"{self.path}: {self.size} bytes is too short for an .ink file")
+                raise CorruptError(f"[H-1] {self.path}: not an .ink file (bad magic)")
+            raise TruncatedError(f"[H-1] {self.path}: {self.size} bytes is too short for an "
+                                 f".ink file")
         self.version, required = layout.read_header(self._pread(layout.HEADER_SIZE, 0))
         index_offset, length, index_crc = layout.parse_tail(
             self._pread(layout.TAIL_SIZE, self.size - layout.TAIL_SIZE))
         if length > layout.MAX_INDEX_BYTES:
-            raise LimitExceededError(f"index of {length} bytes exceeds the "
+            raise LimitExceededError(f"[T-3] index of {length} bytes exceeds the "
                                      f"{layout.MAX_INDEX_BYTES}-byte limit")
-        expected_end = index_offset + layout.RECORD_HEADER_SIZE + length + layout.TAIL_SIZE
         if (index_offset % layout.ALIGNMENT or index_offset < layout.HEADER_SIZE
-                or expected_end != self.size):
-            raise CorruptError("tail does not point at an index record ending before it")
+                or layout.file_size(index_offset, length) != self.size):
+            raise CorruptError("[T-4] tail does not point at an index record ending before it")
         payload = self.read_record(index_offset, length, index_crc, layout.KIND_INDEX)
         if required & layout.FEATURE_ZINDEX:
-            payload = unpack_index(payload)
-        index = parse(payload, index_offset)
+            payload = unpack_index(payload, self.size)
+        index = parse(payload, index_offset, self.size)
         if bool(required & layout.FEATURE_DELTA) != (index.base is not None):
-            raise CorruptError("the delta feature bit and the index's base reference disagree")
+            raise CorruptError("[I-16] the delta feature bit and the index's base reference "
+                               "disagree")
         return index
 
     def _check_record(self, head, offset: int, kind: int, length: int, crc: int) -> None:
         got_kind, got_length, got_crc = layout.parse_record_header(head, offset)
         if got_kind != kind or got_length != length or got_crc != crc:
-            raise CorruptError(f"record at offset {offset} does not match the index")
+            raise CorruptError(f"[R-4] record at offset {offset} does not match the index")
 
     def _check_payload(self, payload, offset: int, crc: int) -> None:
         if layout.crc32(payload) != crc:
-            raise ChecksumError(f"{self.path}: checksum mismatch in record at offset {offset}")
+            raise ChecksumError(f"[R-5] {self.path}: checksum mismatch in record at offset "
+                                f"{offset}")
 
     def read_record(self, offset: int, length: int, crc: int, kind: int) -> bytes:
         """Read a record's payload after checking its header, length and checksums."""
@@ -108,7 +111,8 @@ class ContainerReader:
                 return [self.read_chunk(c) for c in chunks]
         view = self._buffer(end - start)
         if os.preadv(self._fd, [view], start) != end - start:
-            raise TruncatedError(f"{self.path}: file ends inside a record at offset {start}")
+            raise TruncatedError(f"[R-0] {self.path}: file ends inside a record at offset "
+                                 f"{start}")
         payloads = []
         for c in chunks:
             at = c.offset - start
@@ -123,7 +127,8 @@ class ContainerReader:
     def _mapped_payload(self, c: Chunk) -> memoryview:
         end = c.offset + layout.RECORD_HEADER_SIZE + c.length
         if end > len(self._map):  # the index parser already guarantees this
-            raise TruncatedError(f"{self.path}: record at offset {c.offset} passes the end")
+            raise TruncatedError(f"[R-0] {self.path}: record at offset {c.offset} passes the "
+                                 f"end")
         view = memoryview(self._map)[c.offset:end]
         self._check_record(view[:layout.RECORD_HEADER_SIZE], c.offset, layout.KIND_CHUNK,
                            c.length, c.crc)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 
 from ..atomic import AtomicFile
+from ..errors import CorruptError, InvalidArgumentError, LimitExceededError
 from . import layout
-from .index import Chunk, Index, TensorEntry, pack_index
+from .index import Chunk, Index, TensorEntry, check_base, pack_index
 
 
 class ContainerWriter:
@@ -56,13 +57,23 @@ class ContainerWriter:
     def commit(self, metadata: dict[str, str], safetensors_header: str | None = None,
                base: dict | None = None) -> None:
         """Write index and tail, fsync, and atomically move the file into place (``base``:
-        the file that delta-coded tensors refer to)."""
-        payload = Index(self.tensors, metadata, safetensors_header, base).to_bytes()
-        required = layout.FEATURE_DELTA if base is not None else 0
-        frame = pack_index(payload)
-        if frame is not None:
-            payload = frame
-            required |= layout.FEATURE_ZINDEX
+        the file that delta-coded tensors refer to).
+
+        Raises :class:`~inshrink.errors.LimitExceededError` (or
+        :class:`~inshrink.errors.InvalidArgumentError` for a malformed ``base``) before
+        anything is moved into place when the file would break a limit of the format: a
+        reader would refuse it, so the previous file at the destination is kept.
+        """
+        if base is not None:
+            try:
+                check_base(base)
+            except CorruptError as exc:
+                raise InvalidArgumentError(str(exc)) from None
+        text = Index(self.tensors, metadata, safetensors_header, base).to_bytes()
+        index_offset = self._offset + layout.padding(self._offset)
+        payload, required = self._index_payload(text, index_offset)
+        if base is not None:
+            required |= layout.FEATURE_DELTA
         offset, _ = self._record(layout.KIND_INDEX, payload)
         self._write(layout.pack_tail(offset, payload))
         minor = max((layout.MINOR_FOR_STAGE.get(stage["id"], layout.VERSION_MINOR)
@@ -70,13 +81,35 @@ class ContainerWriter:
         if any(t.report is not None for t in self.tensors):
             minor = max(minor, 1)
         if base is not None:
-            minor = max(minor, 2)
-        if frame is not None:
+            minor = max(minor, 5 if "digest" in base else 2)
+        if required & layout.FEATURE_ZINDEX:
             minor = max(minor, 3)
         if minor:  # the header went out first; mark the lowest minor the file needs
             self._file.flush()
             os.pwrite(self._file.fileno(), layout.pack_header(minor, 0, required), 0)
         self._target.commit()
+
+    def _index_payload(self, text: bytes, index_offset: int) -> tuple[bytes, int]:
+        """The index payload to store (a zstd frame when that is shorter and within the
+        limits, else the JSON text) and its feature bits; LimitExceededError if neither
+        form is a valid index (spec section 15, the rules a reader checks)."""
+        if len(text) > layout.MAX_INDEX_BYTES:  # stored plain or compressed (I-0a), too long
+            raise LimitExceededError(f"[T-3] the index would take {len(text)} bytes (limit "
+                                     f"{layout.MAX_INDEX_BYTES}): too much metadata, or too "
+                                     f"many tensors or chunks")
+        frame = pack_index(text)
+        tensors = len(self.tensors)
+        if frame is not None:
+            size = layout.file_size(index_offset, len(frame))
+            if (len(text) <= layout.max_index_text(size)
+                    and tensors <= layout.max_tensors(size)):
+                return frame, layout.FEATURE_ZINDEX
+        size = layout.file_size(index_offset, len(text))  # the plain JSON text, then
+        if tensors > layout.max_tensors(size):
+            raise LimitExceededError(f"[I-3] {tensors} tensors, more than the "
+                                     f"{layout.max_tensors(size)} allowed in a file of "
+                                     f"{size} bytes")
+        return text, 0
 
     def abort(self) -> None:
         """Discard everything written; the destination is untouched."""

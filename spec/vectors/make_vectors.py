@@ -38,7 +38,7 @@ from inshrink.container.index import TensorEntry, pack_index, unpack_index
 from inshrink.container.writer import ContainerWriter
 from inshrink.convert import compress_safetensors
 from inshrink.policy import Policy, QuantConfig
-from inshrink.series import decode_digest
+from inshrink.digest import base_reference, decode_digest
 
 HERE = Path(__file__).resolve().parent
 FORMAT_VERSION = f"{layout.VERSION_MAJOR}.{layout.VERSION_MINOR}"
@@ -225,7 +225,8 @@ def index_is_compressed(data: bytes) -> bool:
 def index_doc(data: bytes) -> dict:
     """The parsed index document of a valid file, compressed (``zindex``) or not."""
     _, payload = index_location(data)
-    return json.loads(unpack_index(payload) if index_is_compressed(data) else payload)
+    return json.loads(unpack_index(payload, len(data)) if index_is_compressed(data)
+                      else payload)
 
 
 def edit_index(data: bytes, edit: Callable[[dict], None]) -> bytes:
@@ -423,15 +424,18 @@ def build_codings(path: Path) -> dict:
 
 def quant_reference_decode(path: Path, base_codes: dict | None = None,
                            codes_out: dict | None = None) -> Tensors:
-    """Decode the quant tensors of a file with plain numpy, independently of the library's
-    decoder (spec sections 10.6 and 10.8): unpack codes, undo a code delta against
-    ``base_codes``, look levels up, place escaped values. Codes go to ``codes_out``."""
+    """Decode the quant tensors of a file (the others are skipped) with plain numpy,
+    independently of the library's decoder (spec sections 10.6 and 10.8): unpack codes, undo a
+    code delta against ``base_codes``, look levels up, place escaped values. Codes go to
+    ``codes_out``."""
     from inshrink.container.reader import ContainerReader
     reader = ContainerReader(path, use_mmap=False)
     out = {}
     try:
         for entry in reader.index.tensors:
             stage = entry.codec[-1]
+            if stage["id"] != "quant":
+                continue
             modulus = entry.codec[0]["modulus"] if entry.codec[0]["id"] == "codedelta" else None
             all_codes = np.empty(entry.numel, np.int64)
             word = np.dtype(f"<u{entry.dtype.itemsize}")
@@ -524,14 +528,16 @@ def build_delta_base(path: Path) -> dict:
 
 @positive("delta", "delta file (format 1.2, feature bit delta): tensors XORed with those of "
                    "delta_base.ink (chain [xor, bytegroup]), a reshaped and a new tensor stored "
-                   "standalone; decode with delta_base.ink's tensors as the base",
+                   "standalone; base.sha256 is delta_base's decode digest by definition 1 (no "
+                   "digest member); decode with delta_base.ink's tensors as the base",
           base="delta_base")
 def build_delta(path: Path) -> dict:
     base, nxt = delta_tensors()
     with tempfile.TemporaryDirectory() as tmp:
         base_path = Path(tmp) / "delta_base.ink"
         write_plain(base_path, base)
-        base_file = {"file": "delta_base.ink", "sha256": decode_digest(base, {})}
+        # written by format 1.2: decode digest definition 1, no "digest" member
+        base_file = {"file": "delta_base.ink", "sha256": decode_digest(base, {}, version=1)}
     with inshrink.Writer(path, threads=1, base=base, base_file=base_file) as w:
         for name, arr in nxt.items():
             w.add(name, arr)
@@ -556,8 +562,9 @@ def build_qdelta_base(path: Path) -> dict:
 
 
 @positive("qdelta", "code delta (stage codedelta, format 1.2): codes stored as (base - current) "
-                    "mod B regrouped by the base code; decode with qdelta_base.ink's tensors "
-                    "and codes as the base", base="qdelta_base")
+                    "mod B regrouped by the base code; base.sha256 by decode digest definition "
+                    "1; decode with qdelta_base.ink's tensors and codes as the base",
+          base="qdelta_base")
 def build_qdelta(path: Path) -> dict:
     base, nxt = qdelta_tensors()
     with tempfile.TemporaryDirectory() as tmp:
@@ -565,13 +572,76 @@ def build_qdelta(path: Path) -> dict:
         with inshrink.Writer(base_path, threads=1, policy=QDELTA_POLICY, keep_codes=True) as w:
             w.add("layer.weight", base["layer.weight"])
         codes = w.codes
-        base_file = {"file": "qdelta_base.ink", "sha256": decode_digest({}, codes)}
+        base_file = {"file": "qdelta_base.ink", "sha256": decode_digest({}, codes, version=1)}
         reference_codes: dict = {}
         quant_reference_decode(base_path, codes_out=reference_codes)
     with inshrink.Writer(path, threads=1, policy=QDELTA_POLICY, base_codes=codes,
                          base_file=base_file) as w:
         w.add("layer.weight", nxt["layer.weight"])
     return contents(quant_reference_decode(path, base_codes=reference_codes))
+
+
+def digest2_tensors() -> tuple[Tensors, Tensors]:
+    """Two consecutive checkpoints of a tiny training run: a 0-d step counter, BF16 and FP8
+    weights, a quantized F32 matrix."""
+    w = mantissa_noise_f32("digest2-w", 128).astype(ml_dtypes.bfloat16).reshape(8, 16)
+    scale = (np.frombuffer(prng_bytes("digest2-scale", 16), np.uint8) & np.uint8(0x3F))
+    q = (mantissa_noise_f32("digest2-q", 256) - np.float32(1.5)).reshape(16, 16)
+    drift_w = w.copy()
+    drift_w[::2] = (drift_w[::2].astype(np.float32) * np.float32(1.0078125)).astype(
+        ml_dtypes.bfloat16)
+    drift_q = q.copy()
+    drift_q[::7] *= np.float32(1.001)
+    base = {"optimizer.state.0.step": np.array(100.0, "<f4"), "model.w": w,
+            "model.scale": scale.view(ml_dtypes.float8_e4m3fn), "model.q": q}
+    nxt = {"optimizer.state.0.step": np.array(101.0, "<f4"), "model.w": drift_w,
+           "model.scale": base["model.scale"].copy(), "model.q": drift_q}
+    return base, nxt
+
+
+DIGEST2_POLICY = Policy(overrides={"model.q": QuantConfig(bins=4, protect=0.0)})
+
+
+def write_digest2_base(path: Path) -> tuple[Tensors, dict]:
+    """Write the keyframe; return what it decodes to and its codes (by the reference decoder)."""
+    base, _ = digest2_tensors()
+    write_plain(path, base, policy=DIGEST2_POLICY)
+    codes: dict = {}
+    decoded = dict(base)
+    decoded.update(quant_reference_decode(path, codes_out=codes))
+    return decoded, codes
+
+
+@positive("digest2_base", "keyframe of a keyframe + delta pair identified by decode digest "
+                          "definition 2: a 0-d F32 tensor, a BF16 and an F8_E4M3 tensor, a "
+                          "quantized F32 tensor (4 levels)")
+def build_digest2_base(path: Path) -> dict:
+    decoded, _ = write_digest2_base(path)
+    return contents(decoded)
+
+
+@positive("digest2", "delta file (format 1.5) whose base object carries \"digest\": 2: "
+                     "base.sha256 is digest2_base's decode digest by definition 2 (section "
+                     "23.1); tensors as [xor, bytegroup] and [codedelta, quant]; decode with "
+                     "digest2_base.ink's lossless tensors and codes as the base",
+          base="digest2_base")
+def build_digest2(path: Path) -> dict:
+    base, nxt = digest2_tensors()
+    with tempfile.TemporaryDirectory() as tmp:
+        decoded, codes = write_digest2_base(Path(tmp) / "digest2_base.ink")
+    exact = {name: decoded[name] for name in decoded if name not in codes}
+    base_file = base_reference("digest2_base.ink", exact, codes)
+    with inshrink.Writer(path, threads=1, policy=DIGEST2_POLICY, base=exact,
+                         base_codes=codes, base_file=base_file) as w:
+        for name, arr in nxt.items():
+            w.add(name, arr)
+    doc = index_doc(path.read_bytes())
+    chains = {t["name"]: [s["id"] for s in t["codec"]] for t in doc["tensors"]}
+    assert chains["model.w"] == ["xor", "bytegroup"], chains
+    assert chains["model.q"] == ["codedelta", "quant"], chains
+    result = dict(nxt)
+    result.update(quant_reference_decode(path, base_codes=codes))
+    return contents(result)
 
 
 @positive("metadata", "user metadata (Unicode, empty value, escapes) and Unicode tensor names")
@@ -713,22 +783,22 @@ def build_factored(path: Path) -> dict:
 # --------------------------------------------------------------------------------------------
 
 class Negative:
-    """A negative vector: ``patch(base bytes)`` returns the bad file."""
+    """A negative vector: ``patch(base bytes)`` returns the bad file, which fails ``rule``."""
 
-    def __init__(self, name, base, error, raised_by, description, patch) -> None:
-        self.name, self.base, self.error = name, base, error
+    def __init__(self, name, base, error, raised_by, rule, description, patch) -> None:
+        self.name, self.base, self.error, self.rule = name, base, error, rule
         self.raised_by, self.description, self.patch = raised_by, description, patch
 
 
 NEGATIVE: list[Negative] = []
 
 
-def negative(name: str, base: str, error: str, raised_by: str, description: str):
+def negative(name: str, base: str, error: str, raised_by: str, rule: str, description: str):
     assert hasattr(inshrink.errors, error), error
     assert raised_by in ("open", "read")
 
     def register(fn):
-        NEGATIVE.append(Negative(name, base, error, raised_by, description, fn))
+        NEGATIVE.append(Negative(name, base, error, raised_by, rule, description, fn))
         return fn
     return register
 
@@ -737,51 +807,51 @@ def first_chunk(data: bytes, tensor: int = 0, stream: int = 0, chunk: int = 0) -
     return index_doc(data)["tensors"][tensor]["streams"][stream][chunk]
 
 
-@negative("bad_magic", "minimal", "CorruptError", "open",
+@negative("bad_magic", "minimal", "CorruptError", "open", "H-2",
           "first byte of the magic changed from 0x89 to 0x88")
 def neg_bad_magic(data: bytes) -> bytes:
     return b"\x88" + data[1:]
 
 
-@negative("truncated_tail", "minimal", "TruncatedError", "open",
+@negative("truncated_tail", "minimal", "TruncatedError", "open", "T-1",
           "last byte removed: the file no longer ends with the magic")
 def neg_truncated_tail(data: bytes) -> bytes:
     return data[:-1]
 
 
-@negative("truncated_short", "minimal", "TruncatedError", "open",
+@negative("truncated_short", "minimal", "TruncatedError", "open", "H-1",
           "only the first 100 bytes (less than header + record header + tail)")
 def neg_truncated_short(data: bytes) -> bytes:
     return data[:100]
 
 
-@negative("bad_header_crc", "minimal", "ChecksumError", "open",
+@negative("bad_header_crc", "minimal", "ChecksumError", "open", "H-4",
           "header CRC field (offset 60) incremented")
 def neg_bad_header_crc(data: bytes) -> bytes:
     crc = struct.unpack_from("<I", data, 60)[0]
     return patch_header(data, fix_crc=False, crc=(crc + 1) & 0xFFFFFFFF)
 
 
-@negative("unsupported_major", "minimal", "UnsupportedVersionError", "open",
+@negative("unsupported_major", "minimal", "UnsupportedVersionError", "open", "H-3",
           "major version 2, header CRC fixed")
 def neg_unsupported_major(data: bytes) -> bytes:
     return patch_header(data, major=2)
 
 
-@negative("unknown_required_feature", "minimal", "UnsupportedFeatureError", "open",
-          "required feature bit 1 (unknown) set, header CRC fixed")
+@negative("unknown_required_feature", "minimal", "UnsupportedFeatureError", "open", "H-6",
+          "required feature bit 63 (not defined) set, header CRC fixed")
 def neg_unknown_required_feature(data: bytes) -> bytes:
     return patch_header(data, required=1 << 63)
 
 
-@negative("zindex_bad_frame", "zindex", "CorruptError", "open",
+@negative("zindex_bad_frame", "zindex", "CorruptError", "open", "I-0a",
           "the compressed index replaced by bytes that are not a zstd frame; record header and "
           "tail CRCs fixed")
 def neg_zindex_bad_frame(data: bytes) -> bytes:
     return replace_index_payload(data, b"not a zstd frame")
 
 
-@negative("zindex_no_size", "zindex", "CorruptError", "open",
+@negative("zindex_no_size", "zindex", "CorruptError", "open", "I-0a",
           "the compressed index re-written as a zstd frame that does not declare its content "
           "size; record header and tail CRCs fixed")
 def neg_zindex_no_size(data: bytes) -> bytes:
@@ -790,7 +860,7 @@ def neg_zindex_no_size(data: bytes) -> bytes:
     return replace_index_payload(data, frame)
 
 
-@negative("zindex_over_limit", "zindex", "LimitExceededError", "open",
+@negative("zindex_over_limit", "zindex", "LimitExceededError", "open", "I-0a",
           "the compressed index replaced by a small zstd frame that declares 64 MiB + 1 bytes "
           "of content (zeros); record header and tail CRCs fixed")
 def neg_zindex_over_limit(data: bytes) -> bytes:
@@ -799,19 +869,19 @@ def neg_zindex_over_limit(data: bytes) -> bytes:
     return replace_index_payload(data, frame)
 
 
-@negative("delta_without_base", "minimal", "CorruptError", "open",
+@negative("delta_without_base", "minimal", "CorruptError", "open", "I-16",
           "required feature bit 0 (delta) set, but the index names no base file; CRC fixed")
 def neg_delta_without_base(data: bytes) -> bytes:
     return patch_header(data, required=1)
 
 
-@negative("reserved_nonzero", "minimal", "CorruptError", "open",
+@negative("reserved_nonzero", "minimal", "CorruptError", "open", "H-5",
           "a reserved header byte (offset 40) set to 1, header CRC fixed")
 def neg_reserved_nonzero(data: bytes) -> bytes:
     return patch_header(data, reserved=bytes(8) + b"\x01" + bytes(19))
 
 
-@negative("bad_tail_crc", "minimal", "ChecksumError", "open",
+@negative("bad_tail_crc", "minimal", "ChecksumError", "open", "T-2",
           "tail CRC field incremented")
 def neg_bad_tail_crc(data: bytes) -> bytes:
     at = len(data) - layout.TAIL_SIZE + 20
@@ -819,7 +889,7 @@ def neg_bad_tail_crc(data: bytes) -> bytes:
     return data[:at] + struct.pack("<I", (crc + 1) & 0xFFFFFFFF) + data[at + 4:]
 
 
-@negative("tail_pointer", "minimal", "CorruptError", "open",
+@negative("tail_pointer", "minimal", "CorruptError", "open", "T-4",
           "tail points 64 bytes before the index record (an aligned chunk record); tail CRC fixed")
 def neg_tail_pointer(data: bytes) -> bytes:
     offset, payload = index_location(data)
@@ -827,7 +897,7 @@ def neg_tail_pointer(data: bytes) -> bytes:
     return data[:-layout.TAIL_SIZE] + tail
 
 
-@negative("index_crc_mismatch", "minimal", "ChecksumError", "open",
+@negative("index_crc_mismatch", "minimal", "ChecksumError", "open", "R-5",
           "one byte of the index JSON changed ('\"x\"' -> '\"y\"'); CRCs left as they were")
 def neg_index_crc_mismatch(data: bytes) -> bytes:
     offset, payload = index_location(data)
@@ -837,13 +907,13 @@ def neg_index_crc_mismatch(data: bytes) -> bytes:
     return data[:start] + new + data[start + len(payload):]
 
 
-@negative("index_not_json", "minimal", "CorruptError", "open",
+@negative("index_not_json", "minimal", "CorruptError", "open", "I-1",
           "index payload is not JSON; record header and tail CRCs fixed")
 def neg_index_not_json(data: bytes) -> bytes:
     return replace_index_payload(data, b"{\"tensors\":[}")
 
 
-@negative("duplicate_key", "minimal", "CorruptError", "open",
+@negative("duplicate_key", "minimal", "CorruptError", "open", "I-1",
           "the tensor entry has two 'dtype' keys; CRCs fixed")
 def neg_duplicate_key(data: bytes) -> bytes:
     _, payload = index_location(data)
@@ -852,7 +922,7 @@ def neg_duplicate_key(data: bytes) -> bytes:
     return replace_index_payload(data, new)
 
 
-@negative("unknown_codec_id", "minimal", "UnknownCodecError", "open",
+@negative("unknown_codec_id", "minimal", "UnknownCodecError", "open", "C-1",
           "codec stage id 'bytegroup' replaced by 'bytegroup2'; CRCs fixed")
 def neg_unknown_codec_id(data: bytes) -> bytes:
     def edit(doc):
@@ -860,7 +930,7 @@ def neg_unknown_codec_id(data: bytes) -> bytes:
     return edit_index(data, edit)
 
 
-@negative("unknown_dtype", "minimal", "UnknownCodecError", "open",
+@negative("unknown_dtype", "minimal", "UnknownCodecError", "open", "I-8",
           "dtype 'F32' replaced by 'F24'; CRCs fixed")
 def neg_unknown_dtype(data: bytes) -> bytes:
     def edit(doc):
@@ -868,7 +938,7 @@ def neg_unknown_dtype(data: bytes) -> bytes:
     return edit_index(data, edit)
 
 
-@negative("unknown_coding", "minimal", "UnknownCodecError", "open",
+@negative("unknown_coding", "minimal", "UnknownCodecError", "open", "I-13",
           "chunk coding 'raw' replaced by 'lz4'; CRCs fixed")
 def neg_unknown_coding(data: bytes) -> bytes:
     def edit(doc):
@@ -876,7 +946,7 @@ def neg_unknown_coding(data: bytes) -> bytes:
     return edit_index(data, edit)
 
 
-@negative("ndim_limit", "scalar", "LimitExceededError", "open",
+@negative("ndim_limit", "scalar", "LimitExceededError", "open", "I-9",
           "a 0-d tensor's shape replaced by 33 ones (one element, so chunking stays valid); "
           "CRCs fixed")
 def neg_ndim_limit(data: bytes) -> bytes:
@@ -885,7 +955,7 @@ def neg_ndim_limit(data: bytes) -> bytes:
     return edit_index(data, edit)
 
 
-@negative("overlapping_records", "codings", "CorruptError", "open",
+@negative("overlapping_records", "codings", "CorruptError", "open", "I-15",
           "stream 2's chunk offset moved 64 bytes into stream 1's 288-byte record; CRCs fixed")
 def neg_overlapping_records(data: bytes) -> bytes:
     def edit(doc):
@@ -895,7 +965,7 @@ def neg_overlapping_records(data: bytes) -> bytes:
     return edit_index(data, edit)
 
 
-@negative("misaligned_chunk", "minimal", "CorruptError", "open",
+@negative("misaligned_chunk", "minimal", "CorruptError", "open", "I-13",
           "a chunk offset moved by 8 bytes (not a multiple of 64); CRCs fixed")
 def neg_misaligned_chunk(data: bytes) -> bytes:
     def edit(doc):
@@ -903,7 +973,7 @@ def neg_misaligned_chunk(data: bytes) -> bytes:
     return edit_index(data, edit)
 
 
-@negative("chunk_past_data", "minimal", "CorruptError", "open",
+@negative("chunk_past_data", "minimal", "CorruptError", "open", "I-13",
           "a chunk offset points at the index record (outside the data section); CRCs fixed")
 def neg_chunk_past_data(data: bytes) -> bytes:
     offset, _ = index_location(data)
@@ -913,7 +983,7 @@ def neg_chunk_past_data(data: bytes) -> bytes:
     return edit_index(data, edit)
 
 
-@negative("stream_count", "minimal", "CorruptError", "open",
+@negative("stream_count", "minimal", "CorruptError", "open", "C-4",
           "an F32 tensor with bytegroup word 4 lists only 3 streams; CRCs fixed")
 def neg_stream_count(data: bytes) -> bytes:
     def edit(doc):
@@ -921,7 +991,7 @@ def neg_stream_count(data: bytes) -> bytes:
     return edit_index(data, edit)
 
 
-@negative("record_mismatch", "minimal", "CorruptError", "read",
+@negative("record_mismatch", "minimal", "CorruptError", "read", "R-4",
           "index says a chunk payload is 1 byte, its record header says 2; CRCs fixed")
 def neg_record_mismatch(data: bytes) -> bytes:
     def edit(doc):
@@ -929,21 +999,21 @@ def neg_record_mismatch(data: bytes) -> bytes:
     return edit_index(data, edit)
 
 
-@negative("record_header_crc", "minimal", "ChecksumError", "read",
+@negative("record_header_crc", "minimal", "ChecksumError", "read", "R-2",
           "a reserved byte of a chunk record header set to 1; that header's CRC left as it was")
 def neg_record_header_crc(data: bytes) -> bytes:
     at = first_chunk(data, stream=2)[0] + 20
     return data[:at] + b"\x01" + data[at + 1:]
 
 
-@negative("chunk_crc_mismatch", "minimal", "ChecksumError", "read",
+@negative("chunk_crc_mismatch", "minimal", "ChecksumError", "read", "R-5",
           "one byte of a chunk payload changed; CRCs left as they were")
 def neg_chunk_crc_mismatch(data: bytes) -> bytes:
     at = first_chunk(data, stream=0)[0] + layout.RECORD_HEADER_SIZE
     return data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1:]
 
 
-@negative("raw_size_mismatch", "minimal", "CorruptError", "read",
+@negative("raw_size_mismatch", "minimal", "CorruptError", "read", "D-1",
           "a raw chunk's payload shortened to 1 byte while its decoded size stays 2; record "
           "header, index entry and CRCs fixed")
 def neg_raw_size_mismatch(data: bytes) -> bytes:
@@ -957,7 +1027,7 @@ def neg_raw_size_mismatch(data: bytes) -> bytes:
     return edit_index(data, edit)
 
 
-@negative("zstd_size_mismatch", "codings", "CorruptError", "read",
+@negative("zstd_size_mismatch", "codings", "CorruptError", "read", "D-3",
           "a zstd chunk replaced by a valid frame whose content size is one byte more than the "
           "index's decoded size; record header, index entry and CRCs fixed")
 def neg_zstd_size_mismatch(data: bytes) -> bytes:
@@ -973,7 +1043,7 @@ def neg_zstd_size_mismatch(data: bytes) -> bytes:
     return edit_index(data, edit)
 
 
-@negative("zstd_trailing_bytes", "codings", "CorruptError", "read",
+@negative("zstd_trailing_bytes", "codings", "CorruptError", "read", "D-4",
           "four bytes appended after a valid zstd frame; record header, index entry and CRCs "
           "fixed")
 def neg_zstd_trailing_bytes(data: bytes) -> bytes:
@@ -989,7 +1059,7 @@ def neg_zstd_trailing_bytes(data: bytes) -> bytes:
     return edit_index(data, edit)
 
 
-@negative("quant_code_range", "quant_f32", "CorruptError", "read",
+@negative("quant_code_range", "quant_f32", "CorruptError", "read", "D-5",
           "the level table cut to 4 levels, so stored codes exceed it; CRCs fixed")
 def neg_quant_code_range(data: bytes) -> bytes:
     def edit(doc):
@@ -998,7 +1068,7 @@ def neg_quant_code_range(data: bytes) -> bytes:
     return edit_index(data, edit)
 
 
-@negative("quant_bits", "quant_f32", "CorruptError", "open",
+@negative("quant_bits", "quant_f32", "CorruptError", "open", "C-3",
           "quant stage with bits 0; CRCs fixed")
 def neg_quant_bits(data: bytes) -> bytes:
     def edit(doc):
@@ -1006,7 +1076,7 @@ def neg_quant_bits(data: bytes) -> bytes:
     return edit_index(data, edit)
 
 
-@negative("factored_columns", "factored", "CorruptError", "open",
+@negative("factored_columns", "factored", "CorruptError", "open", "C-5",
           "the first tensor's column factors cut from 20 to 19, so its chunks of 240 "
           "elements do not hold whole rows; CRCs fixed")
 def neg_factored_columns(data: bytes) -> bytes:
@@ -1016,13 +1086,106 @@ def neg_factored_columns(data: bytes) -> bytes:
     return edit_index(data, edit)
 
 
-@negative("factored_dtype", "factored", "CorruptError", "open",
+@negative("factored_dtype", "factored", "CorruptError", "open", "C-3",
           "the F32 tensor of the factored stage declared F16 (a dtype the stage does not "
           "support); CRCs fixed")
 def neg_factored_dtype(data: bytes) -> bytes:
     def edit(doc):
         doc["tensors"][0]["dtype"] = "F16"
     return edit_index(data, edit)
+
+
+@negative("zstd_window", "codings", "CorruptError", "read", "D-2a",
+          "the zstd chunk of the 200 zero bytes replaced by a valid frame of them (one RLE "
+          "block) whose header declares a Window_Size of 2^28; record header, index entry and "
+          "CRCs fixed")
+def neg_zstd_window(data: bytes) -> bytes:
+    chunk = first_chunk(data, tensor=1, stream=0)
+    assert chunk[4] == "zstd" and chunk[3] == 200
+    size = chunk[3]
+    frame = (b"\x28\xb5\x2f\xfd"            # magic
+             + bytes([0x80, 0x90])             # 4-byte content size, window 2^(10+18)
+             + struct.pack("<I", size)
+             + ((size << 3) | 0b011).to_bytes(3, "little")  # last block, RLE, size
+             + b"\x00")
+    assert zstandard.get_frame_parameters(frame).window_size == 1 << 28
+    data = replace_chunk_payload(data, chunk[0], frame)
+
+    def edit(doc):
+        doc["tensors"][1]["streams"][0][0][1:3] = [len(frame), layout.crc32(frame)]
+    return edit_index(data, edit)
+
+
+@negative("quant_levels_space", "quant_f32", "CorruptError", "open", "C-3",
+          "a space inserted after each of the first 8 bytes of the quant level table (the "
+          "length stays a whole number of elements); CRCs fixed")
+def neg_quant_levels_space(data: bytes) -> bytes:
+    def edit(doc):
+        stage = doc["tensors"][0]["codec"][0]
+        hexed = stage["levels"]
+        stage["levels"] = "".join(hexed[i:i + 2] + " " for i in range(0, 16, 2)) + hexed[16:]
+        assert bytes.fromhex(stage["levels"]) == bytes.fromhex(hexed)
+    return edit_index(data, edit)
+
+
+@negative("report_not_flat", "quant_f32", "CorruptError", "open", "I-11a",
+          "a value of the tensor's report replaced by an array; CRCs fixed")
+def neg_report_not_flat(data: bytes) -> bytes:
+    def edit(doc):
+        doc["tensors"][0]["report"]["bits"] = [4]
+    return edit_index(data, edit)
+
+
+@negative("base_extra_member", "delta", "CorruptError", "open", "I-5a",
+          "the base object gets a member 'x_note' (the object is closed); CRCs fixed")
+def neg_base_extra_member(data: bytes) -> bytes:
+    def edit(doc):
+        doc["base"]["x_note"] = "not allowed"
+    return edit_index(data, edit)
+
+
+@negative("xor_without_base", "delta", "CorruptError", "open", "C-2",
+          "the base object removed and the delta feature bit cleared, so an [xor, bytegroup] "
+          "tensor has nothing to decode against; CRCs fixed")
+def neg_xor_without_base(data: bytes) -> bytes:
+    def edit(doc):
+        del doc["base"]
+    data = edit_index(data, edit)
+    return patch_header(data, required=header_field(data, "required") & ~layout.FEATURE_DELTA)
+
+
+@negative("codedelta_modulus_null", "qdelta", "CorruptError", "open", "C-3a",
+          "the codedelta stage's modulus replaced by null; CRCs fixed")
+def neg_codedelta_modulus_null(data: bytes) -> bytes:
+    def edit(doc):
+        assert doc["tensors"][0]["codec"][0]["id"] == "codedelta"
+        doc["tensors"][0]["codec"][0]["modulus"] = None
+    return edit_index(data, edit)
+
+
+@negative("index_expansion", "zindex", "LimitExceededError", "open", "I-0a",
+          "the compressed index replaced by a frame of the same JSON followed by 2 MiB of "
+          "spaces (valid JSON), more than 4 x the file size and more than 1 MiB; record "
+          "header and tail CRCs fixed")
+def neg_index_expansion(data: bytes) -> bytes:
+    text = dump_index(index_doc(data)) + b" " * (2 << 20)
+    frame = zstandard.ZstdCompressor(level=19, write_content_size=True).compress(text)
+    data = replace_index_payload(data, frame)
+    assert len(text) > layout.max_index_text(len(data))
+    return data
+
+
+@negative("tensor_count", "zindex", "LimitExceededError", "open", "I-3",
+          "1,200 empty tensors added to a compressed index: more than 1,024 + file size / 64; "
+          "CRCs fixed")
+def neg_tensor_count(data: bytes) -> bytes:
+    def edit(doc):
+        doc["tensors"] += [{"name": f"e{i}", "dtype": "U8", "shape": [0], "chunk_elements": 1,
+                            "codec": [{"id": "bytegroup", "word": 1, "rotate": False}],
+                            "streams": [[]]} for i in range(1200)]
+    data = edit_index(data, edit)
+    assert len(index_doc(data)["tensors"]) > layout.max_tensors(len(data))
+    return data
 
 
 # --------------------------------------------------------------------------------------------
@@ -1208,7 +1371,7 @@ def manifest() -> dict:
                       **({"base": f"{v.base}.ink"} if v.base else {})}
                      for v in POSITIVE],
         "negative": [{"name": v.name, "file": f"{v.name}.ink", "base": v.base,
-                      "error": v.error, "raised_by": v.raised_by,
+                      "error": v.error, "raised_by": v.raised_by, "rule": v.rule,
                       "description": v.description}
                      for v in NEGATIVE],
         "extra_files": {"safetensors.safetensors": "original of safetensors.ink",
