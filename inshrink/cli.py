@@ -362,11 +362,16 @@ def _tensor_json(info) -> dict:
 
 
 def _ink_details(path: str) -> dict:
-    """What the index of an .ink file says (opens the index only)."""
+    """What the index of an .ink file says (opens the index only); errors name ``path``."""
+    from .convert import with_path
+    from .errors import InshrinkError
     from .tensorfile import File
-    with File(path, threads=1) as f:
-        return {"format_version": f.format_version, "metadata": f.metadata,
-                "tensors": f.infos()}
+    try:
+        with File(path, threads=1) as f:
+            return {"format_version": f.format_version, "metadata": f.metadata,
+                    "tensors": f.infos()}
+    except InshrinkError as exc:
+        raise with_path(exc, path) from None
 
 
 def _file(path: str, output: str | None, bytes_in: int, bytes_out: int, *,
@@ -462,6 +467,7 @@ def _transfer_summary(args, report: dict, src: str, dst: str) -> None:
 
 def cmd_compress(args, started: float) -> int:
     from . import convert
+    from .errors import InshrinkError
     from .progress import ProgressBar
     src = args.source = args.input
     sources = _files_in(src, ".safetensors")
@@ -480,7 +486,10 @@ def cmd_compress(args, started: float) -> int:
         files = [_converted(os.path.join(src, r.source), os.path.join(dst, r.output), r,
                             os.path.join(dst, r.output)) for r in done]
     else:
-        tensors = convert.compress_safetensors(src, dst, **kwargs)
+        try:
+            tensors = convert.compress_safetensors(src, dst, **kwargs)
+        except InshrinkError as exc:
+            raise convert.with_path(exc, src) from None
         files = [_file(src, dst, os.path.getsize(src), os.path.getsize(dst), tensors=tensors,
                        **_version_and_metadata(dst))]
     bar.finish()
@@ -537,6 +546,7 @@ def _policy(args):
 
 def cmd_decompress(args, started: float) -> int:
     from . import convert
+    from .errors import InshrinkError
     from .progress import ProgressBar
     src = args.source = args.input
     sources = _files_in(src, ".ink")
@@ -558,7 +568,10 @@ def cmd_decompress(args, started: float) -> int:
         files = [_converted(os.path.join(src, r.source), os.path.join(dst, r.output), r,
                             os.path.join(src, r.source)) for r in done]
     else:
-        tensors = convert.decompress_to_safetensors(src, dst, **kwargs)
+        try:
+            tensors = convert.decompress_to_safetensors(src, dst, **kwargs)
+        except InshrinkError as exc:
+            raise convert.with_path(exc, src) from None
         files = [_file(src, dst, os.path.getsize(src), os.path.getsize(dst), tensors=tensors,
                        **_version_and_metadata(src))]
     bar.finish()

@@ -313,6 +313,20 @@ class FileReport:
         return self.tensors is None
 
 
+def with_path(exc: InshrinkError, path: str | os.PathLike) -> InshrinkError:
+    """``exc`` with its message prefixed by ``path`` unless it names it already (a reader's
+    error says what is wrong; which file is wrong is the caller's to say)."""
+    path = os.fspath(path)
+    if path in str(exc):
+        return exc
+    try:
+        named = type(exc)(f"{path}: {exc}")
+    except TypeError:  # a subclass with another signature
+        named = InshrinkError(f"{path}: {exc}")
+    named.__cause__ = exc.__cause__
+    return named
+
+
 def _raise(exc: OSError) -> None:
     raise exc
 
@@ -394,7 +408,10 @@ def _convert_directory(src: str | os.PathLike, dst: str | os.PathLike, convert,
             out_rel = rel[:-len(suffix_in)] + suffix_out if rel.endswith(suffix_in) else rel
             out = os.path.join(staging, out_rel)
             if rel.endswith(suffix_in):
-                tensors = convert(path, out)
+                try:
+                    tensors = convert(path, out)
+                except InshrinkError as exc:
+                    raise with_path(exc, path) from None
             else:
                 shutil.copy2(path, out)  # follows a link: its content is what is stored
                 tensors = None

@@ -164,3 +164,13 @@ def test_names_and_metadata_are_printed_with_control_characters_escaped(tmp_path
     os.replace(tmp_path / "a.ink", tmp_path / "x\x1b[31m.ink")
     r = run("verify", "x\x1b[31m.ink", cwd=tmp_path)
     assert r.returncode == 0 and "x\\x1b[31m.ink" in r.stdout and "\x1b" not in r.stdout
+
+
+def test_errors_in_a_file_name_it_even_inside_a_directory(tmp_path):
+    inshrink.save(tmp_path / "whole.ink", {"w": np.ones((64, 64), np.float32)})
+    (tmp_path / "tree" / "sub").mkdir(parents=True)
+    (tmp_path / "tree" / "sub" / "cut.ink").write_bytes((tmp_path / "whole.ink").read_bytes()[:300])
+    err = one_line_error(run("info", "tree/sub/cut.ink", cwd=tmp_path), 1)
+    assert "tree/sub/cut.ink: " in err
+    err = one_line_error(run("decompress", "tree", cwd=tmp_path), 1)
+    assert "tree/sub/cut.ink: " in err and not (tmp_path / "tree-safetensors").exists()

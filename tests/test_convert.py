@@ -268,3 +268,13 @@ def test_symbolic_links(tmp_path):
     with pytest.raises(errors.InvalidArgumentError, match="link to a directory"):
         convert.compress_directory(src, tmp_path / "c", follow_symlinks=True)
     assert not (tmp_path / "c").exists()
+
+
+def test_an_error_in_a_directory_names_the_file(tmp_path):
+    make_tree(tmp_path / "src")
+    text = json.dumps({"a": {"dtype": "F4", "shape": [2], "data_offsets": [0, 1]}}).encode()
+    (tmp_path / "src" / "unet" / "f4.safetensors").write_bytes(
+        len(text).to_bytes(8, "little") + text + b"\0")
+    with pytest.raises(errors.InvalidArgumentError,
+                       match=r"src/unet/f4.safetensors: tensor 'a': unsupported dtype"):
+        convert.compress_directory(tmp_path / "src", tmp_path / "out")
