@@ -441,8 +441,12 @@ class File:
         Read through a read-only memory map (default; fastest). The file must then not be
         truncated in place by another program while open. ``False`` reads with ``pread``.
     base : mapping of str to numpy.ndarray, optional
-        For a delta file (``File.base`` is set): the decoded tensors of its base file.
-        Reading a delta tensor without them raises :class:`BaseMismatchError`.
+        For a delta file (``File.base`` is set): the decoded lossless tensors of its base file
+        (an XOR delta against a quantized or factored tensor is invalid, spec rule B-1).
+        Reading a delta tensor without them raises :class:`BaseMismatchError`; the file's
+        other tensors read without them. The caller vouches for these tensors: comparing
+        their decode digest with ``File.base["sha256"]`` (:mod:`inshrink.digest`) is left to
+        it, as :class:`inshrink.Series` does.
     base_codes : mapping of str to numpy.ndarray, optional
         For a delta file with code deltas: the base file's codes of its quantized tensors
         (see :meth:`codes`).

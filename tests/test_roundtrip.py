@@ -1,4 +1,6 @@
 """Lossless round trips: bit-exact for every dtype, shape and value."""
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -289,3 +291,29 @@ def test_compressed_index_frames_are_validated():
     with pytest.raises(LimitExceededError, match=r"^\[I-0a\]"):
         unpack_index(big, 500_000)
     assert len(unpack_index(big, 600_000)) == 2 << 20
+
+
+def test_delta_file_reads_without_its_base_where_no_tensor_needs_it(tmp_path):
+    """Spec 8.2: the base is needed only by the xor and codedelta tensors."""
+    base = {"w": np.arange(64, dtype=np.float32)}
+    reference = {"file": "base.ink", "sha256": "0" * 64, "digest": 2}
+    # nothing to gain against an unrelated base: every tensor is stored standalone
+    path = tmp_path / "d.ink"
+    other = {"w": np.random.default_rng(0).standard_normal(64).astype(np.float32),
+             "n": np.arange(5, dtype=np.int32)}
+    with inshrink.Writer(path, threads=1, base=base, base_file=reference) as w:
+        for name, value in other.items():
+            w.add(name, value)
+    with inshrink.open(path) as f:
+        assert f.base == reference and f.format_version == "1.5"
+        assert not any(i.codec.startswith(("xor", "codedelta")) for i in f.infos())
+        loaded = f.load()
+        f.verify()
+    assert all(loaded[k].tobytes() == v.tobytes() for k, v in other.items())
+    # and in a file with an xor tensor, the standalone tensors still read alone
+    vectors = Path(__file__).resolve().parent.parent / "spec" / "vectors"
+    with inshrink.open(vectors / "delta.ink") as f:
+        assert f.info("w").codec.startswith("xor")
+        assert f["new"].tolist() == [7] * 5
+        with pytest.raises(inshrink.errors.BaseMismatchError, match=r"^\[B-1\]"):
+            f["w"]
