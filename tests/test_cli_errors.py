@@ -9,6 +9,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 import inshrink
@@ -174,3 +176,11 @@ def test_errors_in_a_file_name_it_even_inside_a_directory(tmp_path):
     assert "tree/sub/cut.ink: " in err
     err = one_line_error(run("decompress", "tree", cwd=tmp_path), 1)
     assert "tree/sub/cut.ink: " in err and not (tmp_path / "tree-safetensors").exists()
+
+
+@given(st.text())
+def test_clean_text_is_printable_and_leaves_printable_text_alone(text):
+    from inshrink.cli import _clean
+    cleaned = _clean(text)
+    assert cleaned.isprintable()
+    assert (cleaned == text) == text.isprintable()

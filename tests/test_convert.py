@@ -5,6 +5,8 @@ import os
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
 import inshrink
@@ -278,3 +280,16 @@ def test_an_error_in_a_directory_names_the_file(tmp_path):
     with pytest.raises(errors.InvalidArgumentError,
                        match=r"src/unet/f4.safetensors: tensor 'a': unsupported dtype"):
         convert.compress_directory(tmp_path / "src", tmp_path / "out")
+
+
+@given(st.binary(max_size=200) | st.builds(
+    lambda n, body: n.to_bytes(8, "little") + body,
+    st.integers(0, 300), st.binary(max_size=200)))
+def test_any_bytes_give_a_typed_error_or_a_file(tmp_path_factory, content):
+    folder = tmp_path_factory.mktemp("any")
+    (folder / "x.safetensors").write_bytes(content)
+    try:
+        convert.compress_safetensors(folder / "x.safetensors", folder / "x.ink")
+    except errors.InshrinkError as exc:
+        assert "x.safetensors" in str(exc)
+        assert sorted(os.listdir(folder)) == ["x.safetensors"]
