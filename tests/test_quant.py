@@ -356,7 +356,7 @@ def test_cli_lossy_options(tmp_path):
                "-o", "b.ink").returncode == 0
     import json
     info = json.loads(run("info", "b.ink", "--json").stdout)
-    lossy = [t for t in info["tensors"] if t["codec"] == "quant+zstd"]
+    lossy = [t for t in info["files"][0]["tensors"] if t["codec"] == "quant+zstd"]
     assert lossy and lossy[0]["error"]["pruned"] > 0.05
     r = run("compress", "m.safetensors", "--preset", "balanced", "--bins", "8", "-o", "c.ink")
     assert r.returncode == 2 and "either" in r.stderr
