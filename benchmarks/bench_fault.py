@@ -264,7 +264,8 @@ class InshrinkMethod(Method):
 
     def __init__(self, task, workdir, epsilon: float, keyframe_every=10, max_evals=24,
                  moment_bins: tuple | None = None, space: dict | None = None,
-                 checkpointer: dict | None = None, policy: dict | None = None):
+                 checkpointer: dict | None = None, policy: dict | None = None,
+                 preset: str | None = None):
         super().__init__(task, workdir)
         from inshrink.torch import Checkpointer
         self.dir = os.path.join(workdir, "inshrink")
@@ -290,6 +291,11 @@ class InshrinkMethod(Method):
                 kwargs.pop(key, None)
             kwargs["policy"] = Policy({role: QuantConfig(**kw) for role, kw in policy.items()
                                        if kw is not None})
+        if preset is not None:  # a named policy, no search (what a Series with it stores)
+            for key in ("eval_batches", "metric", "loss_fn", "epsilon"):
+                kwargs.pop(key, None)
+            kwargs["policy"] = preset
+            settings = {}
         self.ck = Checkpointer(self.dir, self.model, self.optimizer, **kwargs, **settings)
         self.epsilon = epsilon
         self.log = []
@@ -374,6 +380,10 @@ RUNS = {
                  checkpointer=dict(criterion="loss", epsilon_follows_lr=2)),
     "kl_sq": dict(method="inshrink", epsilon=0.05, failures=10,
                   checkpointer=dict(criterion="kl", epsilon_follows_lr=2)),
+    # the named presets, no search (Checkpointer(policy=name), i.e. a Series with it)
+    "balanced": dict(method="inshrink", epsilon=None, failures=10, preset="balanced"),
+    "aggressive": dict(method="inshrink", epsilon=None, failures=10, preset="aggressive"),
+    "compact": dict(method="inshrink", epsilon=None, failures=10, preset="compact"),
     # earlier studies, with the search settings they were measured with (RESULTS.md)
     "mom2": dict(method="inshrink", epsilon=0.05, failures=10, checkpointer=LOSS_SQ,
                  moment_bins=((2, None), (2, None))),
@@ -429,6 +439,16 @@ def failure_steps(n_steps: int, every: int, count: int) -> list[int]:
     return sorted(out)
 
 
+def late_failure_steps(n_steps: int, every: int, count: int) -> list[int] | None:
+    """Failures that restore checkpoints every 2K steps, the last one K before the end (for
+    N = 400, K = 20, 10 failures: at 30, 70, ..., 390, restoring 20, 60, ..., 380), each
+    halfway to the next checkpoint; None when they do not fit."""
+    first = n_steps - every - 2 * every * (count - 1)
+    if count < 1 or first < every:
+        return None
+    return [first + 2 * every * i + max(1, every // 2) for i in range(count)]
+
+
 def make_method(spec: dict, task: fm.Task, workdir: str) -> Method:
     m = spec["method"]
     if m == "none":
@@ -441,7 +461,7 @@ def make_method(spec: dict, task: fm.Task, workdir: str) -> Method:
         return InshrinkMethod(task, workdir, spec["epsilon"],
                               moment_bins=spec.get("moment_bins"), space=spec.get("space"),
                               checkpointer=spec.get("checkpointer"),
-                              policy=spec.get("policy"))
+                              policy=spec.get("policy"), preset=spec.get("preset"))
     raise ValueError(m)
 
 
@@ -449,7 +469,8 @@ def run_one(model_name: str, run_name: str, spec: dict, args, ref: dict | None) 
     seed = args.seed + spec.get("seed_offset", 0)
     task = fm.make_task(model_name, seed=seed, quick=args.quick, **args.overrides[model_name])
     n, every = task.steps, max(1, int(task.ckpt_every * spec.get("every_mult", 1)))
-    fails = failure_steps(n, every, spec["failures"])
+    fails = (task.late_failures and late_failure_steps(n, every, spec["failures"])) or \
+        failure_steps(n, every, spec["failures"])
     workdir = tempfile.mkdtemp(prefix=f"fault_{model_name}_{run_name}_", dir=args.workdir)
     method = make_method(spec, task, workdir)
     curve, eval_curve = [], []
