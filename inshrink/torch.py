@@ -18,6 +18,7 @@ __all__ = ["Checkpointer", "GradientEMA", "quality_from", "state_to_numpy", "loa
 import contextlib
 import functools
 import json
+import logging
 import math
 import os
 import time
@@ -30,7 +31,7 @@ from torch.func import functional_call
 
 from .dtypes import as_numpy
 from .errors import InvalidArgumentError
-from .policy import Policy
+from .policy import Policy, resolve
 from .search import Quality, Search, SearchSpace
 from .series import SEARCH_KEY as SEARCH_METADATA, Series
 
@@ -44,6 +45,7 @@ EPSILON_FLOOR = 0.1
 """With ``epsilon_follows_lr``, the bound never falls below this share of ``epsilon`` (a
 schedule that decays to zero would otherwise demand lossless weights at its end)."""
 _FORMAT = 1
+_LOG = logging.getLogger(__name__)
 
 # JSON cannot tell a tuple from a list, nor hold a tensor: such values become tagged objects
 _TUPLE = "__tuple__"
@@ -622,7 +624,10 @@ class Checkpointer:
     epsilon : float
         Allowed relative quality drop of a checkpoint.
     policy : Policy, str or None
-        The series' policy, for saves without ``eval_batches`` (``None``: lossless).
+        The series' policy, for saves without ``eval_batches``. ``None`` (the default):
+        lossless, so that a checkpoint is lossy only when asked for (a preset name or
+        ``eval_batches``). What was chosen is logged once, at the first save (logger
+        ``inshrink.torch``, level INFO).
     space : inshrink.search.SearchSpace, optional
         Configurations the search may choose, and the optimizer moments' fixed
         configurations (default: the first moment as zeros plus its 0.05% largest entries,
@@ -673,7 +678,7 @@ class Checkpointer:
                  loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
                  metric: Callable[[Any, Any], float] | None = None, criterion: str = "loss",
                  epsilon: float = 0.05,
-                 policy: Policy | str | None = "balanced",
+                 policy: Policy | str | None = None,
                  space: SearchSpace | None = None,
                  max_evals: int = 24, keyframe_every: int = 10, grad_ema: bool = True,
                  ema_beta: float = 0.9, ema_window: int | None = 50,
@@ -711,7 +716,20 @@ class Checkpointer:
         self.lr_power = float(epsilon_follows_lr) if optimizer is not None else 0.0
         self.peak_lr: float | None = None
         self._last_step: int | None = None
+        self._announced = False
         self.seconds = 0.0
+
+    def mode(self) -> str:
+        """What the checkpoints hold, in words (logged once at the first save)."""
+        if self.search is not None:
+            return f"lossy: configuration search within epsilon={self.epsilon:g}"
+        policy = self.series.policy
+        if isinstance(policy, str):
+            return "lossless" if policy == "lossless" else f"lossy: the {policy!r} preset"
+        if policy is None or not any(c is not None for c in resolve(policy).roles.values()) \
+                and not policy.overrides and not policy.tensors:
+            return "lossless"
+        return "lossy: a custom policy"
 
     def _importance(self, state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         if self.ema is None or self.ema.steps == 0:
@@ -743,6 +761,9 @@ class Checkpointer:
             and ``seconds`` (this save).
         """
         started = time.perf_counter()
+        if not self._announced:
+            _LOG.info("Checkpointer(%s): %s", self.series.directory, self.mode())
+            self._announced = True
         state, metadata = state_to_numpy(self.model, self.optimizer)
         if self.lr_power > 0 and self.search is not None:
             scale = self._lr_scale()

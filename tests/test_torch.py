@@ -614,3 +614,27 @@ def test_recorded_peak_learning_rate_is_a_positive_number_or_ignored(value, expe
     metadata = {} if value is None else {PEAK_LR_METADATA: value}
     assert _peak_lr(metadata) == expected
 
+
+
+def test_checkpointer_default_is_lossless_and_logs_its_mode_once(tmp_path, caplog):
+    model = mlp(norm=True)
+    optimizer = adamw(model)
+    train(model, optimizer, 3)
+    ckpt = Checkpointer(tmp_path / "c", model, optimizer, grad_ema=False)
+    with caplog.at_level("INFO", logger="inshrink.torch"):
+        ckpt.save(3)
+        ckpt.save(4)
+    messages = [r.getMessage() for r in caplog.records if r.name == "inshrink.torch"]
+    assert len(messages) == 1 and messages[0].endswith(": lossless")
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_moments = {i: s["exp_avg_sq"].clone() for i, s in optimizer.state_dict()["state"].items()}
+    resumed = mlp(seed=9, norm=True)
+    resumed_optimizer = adamw(resumed)
+    Checkpointer(tmp_path / "c", resumed, resumed_optimizer).restore()
+    assert all(torch.equal(resumed.state_dict()[k], v) for k, v in saved.items())
+    assert all(torch.equal(resumed_optimizer.state_dict()["state"][i]["exp_avg_sq"], v)
+               for i, v in saved_moments.items())
+    assert Checkpointer(tmp_path / "d", model, policy="balanced").mode() == \
+        "lossy: the 'balanced' preset"
+    assert Checkpointer(tmp_path / "e", model, eval_batches=[data(8)]).mode().startswith(
+        "lossy: configuration search")
