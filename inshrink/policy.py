@@ -107,6 +107,12 @@ _EXP_AVG_SQ = re.compile(r"(^|[._])(exp_avg_sq|max_exp_avg_sq|square_avg|sum)$")
 _EXP_AVG = re.compile(r"(^|[._])(exp_avg|momentum_buffer|momentum)$")
 _EXACT = re.compile(r"(^|[._])(step|steps|num_batches_tracked)$")
 _EMBEDDING = re.compile(r"(embed|wte|wpe|tok_emb|pos_emb|lm_head)", re.IGNORECASE)
+# short module names hand-written models give their token and position tables and output head
+# (``model.tok.weight``, ``model.pos.weight``, ``model.head.weight``): matched as whole name
+# components only, so that e.g. ``heads`` or ``position_bias`` are not
+_EMBEDDING_PART = re.compile(r"(^|\.)(tok|tokens?|pos|wte|wpe|head|lm_head|output_head|"
+                             r"unembed|vocab|word_embeddings|position_embeddings)\.weight$",
+                             re.IGNORECASE)
 
 SMALL_TENSOR = 4096
 """Weights with fewer elements, or with fewer than two dimensions, are stored losslessly."""
@@ -128,7 +134,8 @@ def role_of(name: str, dtype: str, shape: tuple[int, ...]) -> str:
         return "exp_avg" if math.prod(shape) >= SMALL_MOMENT else "small"
     if len(shape) < 2 or math.prod(shape) < SMALL_TENSOR:
         return "small"
-    return "embedding" if _EMBEDDING.search(name) else "weight"
+    embedding = _EMBEDDING.search(name) or _EMBEDDING_PART.search(name)
+    return "embedding" if embedding else "weight"
 
 
 @dataclass(frozen=True)

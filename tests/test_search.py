@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import inshrink
 from inshrink.errors import CorruptError, InvalidArgumentError
+from inshrink.policy import role_of
 from inshrink.search import MAX_SHIFT_BITS, Choice, Search, SearchSpace, _Evaluator, allocation
 
 SPACE = SearchSpace()
@@ -537,3 +538,19 @@ def test_curvature_of_other_tensors_is_ignored_and_bf16_is_accepted():
     curvature["optimizer.state.0.exp_avg"] = np.ones(3, np.float32)  # not searched
     result = Search(0.05, space=PER_TENSOR).choose(state, loss, curvature=curvature)
     assert set(result.report["shift_bits"]) == set(state)
+
+
+@pytest.mark.parametrize("name", ["model.tok.weight", "model.pos.weight", "model.head.weight",
+                                  "model.transformer.wte.weight", "model.lm_head.weight",
+                                  "model.embed_tokens.weight", "model.decoder.pos.weight"])
+def test_embedding_tables_and_output_heads_are_searched_as_embeddings(name):
+    # hand-written GPTs name them tok / pos / head; as weights they got the weights' few
+    # levels and never the embedding axis of the search
+    assert role_of(name, "F32", (256, 128)) == "embedding"
+
+
+@pytest.mark.parametrize("name", ["model.blocks.0.qkv.weight", "model.heads.weight",
+                                  "model.pos_bias.weight", "model.classifier.weight",
+                                  "model.head.proj.weight"])
+def test_other_matrices_stay_weights(name):
+    assert role_of(name, "F32", (256, 128)) == "weight"
