@@ -54,3 +54,7 @@ class TensorNotFoundError(InshrinkError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class IncompleteCheckpointError(TruncatedError):
+    """A multi-file checkpoint lacks the commit marker written last: its save did not finish."""
