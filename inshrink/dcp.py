@@ -276,7 +276,9 @@ class _MetadataUnpickler(pickle.Unpickler):
         if module.startswith("torch.distributed.checkpoint.") or (
                 module == "builtins" and name in ("set", "frozenset", "slice", "complex")) or (
                 module == "collections" and name == "OrderedDict") or (
-                module == "torch.serialization" and name == "_get_layout"):
+                module == "torch.serialization" and name == "_get_layout") or (
+                module == "pathlib" and name in ("Path", "PosixPath", "WindowsPath",
+                                                 "PurePosixPath", "PureWindowsPath")):
             return super().find_class(module, name)
         if module == "torch":
             value = getattr(torch, name, None)

@@ -1,0 +1,345 @@
+"""inshrink.dcp in one process: round trips through dcp.save/load, non-tensor items, policies
+and their reported error, async save, atomic replacement, and bad checkpoints.
+
+The multi-process tests (FSDP2, resharding, failing and killed ranks) are in
+test_dcp_distributed.py.
+"""
+import collections
+import os
+import pickle
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+import inshrink
+from inshrink import errors
+from inshrink.dcp import (BYTES_PREFIX, METADATA_FILE, InkStorageReader, InkStorageWriter,
+                          describe, read_metadata)
+
+torch.set_num_threads(1)
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def save(state, path, **kwargs):
+    return dcp.save(state, storage_writer=InkStorageWriter(path, threads=1, **kwargs),
+                    no_dist=True)
+
+
+def load(state, path):
+    dcp.load(state, storage_reader=InkStorageReader(path, threads=1), no_dist=True)
+    return state
+
+
+def bits(tensor):
+    return tensor.contiguous().reshape(-1).view(torch.uint8)
+
+
+def zeros_like(state):
+    return {k: zeros_like(v) if isinstance(v, dict) else
+            torch.zeros_like(v) if isinstance(v, torch.Tensor) else None
+            for k, v in state.items()}
+
+
+def mixed_state():
+    gen = torch.Generator().manual_seed(0)
+    special = torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-45])
+    return {
+        "f32": torch.randn(33, 17, generator=gen),
+        "bf16": torch.randn(8, 5, generator=gen).bfloat16(),
+        "f16": torch.randn(7, generator=gen).half(),
+        "f64": torch.randn(3, 2, 2, generator=gen, dtype=torch.float64),
+        "i64": torch.arange(-5, 5),
+        "bool": torch.tensor([True, False, True]),
+        "u8": torch.randint(0, 255, (11,), dtype=torch.uint8, generator=gen),
+        "scalar": torch.tensor(3.25),
+        "empty": torch.zeros(0, 4),
+        "special": special,
+        "strided": torch.randn(6, 8, generator=gen).t(),
+        "nested": {"deep": {"w": torch.randn(4, 4, generator=gen)}},
+    }
+
+
+def test_lossless_round_trip_is_bit_exact_for_every_dtype(tmp_path):
+    state = mixed_state()
+    save(state, tmp_path / "ckpt")
+    loaded = load(zeros_like(state), tmp_path / "ckpt")
+    for key in ("f32", "bf16", "f16", "f64", "i64", "bool", "u8", "scalar", "empty", "special",
+                "strided"):
+        assert loaded[key].dtype == state[key].dtype and loaded[key].shape == state[key].shape
+        assert torch.equal(bits(loaded[key]), bits(state[key])), key
+    assert torch.equal(loaded["nested"]["deep"]["w"], state["nested"]["deep"]["w"])
+    # one rank file, committed by the metadata written last
+    names = sorted(os.listdir(tmp_path / "ckpt"))
+    assert names[0] == METADATA_FILE and len(names) == 2 and names[1].endswith(".ink")
+    with inshrink.open(tmp_path / "ckpt" / names[1]) as f:  # an ordinary .ink file
+        assert torch.equal(torch.from_numpy(f["f32"]), state["f32"])
+        assert f.metadata["dcp.rank"] == "0"
+
+
+def test_non_tensor_items_are_stored_and_restored(tmp_path):
+    model = torch.nn.Linear(4, 3)
+    optim = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(optim, step_size=1, gamma=0.5)
+    optim.step()
+    sched.step()
+    state = {"model": model.state_dict(),
+             "train": {"step": 1234, "epoch": 2.5, "name": "run-7", "loader": [3, {"seed": 9}],
+                       "sched": sched.state_dict(), "rng": torch.get_rng_state()}}
+    save(state, tmp_path / "ckpt")
+    fresh_sched = torch.optim.lr_scheduler.StepLR(
+        torch.optim.SGD(model.parameters(), lr=1.0), step_size=7, gamma=0.1)
+    target = {"model": torch.nn.Linear(4, 3).state_dict(),
+              "train": {"step": 0, "epoch": 0.0, "name": "", "loader": [0, {"seed": 0}],
+                        "sched": fresh_sched.state_dict(),
+                        "rng": torch.zeros_like(state["train"]["rng"])}}
+    load(target, tmp_path / "ckpt")
+    assert target["train"]["step"] == 1234 and target["train"]["name"] == "run-7"
+    assert target["train"]["epoch"] == 2.5 and target["train"]["loader"] == [3, {"seed": 9}]
+    assert target["train"]["sched"] == sched.state_dict()
+    assert torch.equal(target["train"]["rng"], state["train"]["rng"])
+    assert torch.equal(target["model"]["weight"], model.weight)
+    # stored as uint8 tensors under the reserved prefix, in the rank's file
+    rows = {row["fqn"]: row for row in describe(tmp_path / "ckpt")}
+    assert rows["train.step"]["tensor"] == BYTES_PREFIX + "train.step"
+    assert rows["train.step"]["dtype"] == "U8" and rows["train.step"]["sizes"] is None
+
+
+def trained_state(steps=3, seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(collections.OrderedDict(
+        embed=torch.nn.Embedding(100, 48), proj=torch.nn.Linear(48, 96),
+        head=torch.nn.Linear(96, 4)))
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        model(torch.randint(0, 100, (16,))).pow(2).mean().backward()
+        optim.step()
+        optim.zero_grad()
+    return model, optim
+
+
+def dcp_state(model, optim):
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    model_sd, optim_sd = get_state_dict(model, optim)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def test_a_policy_applies_per_shard_with_roles_from_dcp_names_and_reports_its_error(tmp_path):
+    model, optim = trained_state()
+    state = dcp_state(model, optim)
+    save(state, tmp_path / "ckpt", policy="balanced")
+    rows = {row["fqn"]: row for row in InkStorageReader(tmp_path / "ckpt").report()}
+    # DCP's optimizer names are optim.state.<parameter fqn>.<key>
+    assert rows["model.embed.weight"]["role"] == "embedding"
+    assert rows["model.proj.weight"]["role"] == "weight"
+    assert rows["optim.state.proj.weight.exp_avg"]["role"] == "exp_avg"
+    assert rows["optim.state.proj.weight.exp_avg_sq"]["role"] == "exp_avg_sq"
+    for fqn in ("model.embed.weight", "model.proj.weight", "optim.state.proj.weight.exp_avg"):
+        assert rows[fqn]["codec"].startswith("quant") and rows[fqn]["error"]["rel_l2_error"] > 0
+    assert rows["model.proj.bias"]["codec"] == "bytegroup+zstd"
+    assert rows["optim.state.proj.weight.step"]["role"] == "exact"
+    loaded = load(dcp_state(*trained_state(steps=0, seed=1)), tmp_path / "ckpt")
+    for fqn, row in rows.items():
+        if row["sizes"] is None:
+            continue
+        section, _, key = fqn.partition(".")
+        expected, actual = state[section], loaded[section]
+        if section == "optim":  # optim.state.<param>.<key>
+            param, _, moment = key[len("state."):].rpartition(".")
+            expected, actual = expected["state"][param][moment], actual["state"][param][moment]
+        else:
+            expected, actual = expected[key], actual[key]
+        if row["error"] is None or row["error"]["max_abs_error"] == 0:
+            assert torch.equal(bits(actual), bits(expected)), fqn
+        else:  # within the error the encoder measured and stored for this shard
+            error = (actual.double() - expected.double()).abs().max().item()
+            assert 0 < error <= row["error"]["max_abs_error"] * (1 + 1e-6), fqn
+
+
+def test_the_policy_overrides_match_fully_qualified_names(tmp_path):
+    model, optim = trained_state()
+    policy = inshrink.Policy(overrides={"model.proj.*": inshrink.QuantConfig(bins=4)})
+    save(dcp_state(model, optim), tmp_path / "ckpt", policy=policy)
+    rows = {row["fqn"]: row for row in describe(tmp_path / "ckpt")}
+    assert rows["model.proj.weight"]["codec"].startswith("quant")
+    assert rows["model.embed.weight"]["codec"] == "bytegroup+zstd"
+
+
+class GatedWriter(InkStorageWriter):
+    """Writes only once the test opens the gate: the save is provably still running."""
+
+    def __init__(self, *args, gate, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate = gate
+
+    def write_data(self, plan, planner):
+        assert self.gate.wait(30)
+        return super().write_data(plan, planner)
+
+
+def test_async_save_returns_at_once_and_saves_the_state_of_the_call(tmp_path):
+    model, optim = trained_state()
+    state = dcp_state(model, optim)
+    snapshot = {k: v.clone() for k, v in model.state_dict().items()}
+    gate = threading.Event()
+    future = dcp.async_save(state, storage_writer=GatedWriter(tmp_path / "ckpt", threads=1,
+                                                              gate=gate), no_dist=True)
+    assert not future.done()
+    for _ in range(2):  # training goes on while the save is in flight
+        model(torch.randint(0, 100, (16,))).pow(2).mean().backward()
+        optim.step()
+        optim.zero_grad()
+    assert not future.done()
+    gate.set()
+    future.result(timeout=30)
+    loaded = load({"model": zeros_like(snapshot)}, tmp_path / "ckpt")["model"]
+    for key, value in snapshot.items():
+        assert torch.equal(bits(loaded[key]), bits(value)), key
+    assert not torch.equal(loaded["proj.weight"], model.proj.weight.detach())  # trained since
+
+
+def test_saving_again_replaces_the_checkpoint_atomically_and_removes_the_old_files(tmp_path):
+    first = {"w": torch.ones(3, 3)}
+    save(first, tmp_path / "ckpt")
+    old_files = set(os.listdir(tmp_path / "ckpt"))
+    (tmp_path / "ckpt" / ".rank00001-0123456789ab.ink.x1y2.tmp").write_bytes(b"debris")
+    second = {"w": torch.full((3, 3), 2.0)}
+    save(second, tmp_path / "ckpt")
+    names = set(os.listdir(tmp_path / "ckpt"))
+    assert len(names) == 2 and not (names - {METADATA_FILE}) & old_files
+    assert torch.equal(load({"w": torch.zeros(3, 3)}, tmp_path / "ckpt")["w"], second["w"])
+
+
+class FailingWriter(InkStorageWriter):
+    def write_data(self, plan, planner):
+        super().write_data(plan, planner)  # the new file is written, then the save fails
+        raise OSError(28, "No space left on device")
+
+
+def test_a_failed_save_into_a_checkpoint_keeps_the_previous_one(tmp_path):
+    save({"w": torch.ones(3, 3)}, tmp_path / "ckpt")
+    with pytest.raises(CheckpointException, match="No space left"):
+        dcp.save({"w": torch.zeros(3, 3)}, storage_writer=FailingWriter(tmp_path / "ckpt"),
+                 no_dist=True)
+    assert torch.equal(load({"w": torch.zeros(3, 3)}, tmp_path / "ckpt")["w"], torch.ones(3, 3))
+
+
+def test_a_save_that_never_committed_is_refused_naming_the_marker(tmp_path):
+    save({"w": torch.ones(3, 3)}, tmp_path / "ckpt")
+    os.unlink(tmp_path / "ckpt" / METADATA_FILE)
+    with pytest.raises(errors.IncompleteCheckpointError, match=r"ckpt/\.metadata"):
+        read_metadata(tmp_path / "ckpt")
+    with pytest.raises(CheckpointException, match=r"\.metadata is missing"):
+        load({"w": torch.zeros(3, 3)}, tmp_path / "ckpt")
+
+
+def test_reserved_names_and_uncoordinated_saves_are_refused(tmp_path):
+    with pytest.raises(CheckpointException, match="reserved"):
+        save({BYTES_PREFIX + "x": torch.ones(2)}, tmp_path / "a")
+    with pytest.raises(errors.InvalidArgumentError, match="use_collectives"):
+        dcp.save({"w": torch.ones(2)}, storage_writer=InkStorageWriter(tmp_path / "b"),
+                 no_dist=True, use_collectives=False)
+    with pytest.raises(errors.InvalidArgumentError):
+        InkStorageWriter(tmp_path / "c", policy="no such preset")
+    with pytest.raises(errors.InvalidArgumentError):
+        InkStorageWriter(tmp_path / "c", threads=0)
+    with pytest.raises(errors.InvalidArgumentError):
+        InkStorageReader(123)
+
+
+# -- bad checkpoints -----------------------------------------------------------------------
+
+def rank_file(path):
+    return next(n for n in os.listdir(path) if n.endswith(".ink"))
+
+
+def test_a_directory_that_is_not_a_dcp_checkpoint_is_refused(tmp_path):
+    with pytest.raises(errors.CorruptError, match="not a DCP checkpoint directory"):
+        read_metadata(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(errors.CorruptError, match=r"not a DCP checkpoint \(\.metadata"):
+        read_metadata(tmp_path / "empty")
+    # one written by DCP's own FileSystemWriter
+    dcp.save({"w": torch.ones(2)}, storage_writer=dcp.FileSystemWriter(tmp_path / "plain"),
+             no_dist=True)
+    with pytest.raises(errors.CorruptError, match="not written by InkStorageWriter"):
+        read_metadata(tmp_path / "plain")
+
+
+@pytest.mark.parametrize("content", [b"", b"not a pickle", pickle.dumps({"a": 1}),
+                                     pickle.dumps(os.system)])
+def test_unreadable_or_foreign_metadata_is_refused(tmp_path, content):
+    save({"w": torch.ones(2)}, tmp_path / "ckpt")
+    (tmp_path / "ckpt" / METADATA_FILE).write_bytes(content)
+    with pytest.raises(errors.CorruptError, match=r"\.metadata"):
+        read_metadata(tmp_path / "ckpt")
+
+
+def test_metadata_that_loads_code_is_refused_without_running_it(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (os.mkdir, (str(tmp_path / "pwned"),))
+    save({"w": torch.ones(2)}, tmp_path / "ckpt")
+    (tmp_path / "ckpt" / METADATA_FILE).write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(errors.CorruptError, match="refusing to load posix.mkdir"):
+        read_metadata(tmp_path / "ckpt")
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_missing_rank_file_is_named(tmp_path):
+    save({"w": torch.ones(2)}, tmp_path / "ckpt")
+    name = rank_file(tmp_path / "ckpt")
+    os.unlink(tmp_path / "ckpt" / name)
+    with pytest.raises(errors.CorruptError, match=f"{name}: missing"):
+        read_metadata(tmp_path / "ckpt")
+
+
+def test_a_truncated_rank_file_is_a_typed_error_naming_it(tmp_path):
+    save({"w": torch.randn(64, 64)}, tmp_path / "ckpt")
+    path = tmp_path / "ckpt" / rank_file(tmp_path / "ckpt")
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+    reader = InkStorageReader(tmp_path / "ckpt", threads=1)
+    with pytest.raises(errors.CorruptError, match=str(path)):
+        describe(tmp_path / "ckpt")
+    with pytest.raises(CheckpointException) as info:
+        load({"w": torch.zeros(64, 64)}, tmp_path / "ckpt")
+    failure = info.value.failures[0][0]
+    assert isinstance(failure, errors.CorruptError) and str(path) in str(failure)
+    assert reader.checkpoint_id == str(tmp_path / "ckpt")
+
+
+def test_a_rank_file_that_disagrees_with_the_metadata_is_named(tmp_path):
+    save({"w": torch.ones(4, 4)}, tmp_path / "ckpt")
+    name = rank_file(tmp_path / "ckpt")
+    inshrink.save(tmp_path / "ckpt" / name, {"w": torch.ones(2, 8).numpy()})
+    with pytest.raises(CheckpointException) as info:
+        load({"w": torch.zeros(4, 4)}, tmp_path / "ckpt")
+    failure = info.value.failures[0][0]
+    assert isinstance(failure, errors.CorruptError)
+    assert name in str(failure) and "the metadata says" in str(failure)
+    # a tensor the metadata names but the file lacks
+    inshrink.save(tmp_path / "ckpt" / name, {"v": torch.ones(4, 4).numpy()})
+    with pytest.raises(CheckpointException) as info:
+        load({"w": torch.zeros(4, 4)}, tmp_path / "ckpt")
+    failure = info.value.failures[0][0]
+    assert isinstance(failure, errors.TensorNotFoundError) and name in str(failure)
+
+
+def test_bytes_read_back_from_a_tensor_entry_are_refused(tmp_path):
+    save({"step": 5, "w": torch.ones(4)}, tmp_path / "ckpt")
+    name = rank_file(tmp_path / "ckpt")
+    inshrink.save(tmp_path / "ckpt" / name, {BYTES_PREFIX + "step": torch.ones(2).numpy(),
+                                              "w": torch.ones(4).numpy()})
+    with pytest.raises(CheckpointException) as info:
+        load({"step": 0, "w": torch.zeros(4)}, tmp_path / "ckpt")
+    assert isinstance(info.value.failures[0][0], errors.CorruptError)
+
+
+def test_import_inshrink_does_not_import_torch():
+    code = "import sys, inshrink; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
