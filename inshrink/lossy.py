@@ -11,7 +11,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .codecs import factored, quant
+from .codecs import factored, quantize
+from .codecs.chain import Encoded, Pipeline
+from .codecs.quantize import ChunkStats, QuantEncoder
 from .container.index import TensorEntry
 from .errors import InvalidArgumentError
 from .policy import QuantConfig
@@ -21,37 +23,35 @@ Read = Callable[[int, int], Any]
 
 @dataclass
 class LossyTensor:
-    """A fitted plan plus what is needed to encode and report on a tensor's chunks."""
+    """A quantized tensor being written: the fitted encoder, the pipeline its chunks go
+    through (the writer may give it a code delta) and the error measured so far."""
 
     role: str
     config: QuantConfig
-    plan: quant.QuantPlan
+    encoder: QuantEncoder
     sumsq: float
     force: np.ndarray | None = None
-    stats: quant.ChunkStats = field(default_factory=quant.ChunkStats)
-    base_codes: np.ndarray | None = None  # the previous checkpoint's codes: a code delta
-    _standalone: quant.QuantPlan | None = None  # the plan without the delta
+    stats: ChunkStats = field(default_factory=ChunkStats)
+    pipeline: Pipeline | None = None
+    base_codes: np.ndarray | None = None  # the previous checkpoint's codes, for a code delta
 
-    def use_delta(self, base_codes: np.ndarray) -> None:
-        """Store codes as deltas from ``base_codes`` (one per element of the tensor)."""
-        self.base_codes = base_codes
-        self._standalone = self.plan
-        self.plan = self.plan.with_delta(base_codes)
+    def __post_init__(self) -> None:
+        if self.pipeline is None:
+            self.pipeline = Pipeline(self.encoder.stage)
 
-    def drop_delta(self) -> None:
-        """Back to standalone codes."""
-        self.plan, self.base_codes = self._standalone, None
-
-    def encode(self, raw: np.ndarray, start: int, stop: int, level: int | None):
-        """Encode the chunk holding elements [start, stop): (planes, (stats, codes))."""
+    def encode(self, raw: np.ndarray, start: int, stop: int,
+               pipeline: Pipeline | None = None) -> tuple[Encoded, tuple]:
+        """Encode the chunk holding elements [start, stop) with ``pipeline`` (default: the
+        tensor's): (its streams, (its error stats, its codes))."""
+        pipeline = self.pipeline if pipeline is None else pipeline
         force = None if self.force is None else self.force[start:stop]
-        base = None if self.base_codes is None else self.base_codes[start:stop]
-        planes, stats, codes = quant.encode_chunk(raw, self.plan, level, force, base)
-        return planes, (stats, codes)
+        chunk, stats = self.encoder.quantize(raw, force)
+        ref = self.base_codes[start:stop] if pipeline.is_delta else None
+        return pipeline.encode(chunk, ref), (stats, chunk.codes)
 
     def report(self) -> dict:
         return {"role": self.role, "domain": self.config.domain, "bins": self.config.bins,
-                "levels": len(self.plan.levels), "bits": self.plan.bits,
+                "levels": len(self.encoder.stage.levels), "bits": self.pipeline.stage.bits,
                 **self.stats.report(self.sumsq)}
 
 
@@ -61,28 +61,33 @@ class FactoredTensor:
 
     role: str
     config: QuantConfig
-    plan: factored.FactoredPlan
+    stage: factored.Factored
     rows: np.ndarray  # the row factors, in the dtype
     sumsq: float
-    stats: quant.ChunkStats = field(default_factory=quant.ChunkStats)
+    stats: ChunkStats = field(default_factory=ChunkStats)
+    pipeline: Pipeline | None = None
 
-    def encode(self, raw: np.ndarray, start: int, stop: int, level: int | None):
-        """Encode the chunk holding elements [start, stop) (whole rows): (planes, (stats,
-        None)); the stats compare the decoded chunk with the original."""
-        columns = self.plan.columns.size
+    def __post_init__(self) -> None:
+        if self.pipeline is None:
+            self.pipeline = Pipeline(self.stage)
+
+    def encode(self, raw: np.ndarray, start: int, stop: int) -> tuple[Encoded, tuple]:
+        """Encode the chunk holding elements [start, stop) (whole rows): (its stream,
+        (stats, None)); the stats compare the decoded chunk with the original."""
+        columns = self.stage.columns.size
         rows = self.rows[start // columns:stop // columns]
-        x = raw.view(self.plan.dtype.numpy).astype(np.float64).reshape(-1, columns)
-        decoded = (rows[:, None] * self.plan.columns[None, :]).astype(np.float64)
+        x = raw.view(self.stage.dtype.numpy).astype(np.float64).reshape(-1, columns)
+        decoded = (rows[:, None] * self.stage.columns[None, :]).astype(np.float64)
         error = np.abs(decoded - x)
-        stats = quant.ChunkStats(count=x.size, sse=float(np.square(error).sum()),
-                                 max_abs=float(error.max(initial=0.0)),
-                                 zeroed=int(np.count_nonzero((decoded == 0) & (x != 0))),
-                                 nonzero=int(np.count_nonzero(x)))
-        return factored.encode_chunk(rows, level), (stats, None)
+        stats = ChunkStats(count=x.size, sse=float(np.square(error).sum()),
+                           max_abs=float(error.max(initial=0.0)),
+                           zeroed=int(np.count_nonzero((decoded == 0) & (x != 0))),
+                           nonzero=int(np.count_nonzero(x)))
+        return self.pipeline.encode(rows), (stats, None)
 
     def report(self) -> dict:
         return {"role": self.role, "domain": "factored", "rows": int(self.rows.size),
-                "columns": int(self.plan.columns.size), **self.stats.report(self.sumsq)}
+                "columns": int(self.stage.columns.size), **self.stats.report(self.sumsq)}
 
 
 def prepare_factored(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
@@ -109,12 +114,12 @@ def prepare_factored(entry: TensorEntry, read: Read, role: str, config: QuantCon
         return None
     entry.chunk_elements = whole_rows.chunk_elements
     rows, cols = fitted
-    return FactoredTensor(role, config, factored.FactoredPlan(entry.dtype, cols), rows, sumsq)
+    return FactoredTensor(role, config, factored.Factored(entry.dtype, cols), rows, sumsq)
 
 
 def _chunks(entry: TensorEntry, read: Read):
     """(start, stop, values in the work dtype) for every chunk of a tensor."""
-    itemsize, work = entry.dtype.itemsize, quant.work_dtype(entry.dtype)
+    itemsize, work = entry.dtype.itemsize, quantize.work_dtype(entry.dtype)
     for c in range(entry.chunk_count):
         start, stop = entry.chunk_range(c)
         raw = np.frombuffer(read(start * itemsize, stop * itemsize), np.uint8)
@@ -149,33 +154,34 @@ def _force(importance: Any, config: QuantConfig, numel: int) -> np.ndarray | Non
 
 def prepare(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
             importance: Any = None) -> LossyTensor | None:
-    """Sketch the tensor and fit its plan; ``None`` if no bin count meets the error bound
-    (the caller then stores the tensor losslessly)."""
+    """Sketch the tensor and fit its quantizer; ``None`` if no bin count meets the error
+    bound (the caller then stores the tensor losslessly)."""
     force = _force(importance, config, entry.numel)
-    sketch = quant.Sketch.for_dtype(entry.dtype, config.alpha, config.bins)
+    sketch = quantize.Sketch.for_dtype(entry.dtype, config.alpha, config.bins)
     for _, _, _, x in _chunks(entry, read):
         sketch.add(x)
     by_sensitivity = config.prune_metric == "sensitivity"
-    fit_config = replace(config, prune=0.0) if by_sensitivity else config
-    zero_level = by_sensitivity and config.prune > 0
     bound = config.max_rel_l2
-    for bins in (quant.bin_candidates(config) if bound else [config.bins]):
-        plan = quant.plan(sketch, fit_config, entry.dtype, bins, zero_level)
-        tensor = LossyTensor(role, replace(config, bins=bins), plan, sketch.sumsq, force)
+    for bins in (quantize.bin_candidates(config.bins) if bound else [config.bins]):
+        encoder = quantize.fit(sketch, entry.dtype, bins=bins, domain=config.domain,
+                               prune=0.0 if by_sensitivity else config.prune,
+                               protect=config.protect, sigma=config.sigma, seed=config.seed,
+                               zero_level=by_sensitivity and config.prune > 0)
+        tensor = LossyTensor(role, replace(config, bins=bins), encoder, sketch.sumsq, force)
         if bound is None:
             return tensor
-        if quant.estimate_rel_l2(sketch, plan) > 1.5 * bound:
+        if encoder.estimate_rel_l2(sketch) > 1.5 * bound:
             continue  # clearly too coarse; skip the exact pass
         if _measure(entry, read, tensor).rel_l2(sketch.sumsq) <= bound:
             return tensor
     return None
 
 
-def _measure(entry: TensorEntry, read: Read, tensor: LossyTensor) -> quant.ChunkStats:
-    """The exact error of a plan over the whole tensor."""
-    total = quant.ChunkStats()
+def _measure(entry: TensorEntry, read: Read, tensor: LossyTensor) -> ChunkStats:
+    """The exact error of a fitted quantizer over the whole tensor."""
+    total = ChunkStats()
     for start, stop, _, x in _chunks(entry, read):
         force = None if tensor.force is None else tensor.force[start:stop]
-        codes = quant.assign(tensor.plan, x, force)
-        total.merge(quant.chunk_stats(tensor.plan, x, codes))
+        codes = tensor.encoder.assign(x, force)
+        total.merge(tensor.encoder.stats(x, codes))
     return total

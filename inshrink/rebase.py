@@ -3,7 +3,8 @@
 A series keeps its newest checkpoint whole; when a newer one arrives, the previous one is
 rewritten here as a delta against it: quantized tensors get their codes stream re-coded as a
 code delta (their escape streams are copied as they are), lossless tensors are XORed with the
-new checkpoint's, anything else is copied chunk by chunk.
+new checkpoint's, anything else is copied chunk by chunk. The delta stages are the codec
+layer's (:mod:`inshrink.codecs.delta`), and so is the rule for keeping a delta.
 """
 from __future__ import annotations
 
@@ -12,10 +13,15 @@ from typing import Mapping
 
 import numpy as np
 
-from .codecs import chain, entropy, lossless, quant
+from .codecs import delta as deltas
+from .codecs.chain import Pipeline
+from .codecs.entropy import Entropy
+from .codecs.lossless import ByteGroup
+from .codecs.quant import Quant
 from .container.index import TensorEntry
 from .container.reader import ContainerReader
 from .container.writer import ContainerWriter
+from .tensorfile import file_minor, pipeline_for
 
 
 def write_delta(src: str | os.PathLike, dst: str | os.PathLike, *,
@@ -26,24 +32,35 @@ def write_delta(src: str | os.PathLike, dst: str | os.PathLike, *,
 
     ``src_exact``/``src_codes`` are what ``src`` decodes to (its lossless tensors and the codes
     of its quantized ones); ``base_*`` the same for the base file named by ``base_file``.
-    A tensor keeps its delta only if its first chunk gets smaller.
+    A tensor keeps its delta only if its first chunk gets smaller
+    (:func:`inshrink.codecs.delta.keep`).
     """
     reader = ContainerReader(src, use_mmap=False)
     writer = ContainerWriter(dst)
+    entropy = Entropy(level)
     try:
+        pipelines = []
         for entry in reader.index.tensors:
             new = TensorEntry(entry.name, entry.dtype, entry.shape, entry.codec,
                               entry.chunk_elements, [[] for _ in entry.streams], entry.report)
-            stage = chain.for_entry(entry)
-            if not _rebase_quant(reader, writer, entry, new, stage, src_codes, base_codes,
-                                 level) and not _rebase_lossless(
-                    reader, writer, entry, new, stage, src_exact, base_exact, level):
+            pipeline = pipeline_for(entry)
+            rebased = (_rebase_quant(reader, writer, entry, new, pipeline, src_codes,
+                                     base_codes, entropy)
+                       or _rebase_lossless(reader, writer, entry, new, pipeline, src_exact,
+                                           base_exact, entropy))
+            if rebased is None:
                 for stream, out in zip(entry.streams, new.streams):
                     for c in stream:
                         out.append(writer.write_chunk(c.coding, reader.read_chunk(c),
                                                       c.size, c.crc))
+            else:
+                pipeline = rebased
+                new.codec = pipeline.chain()
+            pipelines.append(pipeline)
             writer.tensors.append(new)
-        writer.commit(reader.index.metadata, reader.index.safetensors_header, base_file)
+        reports = any(t.report is not None for t in writer.tensors)
+        writer.commit(reader.index.metadata, reader.index.safetensors_header, base_file,
+                      file_minor(pipelines, reports))
     except BaseException:
         writer.abort()
         raise
@@ -51,51 +68,56 @@ def write_delta(src: str | os.PathLike, dst: str | os.PathLike, *,
         reader.close()
 
 
-def _rebase_quant(reader, writer, entry, new, stage, src_codes, base_codes, level) -> bool:
+def _stored(entry: TensorEntry, c: int) -> int:
+    """Payload bytes of chunk ``c`` of a stored tensor, all streams."""
+    return sum(stream[c].length for stream in entry.streams)
+
+
+def _rebase_quant(reader, writer, entry, new, pipeline, src_codes, base_codes,
+                  entropy) -> Pipeline | None:
     codes, base = src_codes.get(entry.name), base_codes.get(entry.name)
-    if (not isinstance(stage, quant.QuantPlan) or stage.modulus is not None or codes is None
+    if (not isinstance(pipeline.stage, Quant) or pipeline.is_delta or codes is None
             or base is None or base.shape != (entry.numel,) or not entry.numel):
-        return False
-    plan = stage.with_delta(base)
+        return None
+    delta, stage = deltas.for_codes(pipeline.stage, base)
+    rebased = Pipeline(stage, delta, entropy)
     stored = []
     for c in range(entry.chunk_count):
         start, stop = entry.chunk_range(c)
-        grouped = quant.code_delta(base[start:stop], codes[start:stop], plan.modulus)
-        packed = quant.pack_codes(grouped, plan.bits)
-        coding, payload = entropy.encode(packed, level)
-        if c == 0 and len(memoryview(payload)) >= entry.streams[0][0].length:
-            return False  # no gain: keep the tensor standalone
-        stored.append((coding, payload, packed.size))
+        chunk = rebased.encode_codes(codes[start:stop], base[start:stop])
+        # the escape streams are the same either way
+        if c == 0 and not deltas.keep(entry.streams[0][0].length,
+                                      deltas.stored_size([chunk])):
+            return None  # no gain: keep the tensor standalone
+        stored.append(chunk)
     for c, (coding, payload, size) in enumerate(stored):
         new.streams[0].append(writer.write_chunk(coding, payload, size))
         for k in (1, 2):
             old = entry.streams[k][c]
             new.streams[k].append(writer.write_chunk(old.coding, reader.read_chunk(old),
                                                      old.size, old.crc))
-    new.codec = plan.chain()
-    return True
+    return rebased
 
 
-def _rebase_lossless(reader, writer, entry, new, stage, src_exact, base_exact, level) -> bool:
+def _rebase_lossless(reader, writer, entry, new, pipeline, src_exact, base_exact,
+                     entropy) -> Pipeline | None:
     exact, base = src_exact.get(entry.name), base_exact.get(entry.name)
-    if (not isinstance(stage, lossless.ByteGroup) or chain.is_delta(entry) or exact is None
+    if (not isinstance(pipeline.stage, ByteGroup) or pipeline.is_delta or exact is None
             or base is None or base.dtype != entry.dtype.numpy or base.shape != entry.shape
             or not entry.numel):
-        return False
+        return None
+    rebased = Pipeline(pipeline.stage, deltas.Xor(), entropy)
     mine = np.ascontiguousarray(exact).reshape(-1).view(np.uint8)
     theirs = np.ascontiguousarray(base).reshape(-1).view(np.uint8)
     itemsize = entry.dtype.itemsize
     chunks = []
     for c in range(entry.chunk_count):
         start, stop = (i * itemsize for i in entry.chunk_range(c))
-        planes = lossless.encode_chunk(np.bitwise_xor(mine[start:stop], theirs[start:stop]),
-                                       stage, level)
-        if c == 0 and sum(len(memoryview(p)) for _, p in planes) >= sum(
-                s[0].length for s in entry.streams):
-            return False
-        chunks.append(((stop - start) // stage.word, planes))
-    for size, planes in chunks:
-        for stream, (coding, payload) in zip(new.streams, planes):
+        planes = rebased.encode(mine[start:stop], theirs[start:stop])
+        if c == 0 and not deltas.keep(_stored(entry, 0), deltas.stored_size(planes)):
+            return None
+        chunks.append(planes)
+    for planes in chunks:
+        for stream, (coding, payload, size) in zip(new.streams, planes):
             stream.append(writer.write_chunk(coding, payload, size))
-    new.codec = [{"id": chain.XOR}, stage.to_dict()]
-    return True
+    return rebased

@@ -12,7 +12,11 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from . import dtypes
-from .codecs import chain, entropy, lossless, quant
+from .codecs import delta as deltas
+from .codecs.chain import Pipeline, for_new_tensor
+from .codecs.entropy import Entropy, check_level
+from .codecs.lossless import ByteGroup
+from .codecs.quant import Quant
 from .container import layout
 from .container.index import TensorEntry, check_metadata, check_name, check_shape
 from .container.reader import ContainerReader
@@ -20,7 +24,7 @@ from .container.writer import ContainerWriter
 from .lossy import FactoredTensor, LossyTensor, prepare, prepare_factored
 from .policy import Policy
 from .policy import resolve as resolve_policy
-from .errors import (BaseMismatchError, InshrinkError, InvalidArgumentError,
+from .errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError,
                      LimitExceededError, TensorNotFoundError)
 
 DEFAULT_CHUNK_BYTES = 4 << 20
@@ -86,16 +90,39 @@ def resolve_threads(threads: int | None) -> int:
     return threads
 
 
-def _encode_lossless(raw: np.ndarray, start: int, stop: int, *, stage: lossless.ByteGroup,
-                     level: int | None, base: np.ndarray | None = None) -> tuple[list, None]:
-    """Byte-group and zstd one chunk (elements [start, stop)); with ``base`` (the base
-    tensor's bytes), the chunk's XOR with the same bytes of the base."""
-    if base is not None:
+def _encode_lossless(raw: np.ndarray, start: int, stop: int, *, pipeline: Pipeline,
+                     base: np.ndarray | None = None) -> tuple[list, None]:
+    """Encode one lossless chunk (elements [start, stop)); ``base``: the base tensor's bytes,
+    for an XOR delta."""
+    ref = None
+    if pipeline.is_delta:
         first = start * (raw.size // (stop - start)) if stop > start else 0
-        raw = np.bitwise_xor(raw, base[first:first + raw.size])
-    plane_size = raw.size // stage.word
-    return [(coding, payload, plane_size)
-            for coding, payload in lossless.encode_chunk(raw, stage, level)], None
+        ref = base[first:first + raw.size]
+    return pipeline.encode(raw, ref), None
+
+
+def pipeline_for(entry: TensorEntry, has_base: bool = True) -> Pipeline:
+    """Validate a tensor entry's chain and stream sizes; return its pipeline.
+
+    ``has_base``: whether the file names a base (a delta chain is invalid otherwise).
+    Rules C-1 ... C-5 of spec section 16, in their order.
+    """
+    pipeline = Pipeline.from_chain(entry.codec, entry.dtype, has_base, entry.name)
+    if len(entry.streams) != pipeline.streams:
+        raise CorruptError(f"[C-4] tensor {entry.name!r}: {len(entry.streams)} streams, its "
+                           f"codec needs {pipeline.streams}")
+    for c in range(entry.chunk_count):
+        start, stop = entry.chunk_range(c)
+        sizes = [stream[c].size for stream in entry.streams]
+        if not pipeline.sizes_ok(stop - start, sizes, entry.dtype.itemsize):
+            raise CorruptError(f"[C-5] tensor {entry.name!r}: chunk {c} sizes do not match "
+                               f"its element range")
+    return pipeline
+
+
+def file_minor(pipelines, reports: bool) -> int:
+    """The lowest format minor the tensors' codecs need (reports in the index: 1.1)."""
+    return max([p.minor for p in pipelines] + [1 if reports else 0])
 
 
 # Tensors up to this size may be stored as one byte plane (Writer._lossless_stage).
@@ -191,11 +218,12 @@ class Writer:
             check_metadata(self.metadata)
         except InshrinkError as exc:
             raise InvalidArgumentError(str(exc)) from None
-        entropy.check_level(level)
+        check_level(level)
         if type(chunk_bytes) is not int or not 8 <= chunk_bytes <= layout.MAX_CHUNK_BYTES:
             raise InvalidArgumentError(
                 f"chunk_bytes must be an integer in [8, {layout.MAX_CHUNK_BYTES}]")
-        self._level = level
+        self._entropy = Entropy(level)
+        self._pipelines: list[Pipeline] = []
         self._chunk_bytes = chunk_bytes
         self._threads = resolve_threads(threads)
         self._progress = progress
@@ -260,11 +288,11 @@ class Writer:
             lossy = prepare(entry, read, role, config, importance)
         if isinstance(lossy, FactoredTensor):
             self._lossy[name] = lossy
-            entry.codec = lossy.plan.chain()
-            entry.streams = [[]]
-            encoder = functools.partial(lossy.encode, level=self._level)
+            lossy.pipeline = replace(lossy.pipeline, entropy=self._entropy)
+            pipeline, encoder = lossy.pipeline, lossy.encode
         elif lossy is not None:
             self._lossy[name] = lossy
+            lossy.pipeline = replace(lossy.pipeline, entropy=self._entropy)
             previous = None if self._base_codes is None else self._base_codes.get(name)
             if previous is not None and (not isinstance(previous, np.ndarray)
                                          or previous.dtype != np.uint16):
@@ -273,60 +301,62 @@ class Writer:
                 self._maybe_code_delta(entry, read, lossy, previous)
             if self.codes is not None:
                 self.codes[name] = np.empty(entry.numel, np.uint16)
-            entry.codec = lossy.plan.chain()
-            entry.streams = [[] for _ in range(lossy.plan.streams)]
-            encoder = functools.partial(lossy.encode, level=self._level)
+            pipeline, encoder = lossy.pipeline, lossy.encode
         else:
-            stage = self._lossless_stage(entry, read)
-            entry.codec = [stage.to_dict()]
-            entry.streams = [[] for _ in range(stage.streams)]
-            encoder = functools.partial(_encode_lossless, stage=stage, level=self._level)
-            base = self._delta_base(entry, read, stage)
+            pipeline = self._lossless_pipeline(entry, read)
+            base = self._delta_base(entry, read, pipeline)
             if base is not None:
-                entry.codec = [{"id": chain.XOR}, stage.to_dict()]
-                encoder = functools.partial(encoder, base=base)
+                pipeline = pipeline.with_delta(deltas.Xor())
+            encoder = functools.partial(_encode_lossless, pipeline=pipeline, base=base)
             if self._reports:
                 entry.report = {"role": role, "rel_l2_error": 0.0, "max_abs_error": 0.0}
+        entry.codec = pipeline.chain()
+        entry.streams = [[] for _ in range(pipeline.streams)]
+        self._pipelines.append(pipeline)
         self._names.add(name)  # only now: a failed fit leaves the name free
         self._container.tensors.append(entry)
         for c in range(entry.chunk_count):
             self._submit(entry, encoder, read, c)
 
-    def _lossless_stage(self, entry: TensorEntry, read: Callable[[int, int], Any]
-                        ) -> lossless.ByteGroup:
+    def _lossless_pipeline(self, entry: TensorEntry, read: Callable[[int, int], Any]
+                           ) -> Pipeline:
         """The dtype's byte grouping, or one plane for a tiny tensor when that file is smaller:
         every plane is a record with a 32-byte header and padding to 64 bytes, which outweighs
         what grouping saves on a few hundred bytes (norm weights, biases, their moments)."""
-        stage = chain.for_new_tensor(entry.dtype)
+        pipeline = for_new_tensor(entry.dtype)
+        pipeline = replace(pipeline, entropy=self._entropy)
         nbytes = entry.numel * entry.dtype.itemsize
-        if stage.word == 1 or entry.chunk_count != 1 or nbytes > TINY_TENSOR_BYTES:
-            return stage
+        if pipeline.stage.word == 1 or entry.chunk_count != 1 or nbytes > TINY_TENSOR_BYTES:
+            return pipeline
         raw = np.frombuffer(read(0, nbytes), np.uint8)
         if raw.size != nbytes:  # a short source: _encode reports it with a typed error
-            return stage
-        one = lossless.ByteGroup(1, False)
-        cost = [sum(_record_bytes(len(memoryview(payload))) for _, payload, _ in
-                    _encode_lossless(raw, 0, entry.numel, stage=s, level=self._level)[0])
-                for s in (stage, one)]
-        return one if cost[1] < cost[0] else stage
+            return pipeline
+        one = replace(pipeline, stage=ByteGroup(1, False))
+        cost = [sum(_record_bytes(len(memoryview(payload))) for _, payload, _ in p.encode(raw))
+                for p in (pipeline, one)]
+        return one if cost[1] < cost[0] else pipeline
 
     def _maybe_code_delta(self, entry: TensorEntry, read: Callable[[int, int], Any],
                           lossy: LossyTensor, previous: np.ndarray) -> None:
         """Store the tensor's codes as deltas from ``previous`` if that makes its first
-        chunk's codes smaller (it does for weights; gradient-like moments that were refitted
-        from scratch may not gain)."""
+        chunk smaller (:func:`inshrink.codecs.delta.keep`)."""
         stop = entry.chunk_range(0)[1]
         raw = np.frombuffer(read(0, stop * entry.dtype.itemsize), np.uint8)
-        plain = lossy.encode(raw, 0, stop, self._level)[0][0][1]
-        lossy.use_delta(previous)
-        delta = lossy.encode(raw, 0, stop, self._level)[0][0][1]
-        if len(memoryview(delta)) >= len(memoryview(plain)):
-            lossy.drop_delta()
+        delta, stage = deltas.for_codes(lossy.pipeline.stage, previous)
+        candidate = lossy.pipeline.with_delta(delta, stage)
+        plain = lossy.encode(raw, 0, stop)[0]
+        lossy.base_codes = previous
+        if deltas.keep(deltas.stored_size(plain),
+                       deltas.stored_size(lossy.encode(raw, 0, stop, candidate)[0])):
+            lossy.pipeline = candidate
+        else:
+            lossy.base_codes = None
 
     def _delta_base(self, entry: TensorEntry, read: Callable[[int, int], Any],
-                    stage: lossless.ByteGroup) -> np.ndarray | None:
+                    pipeline: Pipeline) -> np.ndarray | None:
         """The base bytes to XOR a lossless tensor with, if that makes its first chunk
-        smaller; None to store it standalone (no base, another dtype or shape, or no gain)."""
+        smaller (:func:`inshrink.codecs.delta.keep`); None to store it standalone (no base,
+        another dtype or shape, or no gain)."""
         base = None if self._base is None else self._base.get(entry.name)
         if (base is None or not entry.numel or np.dtype(base.dtype) != entry.dtype.numpy
                 or tuple(base.shape) != entry.shape):
@@ -334,11 +364,9 @@ class Writer:
         base = np.ascontiguousarray(base).reshape(-1).view(np.uint8)
         stop = entry.chunk_range(0)[1] * entry.dtype.itemsize
         raw = np.frombuffer(read(0, stop), np.uint8)
-        count = entry.chunk_range(0)[1]
-        plain = _encode_lossless(raw, 0, count, stage=stage, level=self._level)[0]
-        delta = _encode_lossless(raw, 0, count, stage=stage, level=self._level, base=base)[0]
-        stored = [sum(len(memoryview(p[1])) for p in planes) for planes in (plain, delta)]
-        return base if stored[1] < stored[0] else None
+        plain = pipeline.encode(raw)
+        delta = pipeline.with_delta(deltas.Xor()).encode(raw, base[:stop])
+        return base if deltas.keep(deltas.stored_size(plain), deltas.stored_size(delta)) else None
 
     def _encode(self, entry: TensorEntry, encoder: Callable, read: Callable[[int, int], Any],
                 c: int) -> tuple:
@@ -391,7 +419,9 @@ class Writer:
             for entry in self._container.tensors:
                 if entry.name in self._lossy:
                     entry.report = self._lossy[entry.name].report()
-            self._container.commit(self.metadata, self.safetensors_header, self._base_file)
+            self._container.commit(self.metadata, self.safetensors_header, self._base_file,
+                                   file_minor(self._pipelines, any(
+                                       e.report is not None for e in self._container.tensors)))
         except BaseException:
             self.abort()
             raise
@@ -461,8 +491,8 @@ class File:
         try:
             self._entries = {e.name: e for e in self._reader.index.tensors}
             has_base = self._reader.index.base is not None
-            self._stages = {name: chain.for_entry(e, has_base)
-                            for name, e in self._entries.items()}
+            self._pipelines = {name: pipeline_for(e, has_base)
+                               for name, e in self._entries.items()}
         except BaseException:
             self._reader.close()
             raise
@@ -605,29 +635,27 @@ class File:
         while window:
             yield window.popleft().result()
 
-    def _decode_chunk(self, entry: TensorEntry, c: int, out: np.ndarray) -> None:
-        stage = self._stages[entry.name]
-        quantized = isinstance(stage, quant.QuantPlan)
+    def _decode_chunk(self, entry: TensorEntry, c: int, out: np.ndarray) -> Any:
+        pipeline = self._pipelines[entry.name]
         # the base is checked (rules B-1, B-2) before any record of the tensor is read
-        base_codes = self._chunk_base_codes(entry, c) if quantized else None
-        base = self._base_bytes(entry) if chain.is_delta(entry) and not quantized else None
+        ref = self._chunk_ref(entry, pipeline, c) if pipeline.is_delta else None
         chunks = [stream[c] for stream in entry.streams]
         payloads = self._reader.read_chunks(chunks)
-        decoded = [(chunk.coding, payload, chunk.size) for chunk, payload in zip(chunks, payloads)]
-        if quantized:
-            return stage.decode(decoded, out, base_codes)
-        stage.decode(decoded, out)
-        if base is not None:
-            start, stop = entry.chunk_range(c)
-            itemsize = entry.dtype.itemsize
-            np.bitwise_xor(out, base[start * itemsize:stop * itemsize], out=out)
+        return pipeline.decode([(chunk.coding, payload, chunk.size)
+                                for chunk, payload in zip(chunks, payloads)], out, ref)
+
+    def _chunk_ref(self, entry: TensorEntry, pipeline: Pipeline, c: int) -> np.ndarray:
+        """What a delta chunk decodes against: the base's codes or bytes of the chunk."""
+        if isinstance(pipeline.delta, deltas.CodeDelta):
+            return self._chunk_base_codes(entry, c)
+        start, stop = entry.chunk_range(c)
+        itemsize = entry.dtype.itemsize
+        return self._base_bytes(entry)[start * itemsize:stop * itemsize]
 
     def _base_name(self) -> str:
         return self.base["file"] if self.base else "a base"
 
-    def _chunk_base_codes(self, entry: TensorEntry, c: int) -> np.ndarray | None:
-        if not chain.is_delta(entry):
-            return None
+    def _chunk_base_codes(self, entry: TensorEntry, c: int) -> np.ndarray:
         codes = None if self._base_codes is None else self._base_codes.get(entry.name)
         if (not isinstance(codes, np.ndarray) or codes.dtype != np.uint16
                 or codes.shape != (entry.numel,)):
@@ -641,17 +669,17 @@ class File:
         """The quantization codes of a lossy tensor (uint16, one per element), as a series
         needs them to decode the next checkpoint's code deltas. Reads only the codes."""
         entry = self._entry(name)
-        stage = self._stages[name]
-        if not isinstance(stage, quant.QuantPlan):
+        pipeline = self._pipelines[name]
+        if not isinstance(pipeline.stage, Quant):
             raise InvalidArgumentError(f"tensor {name!r} is not quantized")
         out = np.empty(entry.numel, np.uint16)
         for c in range(entry.chunk_count):
             start, stop = entry.chunk_range(c)
-            base_codes = self._chunk_base_codes(entry, c)
+            ref = self._chunk_base_codes(entry, c) if pipeline.is_delta else None
             chunk = entry.streams[0][c]
-            packed = entropy.decode(chunk.coding, self._reader.read_chunks([chunk])[0],
-                                    chunk.size)
-            out[start:stop] = stage.decode_codes(packed, stop - start, base_codes)
+            payload = self._reader.read_chunks([chunk])[0]
+            out[start:stop] = pipeline.decode_codes((chunk.coding, payload, chunk.size),
+                                                    stop - start, ref)
         return out
 
     def _base_bytes(self, entry: TensorEntry) -> np.ndarray:
@@ -703,16 +731,18 @@ class File:
         zstd frames, sizes); combining it with the base needs ``base``/``base_codes``.
         """
         for name, entry in self._entries.items():
-            if chain.is_delta(entry) and not self._has_base(entry):
+            pipeline = self._pipelines[name]
+            if pipeline.is_delta and not self._has_base(entry, pipeline):
                 for c in range(entry.chunk_count):
                     chunks = [stream[c] for stream in entry.streams]
                     for chunk, payload in zip(chunks, self._reader.read_chunks(chunks)):
-                        entropy.decode(chunk.coding, payload, chunk.size)
+                        pipeline.entropy.decode(chunk.coding, payload, chunk.size)
             else:
                 self.read_into(name, lambda start, chunk: None)
 
-    def _has_base(self, entry: TensorEntry) -> bool:
-        source = self._base_codes if entry.codec[0]["id"] == quant.DELTA_ID else self._base
+    def _has_base(self, entry: TensorEntry, pipeline: Pipeline) -> bool:
+        codes = isinstance(pipeline.delta, deltas.CodeDelta)
+        source = self._base_codes if codes else self._base
         return source is not None and entry.name in source
 
     def close(self) -> None:

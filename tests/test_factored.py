@@ -11,7 +11,7 @@ from hypothesis.extra import numpy as hnp
 
 import inshrink
 from inshrink import errors
-from inshrink.codecs.factored import FactoredPlan
+from inshrink.codecs.factored import Factored
 from inshrink.dtypes import by_name
 from inshrink.policy import Policy, QuantConfig
 
@@ -30,7 +30,7 @@ def stored_factors(path) -> tuple[np.ndarray, np.ndarray]:
     """The row and column factors as stored, read independently of the library's decoder."""
     with inshrink.open(path) as f:
         entry = f._entries[NAME]
-        stage = f._stages[NAME]
+        stage = f._pipelines[NAME].stage
         rows = [np.frombuffer(zstandard.ZstdDecompressor().decompress(f._reader.read_chunk(c))
                               if c.coding == "zstd" else f._reader.read_chunk(c),
                               entry.dtype.numpy) for c in entry.streams[0]]
@@ -121,25 +121,27 @@ def test_factored_cannot_promise_an_error_bound():
 def test_stage_validation():
     f32, f16 = by_name("F32"), by_name("F16")
     ok = {"id": "factored", "columns": np.ones(3, np.float32).tobytes().hex()}
-    plan = FactoredPlan.from_dict(ok, f32)
-    assert plan.streams == 1 and plan.to_dict() == ok
-    assert plan.stream_sizes_ok(6, [8], 4) and not plan.stream_sizes_ok(6, [12], 4)
-    assert not plan.stream_sizes_ok(7, [8], 4)
+    stage = Factored.from_dict(ok, f32)
+    assert stage.streams == 1 and stage.to_dict() == ok
+    assert stage == Factored.from_dict(dict(ok), f32) and stage != Factored.from_dict(
+        dict(ok, columns=np.ones(2, np.float32).tobytes().hex()), f32)
+    assert stage.stream_sizes_ok(6, [8], 4) and not stage.stream_sizes_ok(6, [12], 4)
+    assert not stage.stream_sizes_ok(7, [8], 4)
     bad = [dict(ok, extra=1), {"id": "factored"}, dict(ok, columns=""),
            dict(ok, columns=ok["columns"][:-2]), dict(ok, columns=" " + ok["columns"][1:]),
            dict(ok, columns=np.array([1, np.nan, 2], np.float32).tobytes().hex()),
            dict(ok, columns=np.array([1, np.inf, 2], np.float32).tobytes().hex()), [1]]
-    for stage in bad:
+    for d in bad:
         with pytest.raises(errors.CorruptError):
-            FactoredPlan.from_dict(stage, f32) if isinstance(stage, dict) else \
-                FactoredPlan.from_dict({"id": "factored", "columns": stage}, f32)
+            Factored.from_dict(d, f32) if isinstance(d, dict) else \
+                Factored.from_dict({"id": "factored", "columns": d}, f32)
     with pytest.raises(errors.CorruptError, match="F16"):
-        FactoredPlan.from_dict({"id": "factored", "columns": "0000"}, f16)
+        Factored.from_dict({"id": "factored", "columns": "0000"}, f16)
     out = np.empty(6 * 4, np.uint8)
-    plan.decode([("raw", np.array([1, 2], np.float32).tobytes(), 8)], out)
+    stage.decode([np.array([1, 2], np.float32).tobytes()], out)
     np.testing.assert_array_equal(out.view(np.float32), [1, 1, 1, 2, 2, 2])
     with pytest.raises(errors.CorruptError, match="finite"):
-        plan.decode([("raw", np.array([1, np.inf], np.float32).tobytes(), 8)], out)
+        stage.decode([np.array([1, np.inf], np.float32).tobytes()], out)
 
 
 def test_a_non_finite_column_in_a_file_is_corrupt(tmp_path):

@@ -64,7 +64,7 @@ def test_protected_values_are_exact_and_levels_sorted(tmp_path):
     top = np.argsort(np.abs(x[np.isfinite(x)]))[-10:]
     assert np.array_equal(x[np.isfinite(x)][top], y[np.isfinite(x)][top])
     with inshrink.open(path) as f:
-        stage = f._stages["w.weight"]
+        stage = f._pipelines["w.weight"].stage
     levels = stage.levels.astype(np.float64)
     assert np.all(np.diff(levels) > 0)
     assert report["w.weight"].error["protected"] >= 5 / x.size
@@ -103,7 +103,8 @@ def test_optimizer_moments_keep_sign_and_never_flush(tmp_path):
     assert report["optimizer.state.0.exp_avg"].error["sign_flipped"] == 0
     # every value went to its nearest level in the log domain (or is exact: protected)
     with inshrink.open(path) as f:
-        levels = f._stages["optimizer.state.0.exp_avg_sq"].levels.astype(np.float64)
+        stage = f._pipelines["optimizer.state.0.exp_avg_sq"].stage
+        levels = stage.levels.astype(np.float64)
     levels = levels[levels > 0]
     logs = np.log(levels)
     pos = v > 0
@@ -316,7 +317,7 @@ def test_every_code_width_round_trips(tmp_path, bins):
     report, out, path = save_load(tmp_path, {"w.weight": x},
                                   Policy.uniform(QuantConfig(bins=bins, protect=0.001)))
     with inshrink.open(path) as f:
-        stage = f._stages["w.weight"]
+        stage = f._pipelines["w.weight"].stage
     assert stage.bits >= max(1, (len(stage.levels) - 1).bit_length())
     assert math.isclose(report["w.weight"].error["rel_l2_error"], rel_l2(x, out["w.weight"]),
                         rel_tol=1e-6)
@@ -399,9 +400,10 @@ def _thresholds_over_every_bucket(sketch, config):
        prune=st.sampled_from([0.0, 0.1, 0.5, 0.7]),
        protect=st.sampled_from([0.0, 0.0005, 0.01, 0.29]))
 def test_thresholds_match_the_every_bucket_definition(values, prune, protect):
-    from inshrink.codecs import quant
+    from inshrink.codecs import quantize
     from inshrink.dtypes import BY_NAME
-    sketch = quant.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
+    sketch = quantize.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
     sketch.add(np.ascontiguousarray(values))
     config = QuantConfig(bins=16, prune=prune, protect=protect)
-    assert quant._thresholds(sketch, config) == _thresholds_over_every_bucket(sketch, config)
+    assert (quantize._thresholds(sketch, prune, protect)
+            == _thresholds_over_every_bucket(sketch, config))

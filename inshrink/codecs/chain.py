@@ -1,66 +1,142 @@
-"""Codec chains: build the chain for a new tensor, and check a chain read from a file.
+"""Codec chains: the pipeline that runs one, and the validation of one read from a file.
 
-Format 1.4 knows five chains, each ending in one array->streams stage followed by per-chunk
-zstd/raw coding: ``[bytegroup]`` (lossless), ``[quant]`` (dynamic quantization),
-``[xor, bytegroup]`` (lossless delta: the bytes are XORed with the same tensor of the base file
-before byte grouping), ``[codedelta, quant]`` (quantization-aware delta: codes stored as
-cyclic differences from the base tensor's codes, regrouped by the base code) and
-``[factored]`` (a matrix as the outer product of row and column factors).
+Format 1.5 knows five chains, each an array stage, optionally preceded by a delta stage, and
+followed by the entropy stage on every stream: ``[bytegroup]`` (lossless), ``[quant]``
+(dynamic quantization), ``[xor, bytegroup]`` (lossless delta: the bytes are XORed with the
+same tensor of the base file before byte grouping), ``[codedelta, quant]``
+(quantization-aware delta: codes stored as cyclic differences from the base tensor's codes,
+regrouped by the base code) and ``[factored]`` (a matrix as the outer product of row and
+column factors).
 """
 from __future__ import annotations
 
-from ..container.index import TensorEntry
+import functools
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
 from ..dtypes import DType
 from ..errors import CorruptError, UnknownCodecError
-from . import factored, lossless, quant
+from .base import ArrayStage, DeltaStage
+from .delta import CodeDelta, Xor
+from .entropy import Entropy
+from .factored import Factored
+from .lossless import ByteGroup
+from .quant import Quant
 
-STAGES = {lossless.STAGE_ID: lossless.ByteGroup.from_dict, quant.STAGE_ID: quant.QuantPlan.from_dict,
-          factored.STAGE_ID: factored.FactoredPlan.from_dict}
-XOR = "xor"
+ARRAY_STAGES: dict[str, type[ArrayStage]] = {s.id: s for s in (ByteGroup, Quant, Factored)}
+DELTA_STAGES: dict[str, type[DeltaStage]] = {s.id: s for s in (Xor, CodeDelta)}
+
+Encoded = list[tuple[str, Any, int]]
+"""One chunk's streams as stored: ``(coding, payload, decoded size)`` each."""
 
 
-def for_new_tensor(dtype: DType) -> lossless.ByteGroup:
-    """The lossless chain the writer uses for a tensor of this dtype."""
-    return lossless.plan(dtype)
+@dataclass(frozen=True)
+class Pipeline:
+    """A codec chain: an array stage, an optional delta stage before it, and the entropy
+    stage on every stream. Encodes and decodes one chunk at a time, in memory.
 
-
-def for_entry(entry: TensorEntry, has_base: bool = True):
-    """Validate a tensor entry's chain and stream sizes; return the decoder stage.
-
-    ``has_base``: whether the file names a base (a delta chain is invalid otherwise).
-    Rules C-1 ... C-5 of spec section 16, in their order.
+    ``ref`` arguments are the base file's same chunk that a delta stage needs: its bytes
+    (``xor``) or its codes (``codedelta``).
     """
-    for stage_id in (s["id"] for s in entry.codec):
-        if stage_id not in STAGES and stage_id not in (XOR, quant.DELTA_ID):
-            raise UnknownCodecError(f"[C-1] tensor {entry.name!r}: unknown codec stage "
-                                    f"{stage_id!r}")
-    codec, delta = entry.codec, None
-    if len(codec) == 2 and codec[0] == {"id": XOR} and codec[1]["id"] == lossless.STAGE_ID:
-        codec, delta = codec[1:], XOR  # the delta is undone by the reader, after the planes
-    elif (len(codec) == 2 and codec[0]["id"] == quant.DELTA_ID
-          and set(codec[0]) == {"id", "modulus"} and codec[1]["id"] == quant.STAGE_ID):
-        codec, delta = codec[1:], quant.DELTA_ID
-    if len(codec) != 1 or codec[0]["id"] not in STAGES:
-        raise CorruptError(f"[C-2] tensor {entry.name!r}: expected one codec stage, "
-                           f"[xor, bytegroup] or [codedelta, quant]")
-    if delta is not None and not has_base:
-        raise CorruptError(f"[C-2] tensor {entry.name!r}: a {delta} chain in a file that "
-                           f"names no base")
-    stage = STAGES[codec[0]["id"]](codec[0], entry.dtype)
-    if delta == quant.DELTA_ID:
-        stage = stage.check_delta(entry.codec[0]["modulus"])
-    if len(entry.streams) != stage.streams:
-        raise CorruptError(f"[C-4] tensor {entry.name!r}: {len(entry.streams)} streams, its "
-                           f"codec needs {stage.streams}")
-    for c in range(entry.chunk_count):
-        start, stop = entry.chunk_range(c)
-        sizes = [stream[c].size for stream in entry.streams]
-        if not stage.stream_sizes_ok(stop - start, sizes, entry.dtype.itemsize):
-            raise CorruptError(f"[C-5] tensor {entry.name!r}: chunk {c} sizes do not match "
-                               f"its element range")
-    return stage
+
+    stage: ArrayStage
+    delta: DeltaStage | None = None
+    entropy: Entropy = field(default_factory=Entropy)
+
+    def chain(self) -> list[dict]:
+        """The codec chain as the index stores it."""
+        return [s.to_dict() for s in self.stages]
+
+    @property
+    def stages(self) -> tuple:
+        return (self.stage,) if self.delta is None else (self.delta, self.stage)
+
+    @property
+    def minor(self) -> int:
+        """The lowest format minor version that defines every stage."""
+        return max(s.minor for s in (*self.stages, self.entropy))
+
+    @property
+    def streams(self) -> int:
+        return self.stage.streams
+
+    @property
+    def is_delta(self) -> bool:
+        """Whether chunks decode against the base file's same tensor."""
+        return self.delta is not None
+
+    def with_delta(self, delta: DeltaStage | None, stage: ArrayStage | None = None) -> "Pipeline":
+        """This pipeline with another delta stage (and array stage, when the delta changes
+        it)."""
+        return replace(self, delta=delta, stage=self.stage if stage is None else stage)
+
+    def encode(self, chunk: Any, ref: np.ndarray | None = None) -> Encoded:
+        """Encode one chunk: element bytes (uint8) for ``bytegroup``, a
+        :class:`~inshrink.codecs.quant.QuantChunk` for ``quant``, the row factors for
+        ``factored``."""
+        if self.delta is not None:
+            chunk = self.delta.encode(chunk, ref)
+        return [self.entropy.encode(stream) for stream in self.stage.encode(chunk)]
+
+    def encode_codes(self, codes: np.ndarray, ref: np.ndarray | None = None) -> tuple:
+        """The codes stream alone of a ``quant`` chunk, ``(coding, payload, size)`` (its escape
+        streams do not depend on the delta)."""
+        if self.delta is not None:
+            codes = self.delta.encode_codes(codes, ref)
+        return self.entropy.encode(self.stage.encode_codes(codes))
+
+    def _undo(self, ref: np.ndarray | None):
+        return None if self.delta is None else functools.partial(self.delta.decode, ref=ref)
+
+    def decode(self, chunks: Encoded, out: np.ndarray, ref: np.ndarray | None = None) -> Any:
+        """Decode one chunk into ``out`` (uint8, its elements' bytes); returns what the array
+        stage returns (the codes, for ``quant``)."""
+        streams = [self.entropy.decode(*chunk) for chunk in chunks]
+        return self.stage.decode(streams, out, self._undo(ref))
+
+    def decode_codes(self, chunk: tuple[str, Any, int], n: int,
+                     ref: np.ndarray | None = None) -> np.ndarray:
+        """The codes of a ``quant`` chunk of ``n`` elements from its codes stream alone."""
+        return self.stage.decode_codes(self.entropy.decode(*chunk), n, self._undo(ref))
+
+    def sizes_ok(self, n: int, sizes: list[int], itemsize: int) -> bool:
+        """Whether a chunk of ``n`` elements has the stream sizes the chain gives (C-5)."""
+        return self.stage.stream_sizes_ok(n, sizes, itemsize)
+
+    @classmethod
+    def from_chain(cls, codec: list[dict], dtype: DType, has_base: bool = True,
+                   name: str = "") -> "Pipeline":
+        """Validate a codec chain read from a file (rules C-1 ... C-3a of spec section 16, in
+        their order) and build its pipeline; ``has_base``: whether the file names a base (a
+        delta chain is invalid otherwise), ``name`` the tensor's, for messages."""
+        for stage_id in (s["id"] for s in codec):
+            if stage_id not in ARRAY_STAGES and stage_id not in DELTA_STAGES:
+                raise UnknownCodecError(f"[C-1] tensor {name!r}: unknown codec stage "
+                                        f"{stage_id!r}")
+        delta_dict = None
+        if (len(codec) == 2 and codec[0] == {"id": Xor.id}
+                and codec[1]["id"] == Xor.applies_to):
+            delta_dict, codec = codec[0], codec[1:]
+        elif (len(codec) == 2 and codec[0]["id"] == CodeDelta.id
+              and set(codec[0]) == {"id", "modulus"} and codec[1]["id"] == CodeDelta.applies_to):
+            delta_dict, codec = codec[0], codec[1:]
+        if len(codec) != 1 or codec[0]["id"] not in ARRAY_STAGES:
+            raise CorruptError(f"[C-2] tensor {name!r}: expected one codec stage, "
+                               f"[xor, bytegroup] or [codedelta, quant]")
+        if delta_dict is not None and not has_base:
+            raise CorruptError(f"[C-2] tensor {name!r}: a {delta_dict['id']} chain in a file "
+                               f"that names no base")
+        stage = ARRAY_STAGES[codec[0]["id"]].from_dict(codec[0], dtype)
+        delta = None
+        if delta_dict is not None:
+            delta = DELTA_STAGES[delta_dict["id"]].from_dict(delta_dict, dtype)
+            if isinstance(delta, CodeDelta):
+                delta.check(stage)
+        return cls(stage, delta)
 
 
-def is_delta(entry: TensorEntry) -> bool:
-    """Whether the tensor decodes against the base file's tensor of the same name."""
-    return entry.codec[0]["id"] in (XOR, quant.DELTA_ID)
+def for_new_tensor(dtype: DType, level: int | None = None) -> Pipeline:
+    """The lossless pipeline the writer starts from for a tensor of this dtype."""
+    return Pipeline(ByteGroup.for_dtype(dtype), entropy=Entropy(level))

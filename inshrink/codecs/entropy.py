@@ -1,19 +1,23 @@
-"""The bytes->bytes stage: one zstd frame per chunk, or the bytes stored raw.
+"""The entropy stage, bytes->bytes: one zstd frame per stream chunk, or the bytes stored raw.
 
-Compressor/decompressor contexts are not thread-safe, so each thread keeps its own.
+Every chain ends in it implicitly: the chain does not list it, each chunk records its coding
+(``zstd`` or ``raw``). Compressor/decompressor contexts are not thread-safe, so each thread
+keeps its own.
 """
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import zstandard
 
-from ..container.layout import MAX_ZSTD_WINDOW
 from ..errors import CorruptError, InvalidArgumentError, UnknownCodecError
 
 ZSTD = "zstd"
 RAW = "raw"
 CODINGS = (ZSTD, RAW)
+MAX_ZSTD_WINDOW = 1 << 27  # spec "Limits": Window_Size of a chunk's zstd frame
 
 # Byte planes of weights are near-random bytes with a skewed histogram: almost all of zstd's
 # gain comes from Huffman-coded literals. A small hash table and the longest minimum match keep
@@ -60,6 +64,29 @@ def encode(data, level: int | None = None):
     if len(packed) < memoryview(data).nbytes:
         return ZSTD, packed
     return RAW, data
+
+
+@dataclass(frozen=True)
+class Entropy:
+    """The entropy stage with its encoder setting: ``level`` is a zstd level, ``None`` for
+    inshrink's fast plane settings. The setting is not stored; any level decodes alike."""
+
+    id: ClassVar[str] = ZSTD
+    minor: ClassVar[int] = 0
+    level: int | None = None
+
+    def __post_init__(self) -> None:
+        check_level(self.level)
+
+    def encode(self, data) -> tuple[str, Any, int]:
+        """``(coding, payload, decoded size)`` of one stream chunk (see :func:`encode`)."""
+        coding, payload = encode(data, self.level)
+        return coding, payload, memoryview(data).nbytes
+
+    @staticmethod
+    def decode(coding: str, payload, size: int) -> bytes:
+        """See :func:`decode`."""
+        return decode(coding, payload, size)
 
 
 def decode(coding: str, payload: bytes, size: int) -> bytes:

@@ -5,8 +5,8 @@ columns of a layer see gradients of different scale. Adafactor trains with exact
 approximation; stored this way, a second moment costs R + C values instead of R × C.
 
 The tensor's elements, in row-major order, form a matrix of ``numel / C`` rows and ``C``
-columns, ``C`` the number of column factors ``b`` stored in the stage object. Every chunk
-holds whole rows; its one stream holds the chunk's row factors ``a``. Decoding is
+columns, ``C`` the number of column factors ``b`` the stage stores. Every chunk holds whole
+rows; its one stream holds the chunk's row factors ``a``. Decoding is
 ``x[i, j] = a[i] × b[j]``, one correctly rounded multiplication in the tensor's dtype (F32 or
 F64) of finite factors, so every decoder gives the same bits.
 
@@ -19,37 +19,37 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from ..dtypes import DType
 from ..errors import CorruptError
-from . import entropy
+from .base import ArrayStage, Undo
 
 STAGE_ID = "factored"
 DTYPES = ("F32", "F64")
 _HEX = re.compile(r"[0-9a-fA-F]*")  # no whitespace, sign or prefix (spec 10.6.1)
 
 
-@dataclass(frozen=True)
-class FactoredPlan:
-    """The stage's parameters: the column factors, in the tensor's dtype."""
+@dataclass(frozen=True, eq=False)
+class Factored(ArrayStage):
+    """Stage ``factored``: the column factors, in the tensor's dtype."""
 
+    id: ClassVar[str] = STAGE_ID
+    minor: ClassVar[int] = 4
     dtype: DType
     columns: np.ndarray
 
     def to_dict(self) -> dict:
         return {"id": STAGE_ID, "columns": self.columns.astype(self.dtype.numpy).tobytes().hex()}
 
-    def chain(self) -> list[dict]:
-        return [self.to_dict()]
-
     @property
     def streams(self) -> int:
         return 1
 
     @classmethod
-    def from_dict(cls, d: dict, dtype: DType) -> "FactoredPlan":
+    def from_dict(cls, d: dict, dtype: DType) -> "Factored":
         """Validate stage parameters read from a file (decoder side)."""
         if set(d) != {"id", "columns"} or d["id"] != STAGE_ID:
             raise CorruptError(f"[C-3] bad factored stage parameters {sorted(d)}")
@@ -70,11 +70,13 @@ class FactoredPlan:
         columns = self.columns.size
         return n % columns == 0 and sizes == [n // columns * itemsize]
 
-    def decode(self, chunks: list[tuple], out: np.ndarray) -> None:
-        """Decode one chunk, given its stream's (coding, payload, decoded size), into ``out``
-        (uint8, n × itemsize bytes)."""
-        (coding, payload, size), = chunks
-        rows = np.frombuffer(entropy.decode(coding, payload, size), self.dtype.numpy)
+    def encode(self, chunk: np.ndarray) -> list[np.ndarray]:
+        """The one stream of a chunk: its row factors ``chunk`` (in the dtype)."""
+        return [np.ascontiguousarray(chunk).view(np.uint8)]
+
+    def decode(self, streams: list, out: np.ndarray, undo: Undo | None = None) -> None:
+        """Decode one chunk's decoded row factors into ``out`` (uint8, n × itemsize bytes)."""
+        rows = np.frombuffer(streams[0], self.dtype.numpy)
         if not np.isfinite(rows).all():
             raise CorruptError("[D-7] factored row factors must be finite")
         values = out.view(self.dtype.numpy).reshape(rows.size, self.columns.size)
@@ -98,10 +100,3 @@ def factors(row_sums: np.ndarray, column_sums: np.ndarray,
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         return None
     return a, b
-
-
-def encode_chunk(rows: np.ndarray, level: int | None) -> list[tuple]:
-    """The stored stream of one chunk: its row factors (in the dtype), entropy-coded."""
-    raw = np.ascontiguousarray(rows).view(np.uint8)
-    coding, payload = entropy.encode(raw, level)
-    return [(coding, payload, raw.size)]

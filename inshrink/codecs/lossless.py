@@ -1,13 +1,13 @@
-"""Lossless codec: sign rotation + byte grouping (Numba), then zstd or raw per plane.
+"""Lossless codec: sign rotation + byte grouping (Numba), stage ``bytegroup``.
 
 A tensor's bytes are cut into chunks of whole elements; every chunk is split into ``word``
-planes and each plane is coded on its own, so a tensor has ``word`` streams with one chunk
-each per element range. See spec/FORMAT.md, "Stage bytegroup".
+planes and each plane is entropy-coded on its own, so a tensor has ``word`` streams with one
+chunk each per element range. See spec/FORMAT.md, "Stage bytegroup".
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -15,6 +15,7 @@ from ..dtypes import DType
 from ..errors import CorruptError
 from ..kernels import bytegroup as kernels
 from . import entropy
+from .base import ArrayStage, Undo
 
 STAGE_ID = "bytegroup"
 
@@ -23,10 +24,12 @@ _SPLIT = {2: kernels.split_u16, 4: kernels.split_u32, 8: kernels.split_u64}
 _JOIN = {2: kernels.join_u16, 4: kernels.join_u32, 8: kernels.join_u64}
 
 
-@dataclass(frozen=True)
-class ByteGroup:
-    """Parameters of the ``bytegroup`` stage: word width in bytes and sign rotation."""
+@dataclass(frozen=True, eq=False)
+class ByteGroup(ArrayStage):
+    """Stage ``bytegroup``: word width in bytes and sign rotation."""
 
+    id: ClassVar[str] = STAGE_ID
+    minor: ClassVar[int] = 0
     word: int
     rotate: bool
 
@@ -45,6 +48,13 @@ class ByteGroup:
             raise CorruptError(f"[C-3] bad bytegroup rotate flag {rotate!r}")
         return cls(word, rotate)
 
+    @classmethod
+    def for_dtype(cls, dtype: DType) -> "ByteGroup":
+        """The writer's default for a dtype: floats rotate their sign into the low byte."""
+        if dtype.word > 1:
+            return cls(dtype.word, True)
+        return cls(dtype.itemsize if dtype.word == 0 else 1, False)  # integers, bool, fp8
+
     @property
     def streams(self) -> int:
         return self.word
@@ -53,16 +63,25 @@ class ByteGroup:
         """Every plane of a chunk of ``n`` elements holds n × itemsize / word bytes."""
         return all(size == n * itemsize // self.word for size in sizes)
 
-    def decode(self, chunks: list[tuple], out: np.ndarray) -> None:
-        """Decode one chunk from its planes' (coding, payload, size) into ``out``."""
-        decode_chunk([(coding, payload) for coding, payload, _ in chunks], self, out)
+    def encode(self, chunk: np.ndarray) -> list[np.ndarray]:
+        """The planes of one chunk (uint8, a whole number of words)."""
+        if self.word == 1:
+            return [chunk]
+        words = chunk.view(_WORD_TYPES[self.word])
+        planes = np.empty((self.word, words.size), np.uint8)
+        _SPLIT[self.word](words, self.rotate, planes)
+        return list(planes)
 
-
-def plan(dtype: DType) -> ByteGroup:
-    """Choose the stage for a dtype: floats rotate their sign into the low byte."""
-    if dtype.word > 1:
-        return ByteGroup(dtype.word, True)
-    return ByteGroup(dtype.itemsize if dtype.word == 0 else 1, False)  # integers, bool, fp8
+    def decode(self, streams: list, out: np.ndarray, undo: Undo | None = None) -> None:
+        """Join one chunk's decoded planes into ``out`` (uint8, ``word`` × plane size bytes);
+        ``undo`` (an XOR delta) then applies to the joined bytes."""
+        planes = tuple(_readonly(np.frombuffer(plane, np.uint8)) for plane in streams)
+        if self.word == 1:
+            out[:] = planes[0]
+        else:
+            _JOIN[self.word](planes, self.rotate, out.view(_WORD_TYPES[self.word]))
+        if undo is not None:
+            undo(out)
 
 
 def _readonly(plane: np.ndarray) -> np.ndarray:
@@ -72,22 +91,19 @@ def _readonly(plane: np.ndarray) -> np.ndarray:
     return plane
 
 
-def encode_chunk(chunk: np.ndarray, stage: ByteGroup, level: int | None) -> list[tuple[str, bytes]]:
-    """Encode one chunk (uint8, a whole number of words) into one (coding, payload) per plane."""
-    if stage.word == 1:
-        return [entropy.encode(chunk, level)]
-    words = chunk.view(_WORD_TYPES[stage.word])
-    planes = np.empty((stage.word, words.size), np.uint8)
-    _SPLIT[stage.word](words, stage.rotate, planes)
-    return [entropy.encode(plane, level) for plane in planes]
+# The chunk functions of earlier releases, which benchmarks/bench_series.py and the fuzzer call.
+
+def plan(dtype: DType) -> ByteGroup:
+    """The writer's default stage for a dtype (:meth:`ByteGroup.for_dtype`)."""
+    return ByteGroup.for_dtype(dtype)
+
+
+def encode_chunk(chunk: np.ndarray, stage: ByteGroup, level: int | None) -> list[tuple[str, Any]]:
+    """One (coding, payload) per plane of a chunk (uint8, a whole number of words)."""
+    return [entropy.encode(plane, level) for plane in stage.encode(chunk)]
 
 
 def decode_chunk(payloads: list[tuple[str, Any]], stage: ByteGroup, out: np.ndarray) -> None:
     """Decode the planes of one chunk into ``out`` (uint8, ``word`` × plane size bytes)."""
     n = out.size // stage.word
-    planes = tuple(_readonly(np.frombuffer(entropy.decode(coding, payload, n), np.uint8))
-                   for coding, payload in payloads)
-    if stage.word == 1:
-        out[:] = planes[0]
-    else:
-        _JOIN[stage.word](planes, stage.rotate, out.view(_WORD_TYPES[stage.word]))
+    stage.decode([entropy.decode(coding, payload, n) for coding, payload in payloads], out)

@@ -13,8 +13,6 @@ from ..errors import (ChecksumError, CorruptError, TruncatedError, UnsupportedFe
 MAGIC = b"\x89INK\r\n\x1a\n"
 VERSION_MAJOR = 1
 VERSION_MINOR = 5           # the newest minor this code writes and reads
-MINOR_FOR_STAGE = {"bytegroup": 0, "quant": 1, "xor": 2, "codedelta": 2,
-                   "factored": 4}  # lowest minor needed
 ALIGNMENT = 64
 
 HEADER_SIZE = 64

@@ -55,15 +55,20 @@ class ContainerWriter:
         return self._offset
 
     def commit(self, metadata: dict[str, str], safetensors_header: str | None = None,
-               base: dict | None = None) -> None:
+               base: dict | None = None, minor: int = 0) -> None:
         """Write index and tail, fsync, and atomically move the file into place (``base``:
-        the file that delta-coded tensors refer to).
+        the file that delta-coded tensors refer to; ``minor``: the lowest format minor
+        version the tensors' codec chains and fields need, which the caller knows; the header
+        gets the larger of it and what the container's own features need).
 
         Raises :class:`~inshrink.errors.LimitExceededError` (or
         :class:`~inshrink.errors.InvalidArgumentError` for a malformed ``base``) before
         anything is moved into place when the file would break a limit of the format: a
         reader would refuse it, so the previous file at the destination is kept.
         """
+        if type(minor) is not int or not 0 <= minor <= layout.VERSION_MINOR:
+            raise InvalidArgumentError(f"minor must be an integer in [0, "
+                                       f"{layout.VERSION_MINOR}], got {minor!r}")
         if base is not None:
             try:
                 check_base(base)
@@ -76,10 +81,6 @@ class ContainerWriter:
             required |= layout.FEATURE_DELTA
         offset, _ = self._record(layout.KIND_INDEX, payload)
         self._write(layout.pack_tail(offset, payload))
-        minor = max((layout.MINOR_FOR_STAGE.get(stage["id"], layout.VERSION_MINOR)
-                     for t in self.tensors for stage in t.codec), default=0)
-        if any(t.report is not None for t in self.tensors):
-            minor = max(minor, 1)
         if base is not None:
             minor = max(minor, 5 if "digest" in base else 2)
         if required & layout.FEATURE_ZINDEX:

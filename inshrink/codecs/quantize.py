@@ -1,0 +1,320 @@
+"""The quantization encoder: the sketch pass, the fit of the levels, code assignment.
+
+Encoding a tensor takes two passes over its chunks. The first builds a log-bucket sketch of
+the magnitudes (per sign). From it :func:`fit` chooses protect and prune thresholds from its
+quantiles and ``bins`` levels by weighted k-means on its buckets, in a domain (``linear``,
+``log``, ``signed_log``). The result, a :class:`QuantEncoder`, holds the stored stage
+(:class:`~inshrink.codecs.quant.Quant`: the level table) next to what only the encoder uses
+(decision boundaries and thresholds). The second pass assigns every element the code of its
+nearest level, or the zero level (pruned), or the *escape* code (protected or non-finite: its
+exact value goes to the side streams).
+
+Nothing here reads a policy: callers pass plain values.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..dtypes import DType
+from ..kernels import quant as kernels
+from .quant import WORDS, Quant, QuantChunk, packing_bits
+
+BIN_LADDER = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
+              1536, 2048, 4096, 8192, 16384, 32768, 65000)
+
+
+def work_dtype(dtype: DType) -> np.dtype:
+    """The float type codes are computed in: exact for every lossy dtype."""
+    return np.dtype(np.float64 if dtype.name == "F64" else np.float32)
+
+
+# --- pass 1: the sketch ---------------------------------------------------------------------
+
+_FLOAT_BITS = {4: (np.uint32, 23), 8: (np.uint64, 52)}
+
+
+@dataclass
+class Sketch:
+    """Log-bucket histogram of one tensor's magnitudes per sign, plus the counts the plan
+    needs. A magnitude's bucket is its float bit pattern shifted right by ``shift`` (exponent
+    and top mantissa bits): log-spaced buckets of relative width at most 2·alpha, without the
+    per-element logarithm. Sketches of different chunks merge by adding (the paper's parallel
+    DDSketch without collapsing)."""
+
+    work: np.dtype
+    shift: int
+    pos: np.ndarray
+    neg: np.ndarray
+    totals: np.ndarray  # zeros, non-finite, sum of squares of the finite elements
+
+    @classmethod
+    def for_dtype(cls, dtype: DType, alpha: float, bins: int = 1) -> "Sketch":
+        """A sketch of relative bucket width <= 2·alpha, refined for many bins (k-means
+        cannot place levels closer than the buckets: up to 2^12 buckets per octave)."""
+        work = work_dtype(dtype)
+        word, mantissa = _FLOAT_BITS[work.itemsize]
+        kept = max(math.ceil(math.log2(1 / (2 * alpha))), min(12, bins.bit_length() + 2))
+        exponent = 8 * work.itemsize - 1 - mantissa
+        kept = min(mantissa, 20 - exponent, max(1, kept))  # at most 2^20 buckets per sign
+        shift = mantissa - kept
+        size = int(cls._inf_bits(work) >> np.uint64(shift)) + 1
+        return cls(work, shift, np.zeros(size, np.int64), np.zeros(size, np.int64),
+                   np.zeros(3, np.float64))
+
+    @staticmethod
+    def _inf_bits(work: np.dtype) -> np.uint64:
+        return np.uint64(np.array(np.inf, work).view(_FLOAT_BITS[work.itemsize][0]))
+
+    def add(self, x: np.ndarray) -> None:
+        """Count one chunk (``x`` contiguous, in the work dtype)."""
+        word = _FLOAT_BITS[self.work.itemsize][0]
+        abs_mask = np.uint64((1 << (8 * self.work.itemsize - 1)) - 1)
+        kernels.sketch_words(x, x.view(word), abs_mask, self._inf_bits(self.work),
+                             np.uint64(self.shift), self.pos, self.neg, self.totals)
+
+    @property
+    def zeros(self) -> int:
+        return int(self.totals[0])
+
+    @property
+    def nonfinite(self) -> int:
+        return int(self.totals[1])
+
+    @property
+    def sumsq(self) -> float:
+        return float(self.totals[2])
+
+    @property
+    def count(self) -> int:
+        return int(self.pos.sum() + self.neg.sum()) + self.zeros + self.nonfinite
+
+    def _edge(self, index) -> np.ndarray:
+        word = _FLOAT_BITS[self.work.itemsize][0]
+        bits = (np.asarray(index, np.uint64) << np.uint64(self.shift)).astype(word)
+        return bits.view(self.work).astype(np.float64)
+
+    def upper(self, index):
+        """Upper edge (exclusive) of the magnitudes in bucket ``index``."""
+        return self._edge(np.asarray(index) + 1)
+
+    def lower(self, index):
+        return self._edge(index)
+
+    def center(self, index):
+        """Representative magnitude of a bucket: the geometric middle of its edges."""
+        lo, hi = self.lower(index), self.upper(index)
+        return np.where(lo > 0, np.sqrt(lo * hi), hi / 2)
+
+
+# --- the fit --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class QuantEncoder:
+    """The fitted quantizer of one tensor: the stored stage and the encoder's thresholds."""
+
+    stage: Quant
+    boundaries: np.ndarray        # float64, len(levels) - 1, in the value domain
+    protect_at: float = math.inf  # |x| >= this: escaped
+    prune_below: float = 0.0      # |x| < this: zero level
+
+    def assign(self, x: np.ndarray, force: np.ndarray | None = None) -> np.ndarray:
+        """Codes of one chunk (``x`` in the work dtype; ``force``: 1 protect, 2 prune)."""
+        stage = self.stage
+        codes = np.empty(x.size, np.uint16)
+        kernels.assign_codes(x, self.boundaries, -self.protect_at, self.protect_at,
+                             -self.prune_below, self.prune_below, stage.zero_code, stage.escape,
+                             _NO_FORCE if force is None else force, codes)
+        return codes
+
+    def stats(self, x: np.ndarray, codes: np.ndarray) -> "ChunkStats":
+        """The error the codes make on ``x`` (escaped elements are exact)."""
+        out = np.zeros(7, np.float64)
+        kernels.error_stats(x, codes, self.stage.levels.astype(np.float64), self.stage.escape,
+                            self.prune_below, out)
+        sse, worst, escaped, pruned, zeroed, flipped, nonzero = out
+        return ChunkStats(x.size, float(sse), float(worst), int(escaped), int(pruned),
+                          int(zeroed), int(flipped), int(nonzero))
+
+    def quantize(self, raw: np.ndarray, force: np.ndarray | None = None
+                 ) -> tuple[QuantChunk, "ChunkStats"]:
+        """One chunk (uint8 view of whole elements) as the stage stores it, and its error."""
+        stage = self.stage
+        x = raw.view(stage.dtype.numpy).astype(work_dtype(stage.dtype))
+        codes = self.assign(x, force)
+        stats = self.stats(x, codes)
+        positions = np.flatnonzero(codes == stage.escape)
+        if positions.size:  # escaped elements keep their nearest level's code: smoother streams
+            nearest = np.searchsorted(self.boundaries, x[positions], side="left")
+            codes[positions] = np.where(np.isfinite(x[positions]), nearest, 0)
+            if stage.levels.size == 0:
+                codes[positions] = 0
+        values = raw.view(WORDS[stage.dtype.itemsize])[positions].view(np.uint8)
+        return QuantChunk(codes, positions, values), stats
+
+    def estimate_rel_l2(self, sketch: Sketch) -> float:
+        """Relative L2 error predicted from the histogram alone (bucket centers stand in for
+        the values): cheap, used to skip bin counts that cannot meet a bound."""
+        if sketch.sumsq <= 0:
+            return 0.0
+        pos, neg = np.flatnonzero(sketch.pos), np.flatnonzero(sketch.neg)
+        values = np.concatenate([sketch.center(pos), -sketch.center(neg)])
+        counts = np.concatenate([sketch.pos[pos], sketch.neg[neg]]).astype(np.float64)
+        table = self.stage.levels.astype(np.float64)
+        if table.size == 0:
+            decoded = values.copy()
+        else:
+            decoded = table[np.searchsorted(self.boundaries, values, side="left")]
+        decoded = np.where(np.abs(values) >= self.protect_at, values, decoded)
+        decoded = np.where(np.abs(values) < self.prune_below, 0.0, decoded)
+        return math.sqrt(float(np.dot(counts, (values - decoded) ** 2)) / sketch.sumsq)
+
+
+_NO_FORCE = np.empty(0, np.int8)
+
+
+def _thresholds(sketch: Sketch, prune: float, protect: float) -> tuple[int, int, float, float]:
+    """Buckets to fit levels on (indices strictly between lo and hi) and the prune/protect
+    magnitudes: the smallest ``prune`` and the largest ``protect`` fraction of the finite
+    elements, rounded outward to whole buckets."""
+    counts = sketch.pos + sketch.neg
+    occupied = np.flatnonzero(counts)  # cumulative counts only change at occupied buckets
+    cumulative = np.cumsum(counts[occupied])
+    finite = sketch.count - sketch.nonfinite
+    lo, prune_below = -1, 0.0
+    target = prune * finite - sketch.zeros
+    if prune > 0 and target > 0:
+        at = int(np.searchsorted(cumulative, target, side="left"))
+        lo = int(occupied[at]) if at < occupied.size else len(counts)
+        prune_below = float(sketch.upper(lo))
+    hi, protect_at = len(counts) - 1, math.inf  # the last bucket starts at inf: always empty
+    target = protect * finite
+    if protect > 0 and target > 0:
+        total = cumulative[-1] if occupied.size else 0
+        from_top = total - cumulative + counts[occupied]  # elements in this bucket and above
+        reached = np.flatnonzero(from_top >= target)
+        hi = int(occupied[reached[-1]]) if reached.size else 0
+        protect_at = float(sketch.lower(hi))
+    return lo, hi, prune_below, protect_at
+
+
+def _kmeans(points: np.ndarray, weights: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """Weighted k-means++ then Lloyd on sorted 1-D points; at most k sorted centroids."""
+    if points.size <= k:
+        return points.copy()
+    uniforms = np.random.default_rng(seed).random(k)
+    seeds = np.empty(k, np.float64)
+    m = kernels.kmeans_pp_seed(points, weights, k, uniforms, seeds)
+    centroids = np.unique(seeds[:m])
+    kernels.kmeans_1d(points, weights, centroids, 100, 1e-7)
+    return np.unique(centroids)
+
+
+def _fit_centroids(sketch: Sketch, lo: int, hi: int, bins: int, domain: str | None,
+                   sigma: float, seed: int) -> np.ndarray:
+    """Centroids (value domain, float64) of the buckets strictly between lo and hi."""
+    pos, neg = sketch.pos[lo + 1:hi], sketch.neg[lo + 1:hi]
+    occupied = np.flatnonzero(pos | neg)  # a fine sketch has ~10^5 buckets, few occupied
+    centers = sketch.center(occupied + (lo + 1)).astype(np.float64)
+    pos, neg = pos[occupied], neg[occupied]
+    if domain == "linear":
+        points = np.concatenate([-centers[::-1][neg[::-1] > 0], centers[pos > 0]])
+        freq = np.concatenate([neg[::-1][neg[::-1] > 0], pos[pos > 0]]).astype(np.float64)
+        if points.size == 0:
+            return points
+        weights = (sigma * freq / freq.max()
+                   + (1 - sigma) * np.abs(points) / np.abs(points).max())
+        return _kmeans(points, weights, bins, seed)
+    # log domains: each sign on its own, log magnitude, weighted by frequency only
+    n_pos, n_neg = int(pos.sum()), int(neg.sum())
+    k_pos = bins if not n_neg else 0 if not n_pos else min(
+        max(1, round(bins * n_pos / (n_pos + n_neg))), max(1, bins - 1))
+    fitted = []
+    for sign, counts, k in ((1.0, pos, k_pos), (-1.0, neg, bins - k_pos)):
+        used = counts > 0
+        if k and used.any():
+            logs = np.log(centers[used])
+            fitted.append(sign * np.exp(_kmeans(logs, counts[used].astype(np.float64), k,
+                                                seed)))
+    return np.sort(np.concatenate(fitted)) if fitted else np.empty(0)
+
+
+def _boundaries(levels: np.ndarray, domain: str | None) -> np.ndarray:
+    """Decision thresholds between consecutive levels, in the value domain (float64)."""
+    a, b = levels[:-1], levels[1:]
+    if domain == "linear":
+        return (a + b) / 2
+    out = np.where(a * b > 0, np.sign(a) * np.sqrt(np.abs(a * b)), 0.0)
+    # a negative level next to the zero level: only exact zeros (and -0.0) go to zero
+    out[(a < 0) & (b == 0)] = -np.finfo(np.float64).smallest_subnormal
+    return out
+
+
+def fit(sketch: Sketch, dtype: DType, *, bins: int, domain: str | None, prune: float = 0.0,
+        protect: float = 0.0, sigma: float = 0.2, seed: int = 0,
+        zero_level: bool = False) -> QuantEncoder:
+    """Fit the levels and thresholds of one tensor from its sketch.
+
+    Parameters are those of :class:`inshrink.QuantConfig` (``bins`` levels in ``domain``,
+    ``prune`` and ``protect`` fractions, k-means ``sigma`` and ``seed``); ``zero_level``
+    forces an exact zero level, for pruning decided outside the sketch.
+    """
+    if domain == "log" and sketch.neg.any():
+        domain = "signed_log"
+    if domain != "linear" and bins == 1 and sketch.pos.any() and sketch.neg.any():
+        # one log-domain level keeps one sign only (every value pushed one way); the single
+        # linear level, a weighted mean, is the better single value for signed data
+        domain = "linear"
+    lo, hi, prune_below, protect_at = _thresholds(sketch, prune, protect)
+    centroids = (_fit_centroids(sketch, lo, hi, bins, domain, sigma, seed) if bins
+                 else np.empty(0))
+    rounded = centroids.astype(dtype.numpy).astype(np.float64)
+    rounded = rounded[np.isfinite(rounded) & (rounded != 0)]
+    if sketch.zeros or prune_below > 0 or zero_level or not bins:
+        rounded = np.append(rounded, 0.0)
+    values = np.unique(rounded)
+    levels = values.astype(dtype.numpy)
+    stage = Quant(dtype, levels, packing_bits(len(levels)))
+    return QuantEncoder(stage, _boundaries(values, domain), protect_at, prune_below)
+
+
+def bin_candidates(bins: int) -> list[int]:
+    """Bin counts tried, fewest first, when an error bound is set."""
+    return [b for b in BIN_LADDER if b < bins] + [bins]
+
+
+# --- error statistics -----------------------------------------------------------------------
+
+@dataclass
+class ChunkStats:
+    """Error statistics of one or more encoded chunks (they add up)."""
+
+    count: int = 0
+    sse: float = 0.0
+    max_abs: float = 0.0
+    protected: int = 0
+    pruned: int = 0
+    zeroed: int = 0
+    sign_flipped: int = 0
+    nonzero: int = 0
+
+    def merge(self, other: "ChunkStats") -> None:
+        for name in ("count", "sse", "protected", "pruned", "zeroed", "sign_flipped", "nonzero"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.max_abs = max(self.max_abs, other.max_abs)
+
+    def rel_l2(self, sumsq: float) -> float:
+        if sumsq > 0:
+            return math.sqrt(self.sse / sumsq)
+        return 0.0 if self.sse == 0 else math.inf
+
+    def report(self, sumsq: float) -> dict:
+        """Error fields for the index and the API (fractions of elements / of non-zeros)."""
+        n = max(self.count, 1)
+        fields = {"max_abs_error": self.max_abs, "rel_l2_error": self.rel_l2(sumsq),
+                  "protected": self.protected / n, "pruned": self.pruned / n,
+                  "zeroed": self.zeroed / max(self.nonzero, 1),
+                  "sign_flipped": self.sign_flipped / max(self.nonzero, 1)}
+        return {k: (v if math.isfinite(v) else None) for k, v in fields.items()}
