@@ -54,8 +54,8 @@ from .policy import resolve as resolve_policy
 from .tensorfile import File, TensorInfo, Writer, resolve_threads
 from .torch import to_numpy, to_torch
 
-__all__ = ["InkStorageWriter", "InkStorageReader", "read_metadata", "describe",
-           "METADATA_FILE", "BYTES_PREFIX"]
+__all__ = ["InkStorageWriter", "InkStorageReader", "read_metadata", "describe", "verify",
+           "consolidate", "METADATA_FILE", "BYTES_PREFIX"]
 
 METADATA_FILE = ".metadata"
 """The commit marker: written by the coordinator once every rank's file is in place."""
@@ -531,6 +531,7 @@ def describe(path: str | os.PathLike) -> list[dict]:
         if info is None:
             raise CorruptError(f"{os.path.join(path, entry['file'])}: no tensor named "
                                f"{entry['tensor']!r}, which {METADATA_FILE} names")
+        _check_info(os.path.join(path, entry["file"]), info, metadata, index.fqn, sizes)
         rows.append({"fqn": index.fqn,
                      "offsets": None if sizes is None else tuple(int(d) for d in index.offset),
                      "sizes": sizes, "file": entry["file"], "tensor": entry["tensor"],
@@ -538,3 +539,150 @@ def describe(path: str | os.PathLike) -> list[dict]:
                      "stored_bytes": info.stored_bytes, "role": info.role,
                      "error": info.error})
     return rows
+
+
+def _check_info(path: str, info: TensorInfo, metadata: Metadata, fqn: str,
+                sizes: tuple[int, ...] | None) -> None:
+    """A stored tensor is what the metadata says its chunk is (from the file's index)."""
+    if sizes is None:
+        expected = "U8", (info.shape[0] if len(info.shape) == 1 else -1,)
+    else:
+        expected = (_dtype_name(metadata.state_dict_metadata[fqn].properties.dtype, fqn), sizes)
+    if (info.dtype, tuple(info.shape)) != expected:
+        raise CorruptError(f"{path}: {info.name!r} is {info.dtype}{list(info.shape)}, the "
+                           f"metadata says {expected[0]}{list(expected[1])}")
+
+
+def verify(path: str | os.PathLike, threads: int | None = None) -> list[dict]:
+    """Check a committed checkpoint completely: every file named by the metadata exists and
+    decodes with every checksum right, and every chunk is stored with its dtype and sizes.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The checkpoint directory.
+    threads : int, optional
+        Decoder threads (default: every core).
+
+    Returns
+    -------
+    list of dict
+        What :func:`describe` returns.
+
+    Raises
+    ------
+    InshrinkError
+        The first problem found (:class:`IncompleteCheckpointError`, :class:`CorruptError`
+        and its subclasses), naming the file.
+    """
+    rows = describe(path)
+    for name in sorted({row["file"] for row in rows}):
+        file_path = os.path.join(os.fspath(path), name)
+        with _named(file_path, lambda: File(file_path, threads=threads)) as f:
+            _named(file_path, f.verify)
+    return rows
+
+
+def consolidate(path: str | os.PathLike, out: str | os.PathLike, *,
+                policy: Policy | str | None = None,
+                threads: int | None = None) -> list[TensorInfo]:
+    """Join a checkpoint's shards into one unsharded file, written atomically.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The checkpoint directory.
+    out : str or os.PathLike
+        An ``.ink`` file, or a ``.safetensors`` file. Each tensor is named by its
+        fully-qualified name (``model.layers.0.weight``, ``optim.state.<param>.exp_avg``)
+        and has its whole shape. In an ``.ink`` file, non-tensor items are kept as uint8
+        tensors named ``__dcp_bytes__.<fqn>`` (``torch.save`` bytes, as DCP stores them);
+        a ``.safetensors`` file holds the tensors only.
+    policy : Policy, str or None
+        Compression of the ``.ink`` file (default lossless). A lossy checkpoint's tensors
+        are joined as they decode.
+    threads : int, optional
+        Encoder and decoder threads (default: every core).
+
+    Returns
+    -------
+    list of TensorInfo
+        What the output's index says about each tensor.
+    """
+    out = _checked_path(out)
+    if out.endswith(".safetensors"):
+        if policy is not None:
+            raise InvalidArgumentError("a .safetensors file is lossless: no policy")
+        return _consolidate_safetensors(path, out, threads)
+    if not out.endswith(".ink"):
+        raise InvalidArgumentError(f"{out}: the output must be an .ink or .safetensors file")
+    return _consolidate(path, out, policy, threads, keep_bytes=True)
+
+
+def _consolidate(path: str | os.PathLike, out: str, policy: Policy | str | None,
+                 threads: int | None, keep_bytes: bool) -> list[TensorInfo]:
+    metadata = read_metadata(path)
+    path = os.fspath(path)
+    files: dict[str, File] = {}
+    try:
+        with Writer(out, {"dcp.consolidated_from": os.path.basename(os.path.abspath(path))},
+                    threads=threads, policy=policy) as writer:
+            for fqn, item in metadata.state_dict_metadata.items():
+                if isinstance(item, BytesStorageMetadata):
+                    if keep_bytes:
+                        writer.add(BYTES_PREFIX + fqn,
+                                   _read_chunk(path, files, metadata, MetadataIndex(fqn), threads))
+                    continue
+                writer.add(fqn, _joined(path, files, metadata, fqn, item, threads))
+            return writer.close()
+    finally:
+        for f in files.values():
+            f.close()
+
+
+def _read_chunk(path: str, files: dict[str, File], metadata: Metadata, index: MetadataIndex,
+                threads: int | None) -> np.ndarray:
+    entry = metadata.storage_data[index]
+    file_path = os.path.join(path, entry["file"])
+    if entry["file"] not in files:
+        files[entry["file"]] = _named(file_path, lambda: File(file_path, threads=threads))
+    return _named(file_path, lambda: files[entry["file"]].read(entry["tensor"]))
+
+
+def _joined(path: str, files: dict[str, File], metadata: Metadata, fqn: str,
+            item: TensorStorageMetadata, threads: int | None) -> np.ndarray:
+    """One whole tensor from its chunks (which DCP never lets overlap)."""
+    size = tuple(int(d) for d in item.size)
+    whole = None
+    covered = 0
+    for chunk in item.chunks:
+        index = MetadataIndex(fqn, chunk.offsets)
+        part = _read_chunk(path, files, metadata, index, threads)
+        where = tuple(slice(int(o), int(o) + int(n)) for o, n in zip(chunk.offsets, chunk.sizes))
+        if whole is None:
+            whole = np.empty(size, part.dtype)
+        if part.dtype != whole.dtype or len(where) != len(size) or any(
+                s.stop > d for s, d in zip(where, size)) or part.shape != tuple(
+                int(n) for n in chunk.sizes):
+            raise CorruptError(f"{os.path.join(path, metadata.storage_data[index]['file'])}: "
+                               f"chunk of {fqn!r} at {list(chunk.offsets)} does not fit "
+                               f"{whole.dtype}{list(size)}")
+        whole[where] = part
+        covered += part.size
+    if whole is None or covered != whole.size:
+        raise CorruptError(f"{os.path.join(path, METADATA_FILE)}: the chunks of {fqn!r} do "
+                           f"not cover its {list(size)} elements")
+    return whole
+
+
+def _consolidate_safetensors(path: str | os.PathLike, out: str,
+                             threads: int | None) -> list[TensorInfo]:
+    from .convert import decompress_to_safetensors
+    directory = os.path.dirname(os.path.abspath(out))
+    staging = os.path.join(directory, f".{os.path.basename(out)}.{uuid.uuid4().hex[:8]}.ink")
+    try:
+        _consolidate(path, staging, None, threads, keep_bytes=False)
+        return decompress_to_safetensors(staging, out, threads=threads)
+    finally:
+        if os.path.exists(staging):
+            os.unlink(staging)

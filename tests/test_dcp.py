@@ -5,6 +5,7 @@ The multi-process tests (FSDP2, resharding, failing and killed ranks) are in
 test_dcp_distributed.py.
 """
 import collections
+import io
 import os
 import pickle
 import subprocess
@@ -19,7 +20,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 import inshrink
 from inshrink import errors
 from inshrink.dcp import (BYTES_PREFIX, METADATA_FILE, InkStorageReader, InkStorageWriter,
-                          describe, read_metadata)
+                          consolidate, describe, read_metadata, verify)
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -338,6 +339,52 @@ def test_bytes_read_back_from_a_tensor_entry_are_refused(tmp_path):
     with pytest.raises(CheckpointException) as info:
         load({"step": 0, "w": torch.zeros(4)}, tmp_path / "ckpt")
     assert isinstance(info.value.failures[0][0], errors.CorruptError)
+
+
+# -- inspection and consolidation ----------------------------------------------------------
+
+def test_verify_reads_every_record_and_names_a_damaged_file(tmp_path):
+    save({"w": torch.randn(64, 64), "step": 3}, tmp_path / "ckpt")
+    rows = verify(tmp_path / "ckpt")
+    assert {row["fqn"] for row in rows} == {"w", "step"}
+    path = tmp_path / "ckpt" / rank_file(tmp_path / "ckpt")
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0xFF  # inside the tensor's records: the index still opens
+    path.write_bytes(bytes(data))
+    describe(tmp_path / "ckpt")  # reads the index only
+    with pytest.raises(errors.CorruptError, match=str(path)):
+        verify(tmp_path / "ckpt")
+
+
+def test_consolidate_joins_the_shards_into_one_file(tmp_path):
+    state = mixed_state()
+    del state["strided"]  # saved contiguous; compared below against the original layout
+    state["steps"] = 17
+    save(state, tmp_path / "ckpt")
+    consolidate(tmp_path / "ckpt", tmp_path / "full.ink")
+    with inshrink.open(tmp_path / "full.ink") as f:
+        assert torch.equal(bits(torch.from_numpy(f["f32"])), bits(state["f32"]))
+        assert torch.equal(torch.from_numpy(f["nested.deep.w"]), state["nested"]["deep"]["w"])
+        assert torch.load(io.BytesIO(f[BYTES_PREFIX + "steps"].tobytes())) == 17
+    from safetensors.torch import load_file
+    consolidate(tmp_path / "ckpt", tmp_path / "full.safetensors")
+    tensors = load_file(tmp_path / "full.safetensors")
+    assert torch.equal(bits(tensors["bf16"]), bits(state["bf16"]))
+    assert torch.equal(bits(tensors["special"]), bits(state["special"]))
+    assert not any(name.startswith(BYTES_PREFIX) for name in tensors)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt", "full.ink", "full.safetensors"]
+    with pytest.raises(errors.InvalidArgumentError, match="must be an .ink or .safetensors"):
+        consolidate(tmp_path / "ckpt", tmp_path / "full.pt")
+
+
+def test_consolidate_names_chunks_that_do_not_cover_a_tensor(tmp_path):
+    save({"w": torch.ones(4, 4)}, tmp_path / "ckpt")
+    metadata = read_metadata(tmp_path / "ckpt")
+    metadata.state_dict_metadata["w"].size = torch.Size([8, 4])  # a chunk is missing
+    (tmp_path / "ckpt" / METADATA_FILE).write_bytes(pickle.dumps(metadata))
+    with pytest.raises(errors.CorruptError, match="do not cover"):
+        consolidate(tmp_path / "ckpt", tmp_path / "full.ink")
+    assert not (tmp_path / "full.ink").exists()
 
 
 def test_import_inshrink_does_not_import_torch():

@@ -14,6 +14,7 @@ from datetime import timedelta
 import pytest
 import torch
 
+import inshrink
 from inshrink import errors
 from inshrink.dcp import InkStorageReader, InkStorageWriter, describe
 
@@ -69,6 +70,15 @@ def test_fsdp2_saved_by_2_ranks_loads_bit_exact_into_1_2_and_3(tmp_path):
     assert sorted(row["offsets"] for row in weight) == [(0, 0), (100, 0)]
     assert len({row["file"] for row in weight}) == 2
     assert all(row["error"] is None for row in rows)  # lossless
+    # joined into one unsharded file: the reference, bit for bit
+    from inshrink.dcp import consolidate, verify
+    assert verify(tmp_path / "ckpt") == rows
+    consolidate(tmp_path / "ckpt", tmp_path / "full.ink")
+    with inshrink.open(tmp_path / "full.ink") as f:
+        assert torch.equal(torch.from_numpy(f["model.0.weight"]), reference["model"]["0.weight"])
+        moment = reference["optim"]["state"]["0.weight"]["exp_avg_sq"]
+        assert torch.equal(torch.from_numpy(f["optim.state.0.weight.exp_avg_sq"]), moment)
+        assert f.metadata["dcp.consolidated_from"] == "ckpt"
 
 
 def test_fsdp2_async_and_lossy_saved_by_3_ranks_load_into_2(tmp_path):
