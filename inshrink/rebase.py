@@ -21,20 +21,25 @@ from .codecs.quant import Quant
 from .container.index import TensorEntry
 from .container.reader import ContainerReader
 from .container.writer import ContainerWriter
-from .tensorfile import file_minor, pipeline_for
+from .errors import InvalidArgumentError
+from .tensorfile import File, file_minor, pipeline_for
 
 
 def write_delta(src: str | os.PathLike, dst: str | os.PathLike, *,
-                src_exact: Mapping[str, np.ndarray], src_codes: Mapping[str, np.ndarray],
-                base_exact: Mapping[str, np.ndarray], base_codes: Mapping[str, np.ndarray],
-                base_file: dict, level: int | None = None) -> None:
+                src_codes: Mapping[str, np.ndarray], base_exact: Mapping[str, np.ndarray],
+                base_codes: Mapping[str, np.ndarray], base_file: dict,
+                level: int | None = None,
+                src_exact: Mapping[str, np.ndarray] | None = None) -> None:
     """Write ``dst``: the tensors of the standalone file ``src`` as deltas against a base.
 
     ``src_exact``/``src_codes`` are what ``src`` decodes to (its lossless tensors and the codes
-    of its quantized ones); ``base_*`` the same for the base file named by ``base_file``.
-    A tensor keeps its delta only if its first chunk gets smaller
-    (:func:`inshrink.codecs.delta.keep`).
+    of its quantized ones; ``src_exact=None`` reads the lossless tensors back from ``src``);
+    ``base_*`` the same for the base file named by ``base_file``. A tensor keeps its delta
+    only if its first chunk gets smaller (:func:`inshrink.codecs.delta.keep`).
     """
+    if src_exact is None:
+        with File(src, threads=1) as f:
+            src_exact = {i.name: f[i.name] for i in f.infos() if i.lossless}
     reader = ContainerReader(src, use_mmap=False)
     writer = ContainerWriter(dst)
     entropy = Entropy(level)
@@ -76,6 +81,8 @@ def _stored(entry: TensorEntry, c: int) -> int:
 def _rebase_quant(reader, writer, entry, new, pipeline, src_codes, base_codes,
                   entropy) -> Pipeline | None:
     codes, base = src_codes.get(entry.name), base_codes.get(entry.name)
+    if base is not None and (not isinstance(base, np.ndarray) or base.dtype != np.uint16):
+        raise InvalidArgumentError(f"base_codes[{entry.name!r}] must be a uint16 array")
     if (not isinstance(pipeline.stage, Quant) or pipeline.is_delta or codes is None
             or base is None or base.shape != (entry.numel,) or not entry.numel):
         return None
@@ -103,7 +110,7 @@ def _rebase_lossless(reader, writer, entry, new, pipeline, src_exact, base_exact
                      entropy) -> Pipeline | None:
     exact, base = src_exact.get(entry.name), base_exact.get(entry.name)
     if (not isinstance(pipeline.stage, ByteGroup) or pipeline.is_delta or exact is None
-            or base is None or base.dtype != entry.dtype.numpy or base.shape != entry.shape
+            or not isinstance(base, np.ndarray) or base.dtype != entry.dtype.numpy or base.shape != entry.shape
             or not entry.numel):
         return None
     rebased = Pipeline(pipeline.stage, deltas.Xor(), entropy)

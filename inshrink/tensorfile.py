@@ -4,6 +4,7 @@ from __future__ import annotations
 import collections
 import functools
 import os
+import tempfile
 import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -90,15 +91,10 @@ def resolve_threads(threads: int | None) -> int:
     return threads
 
 
-def _encode_lossless(raw: np.ndarray, start: int, stop: int, *, pipeline: Pipeline,
-                     base: np.ndarray | None = None) -> tuple[list, None]:
-    """Encode one lossless chunk (elements [start, stop)); ``base``: the base tensor's bytes,
-    for an XOR delta."""
-    ref = None
-    if pipeline.is_delta:
-        first = start * (raw.size // (stop - start)) if stop > start else 0
-        ref = base[first:first + raw.size]
-    return pipeline.encode(raw, ref), None
+def _encode_lossless(raw: np.ndarray, start: int, stop: int, *,
+                     pipeline: Pipeline) -> tuple[list, None]:
+    """Encode one lossless chunk (elements [start, stop))."""
+    return pipeline.encode(raw), None
 
 
 def pipeline_for(entry: TensorEntry, has_base: bool = True) -> Pipeline:
@@ -188,7 +184,9 @@ class Writer:
     base : mapping of str to numpy.ndarray, optional
         The tensors of the previous checkpoint exactly as a reader decodes them; a lossless
         tensor with the same name, dtype and shape is stored as its XOR with the base when that
-        is smaller. Requires ``base_file``.
+        is smaller. Requires ``base_file``. With a base, the file is written whole to a
+        temporary directory first, then rewritten as a delta by
+        :func:`inshrink.rebase.write_delta` (what :class:`inshrink.Series` does).
     base_file : dict, optional
         ``{"file": name, "sha256": hex digest}`` of the file ``base`` was decoded from,
         recorded so that readers can check they decode against the right base.
@@ -211,8 +209,10 @@ class Writer:
         self._policy = resolve_policy(policy)
         if (base is not None or base_codes is not None) != (base_file is not None):
             raise InvalidArgumentError("base/base_codes and base_file go together")
-        self._base, self._base_file, self._base_codes = base, base_file, base_codes
-        self.codes: dict[str, np.ndarray] | None = {} if keep_codes else None
+        self._delta = None if base_file is None else (path, dict(base or {}),
+                                                      dict(base_codes or {}), base_file)
+        self._codes = {} if keep_codes or self._delta else None  # a delta needs them
+        self.codes: dict[str, np.ndarray] | None = self._codes if keep_codes else None
         self.metadata = dict(metadata or {})
         try:
             check_metadata(self.metadata)
@@ -233,6 +233,10 @@ class Writer:
         self._reports = bool(policy.roles or policy.overrides or policy.tensors)
         self._pending: collections.deque = collections.deque()
         self.safetensors_header: str | None = None
+        self._staging = None
+        if self._delta is not None:  # the whole file goes here first
+            self._staging = tempfile.TemporaryDirectory(prefix="inshrink-")
+            path = self._standalone = os.path.join(self._staging.name, "standalone.ink")
         self._container = ContainerWriter(path)
         self._pool = _executor(self._threads)
         self._closed = False
@@ -293,21 +297,12 @@ class Writer:
         elif lossy is not None:
             self._lossy[name] = lossy
             lossy.pipeline = replace(lossy.pipeline, entropy=self._entropy)
-            previous = None if self._base_codes is None else self._base_codes.get(name)
-            if previous is not None and (not isinstance(previous, np.ndarray)
-                                         or previous.dtype != np.uint16):
-                raise InvalidArgumentError(f"base_codes[{name!r}] must be a uint16 array")
-            if previous is not None and previous.shape == (entry.numel,):
-                self._maybe_code_delta(entry, read, lossy, previous)
-            if self.codes is not None:
-                self.codes[name] = np.empty(entry.numel, np.uint16)
+            if self._codes is not None:
+                self._codes[name] = np.empty(entry.numel, np.uint16)
             pipeline, encoder = lossy.pipeline, lossy.encode
         else:
             pipeline = self._lossless_pipeline(entry, read)
-            base = self._delta_base(entry, read, pipeline)
-            if base is not None:
-                pipeline = pipeline.with_delta(deltas.Xor())
-            encoder = functools.partial(_encode_lossless, pipeline=pipeline, base=base)
+            encoder = functools.partial(_encode_lossless, pipeline=pipeline)
             if self._reports:
                 entry.report = {"role": role, "rel_l2_error": 0.0, "max_abs_error": 0.0}
         entry.codec = pipeline.chain()
@@ -335,38 +330,6 @@ class Writer:
         cost = [sum(_record_bytes(len(memoryview(payload))) for _, payload, _ in p.encode(raw))
                 for p in (pipeline, one)]
         return one if cost[1] < cost[0] else pipeline
-
-    def _maybe_code_delta(self, entry: TensorEntry, read: Callable[[int, int], Any],
-                          lossy: LossyTensor, previous: np.ndarray) -> None:
-        """Store the tensor's codes as deltas from ``previous`` if that makes its first
-        chunk smaller (:func:`inshrink.codecs.delta.keep`)."""
-        stop = entry.chunk_range(0)[1]
-        raw = np.frombuffer(read(0, stop * entry.dtype.itemsize), np.uint8)
-        delta, stage = deltas.for_codes(lossy.pipeline.stage, previous)
-        candidate = lossy.pipeline.with_delta(delta, stage)
-        plain = lossy.encode(raw, 0, stop)[0]
-        lossy.base_codes = previous
-        if deltas.keep(deltas.stored_size(plain),
-                       deltas.stored_size(lossy.encode(raw, 0, stop, candidate)[0])):
-            lossy.pipeline = candidate
-        else:
-            lossy.base_codes = None
-
-    def _delta_base(self, entry: TensorEntry, read: Callable[[int, int], Any],
-                    pipeline: Pipeline) -> np.ndarray | None:
-        """The base bytes to XOR a lossless tensor with, if that makes its first chunk
-        smaller (:func:`inshrink.codecs.delta.keep`); None to store it standalone (no base,
-        another dtype or shape, or no gain)."""
-        base = None if self._base is None else self._base.get(entry.name)
-        if (base is None or not entry.numel or np.dtype(base.dtype) != entry.dtype.numpy
-                or tuple(base.shape) != entry.shape):
-            return None
-        base = np.ascontiguousarray(base).reshape(-1).view(np.uint8)
-        stop = entry.chunk_range(0)[1] * entry.dtype.itemsize
-        raw = np.frombuffer(read(0, stop), np.uint8)
-        plain = pipeline.encode(raw)
-        delta = pipeline.with_delta(deltas.Xor()).encode(raw, base[:stop])
-        return base if deltas.keep(deltas.stored_size(plain), deltas.stored_size(delta)) else None
 
     def _encode(self, entry: TensorEntry, encoder: Callable, read: Callable[[int, int], Any],
                 c: int) -> tuple:
@@ -401,8 +364,8 @@ class Writer:
         if extra is not None:  # a lossy chunk: its error stats and (quantized) codes
             stats, codes = extra
             self._lossy[entry.name].stats.merge(stats)
-            if self.codes is not None and codes is not None:
-                self.codes[entry.name][start:start + codes.size] = codes
+            if self._codes is not None and codes is not None:
+                self._codes[entry.name][start:start + codes.size] = codes
         if self._progress is not None:
             self._progress(size)
 
@@ -419,14 +382,28 @@ class Writer:
             for entry in self._container.tensors:
                 if entry.name in self._lossy:
                     entry.report = self._lossy[entry.name].report()
-            self._container.commit(self.metadata, self.safetensors_header, self._base_file,
+            self._container.commit(self.metadata, self.safetensors_header, None,
                                    file_minor(self._pipelines, any(
                                        e.report is not None for e in self._container.tensors)))
+            if self._delta is not None:
+                infos = self._rewrite_as_delta()
         except BaseException:
             self.abort()
             raise
         self._shutdown()
+        if self._delta is not None:
+            return infos
         return [TensorInfo.of(e) for e in self._container.tensors]
+
+    def _rewrite_as_delta(self) -> list[TensorInfo]:
+        """Rewrite the whole file just written as a delta file at the destination."""
+        from .rebase import write_delta  # it writes through this module's classes
+
+        path, base, base_codes, base_file = self._delta
+        write_delta(self._standalone, path, src_codes=self._codes, base_exact=base,
+                    base_codes=base_codes, base_file=base_file, level=self._entropy.level)
+        with File(path, threads=1) as f:
+            return f.infos()
 
     def abort(self) -> None:
         """Discard the file being written; any previous file at the path is kept."""
@@ -442,6 +419,8 @@ class Writer:
         self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        if self._staging is not None:
+            self._staging.cleanup()
 
     def __enter__(self) -> "Writer":
         return self
