@@ -110,8 +110,8 @@ def _rebase_lossless(reader, writer, entry, new, pipeline, src_exact, base_exact
                      entropy) -> Pipeline | None:
     exact, base = src_exact.get(entry.name), base_exact.get(entry.name)
     if (not isinstance(pipeline.stage, ByteGroup) or pipeline.is_delta or exact is None
-            or not isinstance(base, np.ndarray) or base.dtype != entry.dtype.numpy or base.shape != entry.shape
-            or not entry.numel):
+            or not isinstance(base, np.ndarray) or base.dtype != entry.dtype.numpy
+            or base.shape != entry.shape or not entry.numel):
         return None
     rebased = Pipeline(pipeline.stage, deltas.Xor(), entropy)
     mine = np.ascontiguousarray(exact).reshape(-1).view(np.uint8)

@@ -2,27 +2,25 @@
 from __future__ import annotations
 
 import collections
-import functools
 import os
 import tempfile
 import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from . import dtypes
 from .codecs import delta as deltas
-from .codecs.chain import Pipeline, for_new_tensor
+from .codecs.chain import Pipeline
 from .codecs.entropy import Entropy, check_level
-from .codecs.lossless import ByteGroup
 from .codecs.quant import Quant
 from .container import layout
 from .container.index import TensorEntry, check_metadata, check_name, check_shape
 from .container.reader import ContainerReader
 from .container.writer import ContainerWriter
-from .lossy import FactoredTensor, LossyTensor, prepare, prepare_factored
+from . import encoder
 from .policy import Policy
 from .policy import resolve as resolve_policy
 from .errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError,
@@ -91,12 +89,6 @@ def resolve_threads(threads: int | None) -> int:
     return threads
 
 
-def _encode_lossless(raw: np.ndarray, start: int, stop: int, *,
-                     pipeline: Pipeline) -> tuple[list, None]:
-    """Encode one lossless chunk (elements [start, stop))."""
-    return pipeline.encode(raw), None
-
-
 def pipeline_for(entry: TensorEntry, has_base: bool = True) -> Pipeline:
     """Validate a tensor entry's chain and stream sizes; return its pipeline.
 
@@ -121,14 +113,8 @@ def file_minor(pipelines, reports: bool) -> int:
     return max([p.minor for p in pipelines] + [1 if reports else 0])
 
 
-# Tensors up to this size may be stored as one byte plane (Writer._lossless_stage).
+# Tensors up to this size may be stored as one byte plane (encoder.lossless_pipeline).
 TINY_TENSOR_BYTES = 16384
-
-
-def _record_bytes(payload: int) -> int:
-    """File bytes a record with this payload takes: header, payload, padding."""
-    size = layout.RECORD_HEADER_SIZE + payload
-    return size + layout.padding(size)
 
 
 def _checked_source(name: str, read: Callable[[int, int], Any]) -> Callable[[int, int], Any]:
@@ -223,12 +209,10 @@ class Writer:
             raise InvalidArgumentError(
                 f"chunk_bytes must be an integer in [8, {layout.MAX_CHUNK_BYTES}]")
         self._entropy = Entropy(level)
-        self._pipelines: list[Pipeline] = []
         self._chunk_bytes = chunk_bytes
         self._threads = resolve_threads(threads)
         self._progress = progress
-        self._names: set[str] = set()
-        self._lossy: dict[str, LossyTensor] = {}
+        self._tensors: dict[str, encoder.TensorEncoder] = {}
         policy = self._policy
         self._reports = bool(policy.roles or policy.overrides or policy.tensors)
         self._pending: collections.deque = collections.deque()
@@ -272,7 +256,7 @@ class Writer:
             shape = check_shape(list(shape))
         except InshrinkError as exc:
             raise InvalidArgumentError(str(exc)) from None
-        if name in self._names:
+        if name in self._tensors:
             raise InvalidArgumentError(f"duplicate tensor name {name!r}")
         if not isinstance(dtype, dtypes.DType):
             raise InvalidArgumentError(f"tensor {name!r}: dtype must be an inshrink.dtypes.DType")
@@ -283,53 +267,17 @@ class Writer:
         per_chunk = max(1, self._chunk_bytes // dtype.itemsize)
         entry = TensorEntry(name, dtype, tuple(shape), [], per_chunk)
         role, config = self._policy.config_for(name, dtype.name, entry.shape)
-        lossy = None
-        if config is not None and config.domain == "factored" and entry.numel:
-            lossy = prepare_factored(entry, read, role, config,
-                                     layout.MAX_CHUNK_BYTES // dtype.itemsize)
-            config = replace(config, domain="log")  # for a tensor that does not qualify
-        if lossy is None and config is not None and entry.numel:
-            lossy = prepare(entry, read, role, config, importance)
-        if isinstance(lossy, FactoredTensor):
-            self._lossy[name] = lossy
-            lossy.pipeline = replace(lossy.pipeline, entropy=self._entropy)
-            pipeline, encoder = lossy.pipeline, lossy.encode
-        elif lossy is not None:
-            self._lossy[name] = lossy
-            lossy.pipeline = replace(lossy.pipeline, entropy=self._entropy)
-            if self._codes is not None:
-                self._codes[name] = np.empty(entry.numel, np.uint16)
-            pipeline, encoder = lossy.pipeline, lossy.encode
-        else:
-            pipeline = self._lossless_pipeline(entry, read)
-            encoder = functools.partial(_encode_lossless, pipeline=pipeline)
-            if self._reports:
-                entry.report = {"role": role, "rel_l2_error": 0.0, "max_abs_error": 0.0}
-        entry.codec = pipeline.chain()
-        entry.streams = [[] for _ in range(pipeline.streams)]
-        self._pipelines.append(pipeline)
-        self._names.add(name)  # only now: a failed fit leaves the name free
+        tensor = encoder.for_tensor(entry, read, role, config, importance,
+                                    entropy=self._entropy, report=self._reports,
+                                    tiny_bytes=TINY_TENSOR_BYTES)
+        if self._codes is not None and isinstance(tensor, encoder.LossyTensor):
+            self._codes[name] = np.empty(entry.numel, np.uint16)
+        entry.codec = tensor.pipeline.chain()
+        entry.streams = [[] for _ in range(tensor.pipeline.streams)]
+        self._tensors[name] = tensor
         self._container.tensors.append(entry)
         for c in range(entry.chunk_count):
-            self._submit(entry, encoder, read, c)
-
-    def _lossless_pipeline(self, entry: TensorEntry, read: Callable[[int, int], Any]
-                           ) -> Pipeline:
-        """The dtype's byte grouping, or one plane for a tiny tensor when that file is smaller:
-        every plane is a record with a 32-byte header and padding to 64 bytes, which outweighs
-        what grouping saves on a few hundred bytes (norm weights, biases, their moments)."""
-        pipeline = for_new_tensor(entry.dtype)
-        pipeline = replace(pipeline, entropy=self._entropy)
-        nbytes = entry.numel * entry.dtype.itemsize
-        if pipeline.stage.word == 1 or entry.chunk_count != 1 or nbytes > TINY_TENSOR_BYTES:
-            return pipeline
-        raw = np.frombuffer(read(0, nbytes), np.uint8)
-        if raw.size != nbytes:  # a short source: _encode reports it with a typed error
-            return pipeline
-        one = replace(pipeline, stage=ByteGroup(1, False))
-        cost = [sum(_record_bytes(len(memoryview(payload))) for _, payload, _ in p.encode(raw))
-                for p in (pipeline, one)]
-        return one if cost[1] < cost[0] else pipeline
+            self._submit(entry, tensor.encode, read, c)
 
     def _encode(self, entry: TensorEntry, encoder: Callable, read: Callable[[int, int], Any],
                 c: int) -> tuple:
@@ -363,7 +311,7 @@ class Writer:
             stream.append(self._container.write_chunk(coding, payload, plane_size, crc))
         if extra is not None:  # a lossy chunk: its error stats and (quantized) codes
             stats, codes = extra
-            self._lossy[entry.name].stats.merge(stats)
+            self._tensors[entry.name].stats.merge(stats)
             if self._codes is not None and codes is not None:
                 self._codes[entry.name][start:start + codes.size] = codes
         if self._progress is not None:
@@ -380,11 +328,10 @@ class Writer:
             while self._pending:
                 self._write_oldest()
             for entry in self._container.tensors:
-                if entry.name in self._lossy:
-                    entry.report = self._lossy[entry.name].report()
-            self._container.commit(self.metadata, self.safetensors_header, None,
-                                   file_minor(self._pipelines, any(
-                                       e.report is not None for e in self._container.tensors)))
+                entry.report = self._tensors[entry.name].report()
+            self._container.commit(self.metadata, self.safetensors_header, None, file_minor(
+                [t.pipeline for t in self._tensors.values()],
+                any(e.report is not None for e in self._container.tensors)))
             if self._delta is not None:
                 infos = self._rewrite_as_delta()
         except BaseException:

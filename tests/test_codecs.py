@@ -56,7 +56,7 @@ def test_every_stage_names_its_format_minor():
 def test_lossless_pipeline_round_trips_one_chunk_in_memory(dtype):
     x = random_bits(dtype, (257,))
     raw = x.reshape(-1).view(np.uint8)
-    pipeline = for_new_tensor(of_numpy(x.dtype), level=3)
+    pipeline = for_new_tensor(of_numpy(x.dtype), Entropy(3))
     encoded = pipeline.encode(raw)
     assert len(encoded) == pipeline.streams
     out = np.empty_like(raw)

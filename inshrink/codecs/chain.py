@@ -137,6 +137,6 @@ class Pipeline:
         return cls(stage, delta)
 
 
-def for_new_tensor(dtype: DType, level: int | None = None) -> Pipeline:
+def for_new_tensor(dtype: DType, entropy: Entropy = Entropy()) -> Pipeline:
     """The lossless pipeline the writer starts from for a tensor of this dtype."""
-    return Pipeline(ByteGroup.for_dtype(dtype), entropy=Entropy(level))
+    return Pipeline(ByteGroup.for_dtype(dtype), entropy=entropy)

@@ -1,7 +1,15 @@
-"""Lossy encoding of one tensor: the sketch pass, importance, the error-bound search.
+"""How each tensor is stored: the encoder's decisions, and the objects that encode its chunks.
 
-The Writer calls :func:`prepare` once per lossy tensor, then encodes its chunks with
-:meth:`LossyTensor.encode` (or :meth:`FactoredTensor.encode`) like any other chunk job.
+The Writer calls :func:`for_tensor` once per tensor. It decides, from the policy's config for
+the tensor and the tensor's values: factored (the config says so and the tensor qualifies),
+quantized (the sketch pass, importance, the fit, the error-bound search), or lossless (the
+dtype's byte grouping, or one plane for a tiny tensor when that file is smaller). It returns
+a :class:`LosslessTensor`, :class:`LossyTensor` or :class:`FactoredTensor`, whose ``pipeline``
+is the tensor's codec chain and whose ``encode(raw, start, stop)`` the Writer runs on its
+threads for every chunk; ``report()`` is what the index records about the tensor.
+
+Deltas against a base file are decided later, when a whole file is rewritten
+(:mod:`inshrink.rebase`).
 """
 from __future__ import annotations
 
@@ -12,8 +20,11 @@ from typing import Any, Callable
 import numpy as np
 
 from .codecs import factored, quantize
-from .codecs.chain import Encoded, Pipeline
+from .codecs.chain import Encoded, Pipeline, for_new_tensor
+from .codecs.entropy import Entropy
+from .codecs.lossless import ByteGroup
 from .codecs.quantize import ChunkStats, QuantEncoder
+from .container import layout
 from .container.index import TensorEntry
 from .errors import InvalidArgumentError
 from .policy import QuantConfig
@@ -22,9 +33,26 @@ Read = Callable[[int, int], Any]
 
 
 @dataclass
+class LosslessTensor:
+    """A tensor stored losslessly; ``role`` set when the index reports on it."""
+
+    pipeline: Pipeline
+    role: str | None = None
+
+    def encode(self, raw: np.ndarray, start: int, stop: int) -> tuple[Encoded, None]:
+        """Encode the chunk holding elements [start, stop): (its streams, None)."""
+        return self.pipeline.encode(raw), None
+
+    def report(self) -> dict | None:
+        if self.role is None:
+            return None
+        return {"role": self.role, "rel_l2_error": 0.0, "max_abs_error": 0.0}
+
+
+@dataclass
 class LossyTensor:
     """A quantized tensor being written: the fitted encoder, the pipeline its chunks go
-    through (the writer may give it a code delta) and the error measured so far."""
+    through and the error measured so far."""
 
     role: str
     config: QuantConfig
@@ -33,21 +61,17 @@ class LossyTensor:
     force: np.ndarray | None = None
     stats: ChunkStats = field(default_factory=ChunkStats)
     pipeline: Pipeline | None = None
-    base_codes: np.ndarray | None = None  # the previous checkpoint's codes, for a code delta
 
     def __post_init__(self) -> None:
         if self.pipeline is None:
             self.pipeline = Pipeline(self.encoder.stage)
 
-    def encode(self, raw: np.ndarray, start: int, stop: int,
-               pipeline: Pipeline | None = None) -> tuple[Encoded, tuple]:
-        """Encode the chunk holding elements [start, stop) with ``pipeline`` (default: the
-        tensor's): (its streams, (its error stats, its codes))."""
-        pipeline = self.pipeline if pipeline is None else pipeline
+    def encode(self, raw: np.ndarray, start: int, stop: int) -> tuple[Encoded, tuple]:
+        """Encode the chunk holding elements [start, stop): (its streams, (its error stats,
+        its codes))."""
         force = None if self.force is None else self.force[start:stop]
         chunk, stats = self.encoder.quantize(raw, force)
-        ref = self.base_codes[start:stop] if pipeline.is_delta else None
-        return pipeline.encode(chunk, ref), (stats, chunk.codes)
+        return self.pipeline.encode(chunk), (stats, chunk.codes)
 
     def report(self) -> dict:
         return {"role": self.role, "domain": self.config.domain, "bins": self.config.bins,
@@ -88,6 +112,57 @@ class FactoredTensor:
     def report(self) -> dict:
         return {"role": self.role, "domain": "factored", "rows": int(self.rows.size),
                 "columns": int(self.stage.columns.size), **self.stats.report(self.sumsq)}
+
+
+TensorEncoder = LosslessTensor | LossyTensor | FactoredTensor
+
+
+def for_tensor(entry: TensorEntry, read: Read, role: str | None, config: QuantConfig | None,
+               importance: Any = None, *, entropy: Entropy, report: bool,
+               tiny_bytes: int) -> TensorEncoder:
+    """Decide how one tensor is stored (see the module docstring) and return its encoder.
+
+    ``config``: the policy's quantization config for the tensor, ``None`` for lossless;
+    ``entropy``: the entropy stage of every stream; ``report``: record the role of a lossless
+    tensor in the index; ``tiny_bytes``: the size up to which one plane is tried. May set
+    ``entry.chunk_elements`` (a factored tensor's chunks hold whole rows).
+    """
+    tensor = None
+    if config is not None and config.domain == "factored" and entry.numel:
+        tensor = prepare_factored(entry, read, role, config,
+                                  layout.MAX_CHUNK_BYTES // entry.dtype.itemsize)
+        config = replace(config, domain="log")  # for a tensor that does not qualify
+    if tensor is None and config is not None and entry.numel:
+        tensor = prepare(entry, read, role, config, importance)
+    if tensor is not None:
+        tensor.pipeline = replace(tensor.pipeline, entropy=entropy)
+        return tensor
+    return LosslessTensor(lossless_pipeline(entry, read, entropy, tiny_bytes),
+                          role if report else None)
+
+
+def _record_bytes(payload: int) -> int:
+    """File bytes a record with this payload takes: header, payload, padding."""
+    size = layout.RECORD_HEADER_SIZE + payload
+    return size + layout.padding(size)
+
+
+def lossless_pipeline(entry: TensorEntry, read: Read, entropy: Entropy,
+                      tiny_bytes: int) -> Pipeline:
+    """The dtype's byte grouping, or one plane for a tiny tensor when that file is smaller:
+    every plane is a record with a 32-byte header and padding to 64 bytes, which outweighs
+    what grouping saves on a few hundred bytes (norm weights, biases, their moments)."""
+    pipeline = for_new_tensor(entry.dtype, entropy)
+    nbytes = entry.numel * entry.dtype.itemsize
+    if pipeline.stage.word == 1 or entry.chunk_count != 1 or nbytes > tiny_bytes:
+        return pipeline
+    raw = np.frombuffer(read(0, nbytes), np.uint8)
+    if raw.size != nbytes:  # a short source: the Writer reports it with a typed error
+        return pipeline
+    one = replace(pipeline, stage=ByteGroup(1, False))
+    cost = [sum(_record_bytes(len(memoryview(payload))) for _, payload, _ in p.encode(raw))
+            for p in (pipeline, one)]
+    return one if cost[1] < cost[0] else pipeline
 
 
 def prepare_factored(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
