@@ -6,6 +6,7 @@ test_dcp_distributed.py.
 """
 import collections
 import io
+import math
 import os
 import pickle
 import subprocess
@@ -15,6 +16,8 @@ import threading
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.distributed.checkpoint.api import CheckpointException
 
 import inshrink
@@ -80,6 +83,42 @@ def test_lossless_round_trip_is_bit_exact_for_every_dtype(tmp_path):
     with inshrink.open(tmp_path / "ckpt" / names[1]) as f:  # an ordinary .ink file
         assert torch.equal(torch.from_numpy(f["f32"]), state["f32"])
         assert f.metadata["dcp.rank"] == "0"
+
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32,
+          torch.int8, torch.bool, torch.uint8]
+
+
+@settings(max_examples=25)
+@given(shapes=st.lists(st.lists(st.integers(0, 5), max_size=3), min_size=1, max_size=4),
+       dtype_indices=st.lists(st.integers(0, len(DTYPES) - 1), min_size=4, max_size=4),
+       seed=st.integers(0, 2**16))
+def test_any_tensors_round_trip_bit_for_bit(tmp_path_factory, shapes, dtype_indices, seed):
+    gen = torch.Generator().manual_seed(seed)
+    state = {}
+    for i, (shape, d) in enumerate(zip(shapes, dtype_indices)):
+        raw = torch.randint(0, 256, (math.prod(shape) * DTYPES[d].itemsize,), dtype=torch.uint8,
+                            generator=gen)
+        if DTYPES[d] == torch.bool:
+            raw = raw % 2
+        state[f"t{i}"] = raw.view(DTYPES[d]).reshape(shape)  # any bits: NaNs, -0.0, subnormals
+    path = tmp_path_factory.mktemp("ckpt")
+    save(state, path)
+    loaded = load({k: torch.zeros_like(v) for k, v in state.items()}, path)
+    for key, value in state.items():
+        assert loaded[key].dtype == value.dtype and loaded[key].shape == value.shape
+        assert torch.equal(bits(loaded[key]), bits(value)), key
+
+
+def test_the_checkpoint_id_given_to_dcp_chooses_the_directory(tmp_path):
+    writer = InkStorageWriter(tmp_path / "default", threads=1)
+    dcp.save({"w": torch.ones(2)}, storage_writer=writer, checkpoint_id=tmp_path / "chosen",
+             no_dist=True)
+    assert not (tmp_path / "default").exists()
+    loaded = {"w": torch.zeros(2)}
+    dcp.load(loaded, storage_reader=InkStorageReader(tmp_path / "other"),
+             checkpoint_id=tmp_path / "chosen", no_dist=True)
+    assert torch.equal(loaded["w"], torch.ones(2))
 
 
 def test_non_tensor_items_are_stored_and_restored(tmp_path):
