@@ -161,7 +161,7 @@ def test_group_kernels_on_nothing():
 
 
 # ---------------------------------------------------------------------------------------------
-# run_lengths, expand_runs
+# run_lengths
 
 def oracle_runs(values):
     runs = [(k, len(list(g))) for k, g in itertools.groupby(values.tolist())]
@@ -181,69 +181,32 @@ runny_arrays = st.lists(st.tuples(st.integers(0, 3), st.integers(1, 9)), max_siz
 
 @given(values=runny_arrays | st.lists(st.integers(0, 0xFFFF), max_size=100).map(
     lambda v: np.array(v, np.uint16)))
-def test_run_lengths_match_oracle_and_expand_back(values):
+def test_run_lengths_match_oracle_and_repeat_back(values):
     nruns, run_values, lengths = run_runs(values)
     want_values, want_lengths = oracle_runs(values)
     assert run_values.tolist() == want_values
     assert lengths.tolist() == want_lengths
     # np.diff view of the same thing: a run starts wherever the value changes
     assert nruns == (np.count_nonzero(np.diff(values)) + 1 if values.size else 0)
-    out = np.empty(values.size, np.uint16)
-    assert delta.expand_runs(run_values, lengths, nruns, out) == values.size
-    np.testing.assert_array_equal(out, values)
-
-
-@given(values=runny_arrays.filter(lambda v: v.size > 0), data=st.data())
-def test_expand_runs_never_writes_past_out(values, data):
-    nruns, run_values, lengths = run_runs(values)
-    room = data.draw(st.integers(0, values.size - 1))
-    sentinel = 0xBEEF
-    buffer = np.full(values.size + 4, sentinel, np.uint16)
-    assert delta.expand_runs(run_values, lengths, nruns, buffer[:room]) == -1
-    assert (buffer[room:] == sentinel).all()
-    # whatever was written is a prefix of the expansion
-    written = buffer[:room][buffer[:room] != sentinel]
-    np.testing.assert_array_equal(written, values[:written.size])
-    # a prefix of the runs that fits is expanded in full
-    fitting = int(np.searchsorted(np.cumsum(lengths.astype(np.int64)), room, side="right"))
-    buffer[:] = sentinel
-    filled = int(lengths[:fitting].sum())
-    assert delta.expand_runs(run_values, lengths, fitting, buffer[:room]) == filled
-    np.testing.assert_array_equal(buffer[:filled], values[:filled])
-    assert (buffer[filled:] == sentinel).all()
+    np.testing.assert_array_equal(np.repeat(run_values, lengths), values)
 
 
 def test_runs_edges():
     assert run_runs(EMPTY)[0] == 0
-    out = np.full(3, 7, np.uint16)
-    assert delta.expand_runs(EMPTY, np.empty(0, np.uint32), 0, out) == 0
-    assert delta.expand_runs(EMPTY, np.empty(0, np.uint32), 0, out[:0]) == 0
-    assert out.tolist() == [7, 7, 7]
     nruns, v, n = run_runs(np.array([5], np.uint16))
     assert (nruns, v.tolist(), n.tolist()) == (1, [5], [1])
     nruns, v, n = run_runs(np.full(1000, 65535, np.uint16))
     assert (nruns, v.tolist(), n.tolist()) == (1, [65535], [1000])
-    # zero-length runs write nothing; the count caps the runs read
-    values = np.array([1, 2, 3], np.uint16)
-    assert delta.expand_runs(values, np.array([2, 0, 1], np.uint32), 3, out) == 3
-    assert out.tolist() == [1, 1, 3]
-    assert delta.expand_runs(values, np.array([1, 1, 9], np.uint32), 2, out) == 2
-    # a huge length is refused, not wrapped
-    assert delta.expand_runs(values, np.array([0xFFFFFFFF], np.uint32), 1, out) == -1
-    assert delta.expand_runs(values, np.array([-1], np.int64), 1, out) == -1
 
 
 def test_runs_of_other_dtypes():
     values = np.array([0, 0, 2**40, 2**40, 2**40, 1], np.uint64)
     nruns, v, n = run_runs(values)
     assert (nruns, v.tolist(), n.tolist()) == (3, [0, 2**40, 1], [2, 3, 1])
-    out = np.empty(6, np.uint64)
-    assert delta.expand_runs(v, n, nruns, out) == 6
-    np.testing.assert_array_equal(out, values)
 
 
 # ---------------------------------------------------------------------------------------------
-# xor_words, sub_words, add_words
+# xor_words, sub_words
 
 def word_arrays(word, min_size=0, max_size=100):
     top = int(np.iinfo(word).max)
@@ -268,10 +231,7 @@ def test_word_deltas_match_oracle_and_invert(word, data):
     assert out.tolist() == want
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(out, (a - b).astype(word))
-    delta.add_words(b, out, back)
-    np.testing.assert_array_equal(back, a)
-    delta.add_words(a, b, out)
-    assert out.tolist() == [(int(x) + int(y)) % (1 << bits) for x, y in zip(a, b)]
+    assert [(int(y) + int(d)) % (1 << bits) for y, d in zip(b, out)] == a.tolist()
 
 
 @pytest.mark.parametrize("word", WORD_TYPES)
@@ -282,11 +242,9 @@ def test_word_deltas_wrap_at_the_edges(word):
     out = np.empty(6, word)
     delta.sub_words(a, b, out)
     assert out.tolist() == [top, 1, top, 0, 2, top - 1]
-    delta.add_words(a, b, out)
-    assert out.tolist() == [1, top, top, top - 1, 0, 0]
     delta.xor_words(a, b, out)
     assert out.tolist() == [1, top, top, 0, top - 1, top - 1]
-    for kernel in (delta.xor_words, delta.sub_words, delta.add_words):
+    for kernel in (delta.xor_words, delta.sub_words):
         kernel(np.empty(0, word), np.empty(0, word), np.empty(0, word))
 
 
@@ -298,8 +256,7 @@ def test_lossless_word_delta_of_floats():
     d = np.empty(1000, np.uint32)
     back = np.empty(1000, np.uint32)
     delta.sub_words(a, b, d)
-    delta.add_words(b, d, back)
-    assert back.view(np.float32).tobytes() == after.tobytes()
+    assert (b + d).view(np.float32).tobytes() == after.tobytes()  # uint32 addition wraps
     delta.xor_words(a, b, d)
     delta.xor_words(b, d, back)
     assert back.view(np.float32).tobytes() == after.tobytes()
@@ -326,8 +283,7 @@ def test_delta_regroup_runs_pipeline(modulus):
     nruns = delta.run_lengths(grouped, run_values, lengths)
     assert nruns < n // 5
     # decoder: only prev, the runs and the modulus
-    expanded = np.empty(n, np.uint16)
-    assert delta.expand_runs(run_values, lengths, nruns, expanded) == n
+    expanded = np.repeat(run_values[:nruns], lengths[:nruns])
     back = np.empty(n, np.uint16)
     delta.ungroup(prev, expanded, counts_of(prev, nlevels), back)
     np.testing.assert_array_equal(run_undelta(prev, back, modulus), cur)

@@ -1,5 +1,6 @@
 """Delta kernels: cyclic differences of level codes between checkpoints, regrouping of the
-deltas by the previous code, run lengths, and wrapping word differences for lossless deltas.
+deltas by the previous code; run lengths and word differences (XOR, wrapping subtraction),
+which benchmarks/bench_series.py measures as alternative delta codings.
 
 The delta of a quantised tensor is ``D = (prev - cur) mod B`` over its codes, regrouped by
 ``prev``: a stable partition that puts every position whose previous code is 0 first (in
@@ -27,14 +28,9 @@ Callers guarantee, for each kernel:
     dtype; ``out_values`` and ``out_lengths`` (uint32) have ``len(values)`` elements or at least
     as many as there are runs.
 
-``expand_runs(run_values, run_lengths, nruns, out)``
-    ``0 <= nruns <= min(len(run_values), len(run_lengths))``; ``run_lengths`` is an integer
-    array (uint32); ``run_values`` and ``out`` share one dtype. The lengths need not fit
-    ``out``: the kernel checks them itself.
-
-``xor_words(a, b, out)``, ``sub_words(a, b, out)`` and ``add_words(a, d, out)``
-    ``a``, ``b``, ``d`` and ``out`` share one unsigned word type (uint8, uint16, uint32 or
-    uint64) and one length. The difference and sum wrap modulo ``2**bits`` of that word.
+``xor_words(a, b, out)`` and ``sub_words(a, b, out)``
+    ``a``, ``b`` and ``out`` share one unsigned word type (uint8, uint16, uint32 or uint64)
+    and one length. The difference wraps modulo ``2**bits`` of that word.
 """
 from __future__ import annotations
 
@@ -145,30 +141,6 @@ def run_lengths(values, out_values, out_lengths):
 
 
 @kernel
-def expand_runs(run_values, run_lengths, nruns, out):
-    """Write the first ``nruns`` runs one after another from the start of ``out``.
-
-    Returns
-    -------
-    int
-        The number of elements written, or ``-1`` when a run would go past the end of ``out``
-        (or has a negative length): expansion stops before that run, so nothing is written
-        beyond ``out``, though the runs before it are.
-    """
-    limit = out.shape[0]
-    o = 0
-    for k in range(nruns):
-        length = np.int64(run_lengths[k])
-        if length < 0 or length > limit - o:
-            return -1
-        v = run_values[k]
-        for j in range(o, o + length):
-            out[j] = v
-        o += length
-    return o
-
-
-@kernel
 def _word_mask(itemsize):
     """All ones in the low ``8 * itemsize`` bits, as uint64."""
     if itemsize >= 8:
@@ -195,18 +167,3 @@ def sub_words(a, b, out):
             out[i] = x - y
         else:
             out[i] = x + (mask - y) + _ONE
-
-
-@kernel
-def add_words(a, d, out):
-    """Write ``a + d`` element by element, wrapping modulo ``2**bits``: the inverse of
-    ``sub_words``."""
-    mask = _word_mask(out.itemsize)
-    for i in range(a.shape[0]):
-        x = np.uint64(a[i])
-        y = np.uint64(d[i])
-        room = mask - x
-        if y <= room:
-            out[i] = x + y
-        else:
-            out[i] = y - room - _ONE
