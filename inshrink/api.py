@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Mapping
 
 import numpy as np
@@ -66,21 +67,39 @@ def save(path: str | os.PathLike, tensors: Mapping[str, Any],
         return writer.close()
 
 
+def _deprecated_base(function: str, kwargs: dict) -> dict:
+    """``base``/``base_codes`` given to :func:`load` or :func:`open`: still honoured, with a
+    DeprecationWarning (they are what a series passes between its files, and
+    :class:`inshrink.File` takes them); any other keyword is the usual TypeError."""
+    unknown = set(kwargs) - {"base", "base_codes"}
+    if unknown:
+        raise TypeError(f"{function}() got an unexpected keyword argument "
+                        f"{sorted(unknown)[0]!r}")
+    if any(value is not None for value in kwargs.values()):
+        warnings.warn(f"inshrink.{function}(base=..., base_codes=...) is deprecated: open a "
+                      f"delta file with inshrink.File(path, base=..., base_codes=...), or "
+                      f"read a series with inshrink.Series", DeprecationWarning, stacklevel=3)
+    return kwargs
+
+
 def load(path: str | os.PathLike, *, threads: int | None = None,
          progress: Progress | None = None, mmap: bool = True,
-         base: Mapping[str, np.ndarray] | None = None,
-         base_codes: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+         **deprecated: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
     """Read every tensor of an .ink file into a dict of numpy arrays (bf16/fp8 as ml_dtypes).
 
-    See :class:`File` for ``threads``, ``mmap``, ``base`` and ``base_codes`` (what the file a
-    delta file refers to decodes to; :class:`inshrink.Series` handles this for you).
+    See :class:`File` for ``threads`` and ``mmap``. A delta file of a series decodes against
+    its base: read it with :class:`inshrink.Series`, or with :class:`File`'s ``base`` and
+    ``base_codes`` (passing those here still works but is deprecated).
     """
-    with File(path, threads=threads, mmap=mmap, base=base, base_codes=base_codes) as f:
+    with File(path, threads=threads, mmap=mmap, **_deprecated_base("load", deprecated)) as f:
         return f.load(progress)
 
 
 def open(path: str | os.PathLike, *, threads: int | None = None,  # noqa: A001
-         mmap: bool = True, base: Mapping[str, np.ndarray] | None = None,
-         base_codes: Mapping[str, np.ndarray] | None = None) -> File:
-    """Open an .ink file for random access: ``f[name]``, ``f.keys()``, ``f.metadata``."""
-    return File(path, threads=threads, mmap=mmap, base=base, base_codes=base_codes)
+         mmap: bool = True, **deprecated: Mapping[str, np.ndarray] | None) -> File:
+    """Open an .ink file for random access: ``f[name]``, ``f.keys()``, ``f.metadata``.
+
+    See :class:`File` for ``threads`` and ``mmap``; ``base``/``base_codes`` here are
+    deprecated, pass them to :class:`File`.
+    """
+    return File(path, threads=threads, mmap=mmap, **_deprecated_base("open", deprecated))

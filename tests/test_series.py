@@ -137,7 +137,17 @@ def test_delta_file_refuses_the_wrong_base(tmp_path):
     with pytest.raises(errors.BaseMismatchError):
         inshrink.load(delta)
     with pytest.raises(errors.BaseMismatchError):
-        inshrink.load(delta, base={"model.w": np.zeros((2, 2), np.float32)})
+        with inshrink.File(delta, base={"model.w": np.zeros((2, 2), np.float32)}) as f:
+            f.load()
+    # the keywords load and open used to take: still honoured, with a warning
+    with pytest.warns(DeprecationWarning, match="inshrink.File"):
+        with pytest.raises(errors.BaseMismatchError):
+            inshrink.load(delta, base={"model.w": np.zeros((2, 2), np.float32)})
+    with pytest.warns(DeprecationWarning):
+        with inshrink.open(delta, base_codes={}) as f:
+            assert f.base is not None
+    with pytest.raises(TypeError, match="bases"):
+        inshrink.load(delta, bases={})
 
 
 def test_retention_keeps_chains_of_kept_steps(tmp_path):
