@@ -301,10 +301,20 @@ def _main(name, directory):
 
     import torch.multiprocessing as mp
     warnings.simplefilter("ignore")
-    # imported before forking, so that each rank does not import them again
+    # imported (and inshrink's kernels loaded) before forking, not again in every rank
+    import numpy as np
+    import torch._dynamo  # noqa: F401  (fully_shard imports it on first use)
     import torch.distributed.checkpoint  # noqa: F401
     import torch.distributed.checkpoint.state_dict  # noqa: F401
     import torch.distributed.fsdp  # noqa: F401
+    warm = os.path.join(directory, ".warm.ink")
+    gen = np.random.default_rng(0)
+    inshrink.save(warm, {"w.weight": gen.standard_normal((64, 64), np.float32),
+                         "s.exp_avg": gen.standard_normal(512, np.float32),
+                         "s.exp_avg_sq": gen.random(512, np.float32)},
+                  policy="balanced", threads=1)
+    inshrink.load(warm)
+    os.unlink(warm)
     for group, (world, fn) in enumerate(SCENARIOS[name]):
         init = f"file://{os.path.join(directory, f'.init-{group}')}"
         try:
