@@ -427,9 +427,12 @@ class InkStorageReader(StorageReader):
         for file_name, tensors in grouped.items():
             path = os.path.join(self.path, file_name)
             with _named(path, lambda: File(path, threads=self.threads)) as f:
-                for tensor_name, items in tensors.items():
-                    array = _named(path, lambda: f.read(tensor_name))
-                    self._serve(path, tensor_name, array, items, planner)
+                for batch in _batches(path, f, list(tensors)):
+                    # the tensors of a batch share the decoder threads
+                    arrays = _named(path, lambda: f.load(names=batch))
+                    for tensor_name in batch:
+                        self._serve(path, tensor_name, arrays.pop(tensor_name),
+                                    tensors[tensor_name], planner)
         future: Future[None] = Future()
         future.set_result(None)
         return future
@@ -481,6 +484,25 @@ class InkStorageReader(StorageReader):
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
         return isinstance(checkpoint_id, (str, os.PathLike)) and os.path.isfile(
             os.path.join(os.fspath(checkpoint_id), METADATA_FILE))
+
+
+READ_BATCH_BYTES = 256 << 20
+"""Decoded bytes a reader holds at once beyond the destination tensors (one larger tensor
+is read alone)."""
+
+
+def _batches(path: str, f: File, names: list[str]) -> Iterator[list[str]]:
+    """``names`` in runs of at most :data:`READ_BATCH_BYTES` decoded bytes."""
+    batch, size = [], 0
+    for name in names:
+        nbytes = _named(path, lambda: f.info(name)).nbytes
+        if batch and size + nbytes > READ_BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+        batch.append(name)
+        size += nbytes
+    if batch:
+        yield batch
 
 
 def _narrow(tensor: torch.Tensor, offsets: torch.Size, lengths: torch.Size) -> torch.Tensor:

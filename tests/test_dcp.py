@@ -110,6 +110,23 @@ def test_any_tensors_round_trip_bit_for_bit(tmp_path_factory, shapes, dtype_indi
         assert torch.equal(bits(loaded[key]), bits(value)), key
 
 
+def test_reads_are_batched_by_decoded_size(tmp_path, monkeypatch):
+    import inshrink.dcp
+    state = {f"t{i}": torch.full((10 + i,), float(i)) for i in range(6)}
+    save(state, tmp_path / "ckpt")
+    batches = []
+    original = inshrink.File.load
+
+    def load_batch(self, progress=None, names=None):
+        batches.append(list(names))
+        return original(self, progress, names)
+    monkeypatch.setattr(inshrink.File, "load", load_batch)
+    monkeypatch.setattr(inshrink.dcp, "READ_BATCH_BYTES", 100)  # two or three tensors
+    loaded = load({k: torch.zeros_like(v) for k, v in state.items()}, tmp_path / "ckpt")
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
+    assert len(batches) == 4 and sorted(sum(batches, [])) == sorted(state)
+
+
 def test_the_checkpoint_id_given_to_dcp_chooses_the_directory(tmp_path):
     writer = InkStorageWriter(tmp_path / "default", threads=1)
     dcp.save({"w": torch.ones(2)}, storage_writer=writer, checkpoint_id=tmp_path / "chosen",
