@@ -7,8 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import ALL_DTYPES, random_bits
+import inshrink
 from inshrink import errors
-from inshrink.codecs import delta, quantize
+from inshrink.codecs import array, delta, quantize
 from inshrink.codecs.chain import Pipeline, for_new_tensor
 from inshrink.codecs.entropy import Entropy
 from inshrink.codecs.factored import Factored
@@ -125,3 +126,57 @@ def test_chain_validation_from_a_file():
         with pytest.raises(errors.CorruptError, match="C-3a"):
             Pipeline.from_chain([{"id": "codedelta", "modulus": modulus}, quant], F32)
     assert Pipeline.from_chain([{"id": "codedelta", "modulus": 16}, quant], F32).minor == 2
+
+
+# --- one array in memory ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", [(), (0,), (3, 0, 2), (1000,), (7, 33)])
+def test_array_encode_decode_is_bit_exact(dtype, shape):
+    x = random_bits(dtype, shape, seed=len(shape))
+    blob = array.encode(x, chunk_bytes=512)
+    assert isinstance(blob, bytes) and blob.startswith(array.MAGIC)
+    y = array.decode(blob)
+    assert y.shape == x.shape and y.dtype == x.dtype and y.tobytes() == x.tobytes()
+
+
+def test_array_quantized_decodes_to_what_a_file_with_the_same_config_does(tmp_path):
+    x = np.random.default_rng(3).standard_normal((128, 50)).astype(np.float32)  # not small
+    blob = array.encode(x, bins=16, protect=0.001, chunk_bytes=4096)
+    y = array.decode(blob)
+    assert y.dtype == x.dtype and y.shape == x.shape and len(blob) < x.nbytes / 4
+    policy = inshrink.Policy.uniform(inshrink.QuantConfig(bins=16, protect=0.001,
+                                                          domain="linear"))
+    report = inshrink.save(tmp_path / "x.ink", {"x": x}, policy=policy, threads=1)
+    assert report[0].quantized
+    assert inshrink.load(tmp_path / "x.ink")["x"].tobytes() == y.tobytes()
+    with pytest.raises(errors.InvalidArgumentError, match="quantized"):
+        array.encode(np.arange(4), bins=4)
+
+
+def test_array_decode_refuses_a_shape_over_the_limit():
+    blob = array.encode(np.zeros(1000, np.float32))
+    assert array.decode(blob, max_nbytes=4000).size == 1000
+    with pytest.raises(errors.LimitExceededError, match="max_nbytes"):
+        array.decode(blob, max_nbytes=3999)
+
+
+BLOBS = [array.encode(np.linspace(-1, 1, 300, dtype=np.float32).reshape(10, 30),
+                      chunk_bytes=400),
+         array.encode(np.linspace(-1, 1, 300, dtype=np.float32), bins=8, chunk_bytes=400)]
+
+
+@given(st.sampled_from(BLOBS), st.data())
+def test_array_decode_of_damaged_bytes_is_a_typed_error(blob, data):
+    damaged = bytearray(blob)
+    if data.draw(st.booleans()):
+        damaged = damaged[:data.draw(st.integers(0, len(blob) - 1))]
+    else:
+        for _ in range(data.draw(st.integers(1, 4))):
+            damaged[data.draw(st.integers(0, len(blob) - 1))] ^= 1 << data.draw(
+                st.integers(0, 7))
+    try:
+        out = array.decode(bytes(damaged))
+    except errors.InshrinkError:
+        return
+    assert out.size == 300  # a flipped bit in a value is still a valid array
