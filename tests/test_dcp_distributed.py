@@ -19,6 +19,7 @@ from inshrink import errors
 from inshrink.dcp import InkStorageReader, InkStorageWriter, describe
 
 HERE = os.path.abspath(__file__)
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
 def run_scenario(name, directory, timeout=60):
