@@ -38,7 +38,7 @@ _FLOAT_BITS = {4: (np.uint32, 23), 8: (np.uint64, 52)}
 
 @dataclass
 class Sketch:
-    """Log-bucket histogram of one tensor's magnitudes per sign, plus the counts the plan
+    """Log-bucket histogram of one tensor's magnitudes per sign, plus the counts the fit
     needs. A magnitude's bucket is its float bit pattern shifted right by ``shift`` (exponent
     and top mantissa bits): log-spaced buckets of relative width at most 2·alpha, without the
     per-element logarithm. Sketches of different chunks merge by adding (the paper's parallel
