@@ -27,12 +27,13 @@ This module imports torch; ``import inshrink`` does not import it.
 """
 from __future__ import annotations
 
+import dataclasses
+import enum
 import io
 import os
 import pickle
 import re
 import uuid
-from dataclasses import replace
 from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
@@ -145,7 +146,7 @@ class InkStorageWriter(StorageWriter):
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         # the coordinator's save id names every rank's file, so all files of a save match
-        return [replace(plan, storage_data=f"rank{i:05d}-{self.save_id}.ink")
+        return [dataclasses.replace(plan, storage_data=f"rank{i:05d}-{self.save_id}.ink")
                 for i, plan in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
@@ -268,13 +269,23 @@ def _remove_stale(directory: str, keep: set[str]) -> None:
 
 # -- loading -------------------------------------------------------------------------------
 
+_DCP_DATA_MODULES = ("torch.distributed.checkpoint.metadata",
+                     "torch.distributed.checkpoint.filesystem")
+"""Where the classes in DCP's metadata live (FileSystemWriter's storage entries included, so
+that its checkpoints are named as such)."""
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """Unpickles DCP's metadata classes and torch's dtypes and sizes, nothing else: a
     checkpoint directory is data, and must not run code when opened."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if module.startswith("torch.distributed.checkpoint.") or (
-                module == "builtins" and name in ("set", "frozenset", "slice", "complex")) or (
+        if module in _DCP_DATA_MODULES:  # data classes only: DCP's functions write files
+            value = super().find_class(module, name)
+            if isinstance(value, type) and (dataclasses.is_dataclass(value)
+                                            or issubclass(value, enum.Enum)):
+                return value
+        if (module == "builtins" and name in ("set", "frozenset", "slice", "complex")) or (
                 module == "collections" and name == "OrderedDict") or (
                 module == "torch.serialization" and name == "_get_layout") or (
                 module == "pathlib" and name in ("Path", "PosixPath", "WindowsPath",

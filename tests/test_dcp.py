@@ -347,6 +347,20 @@ def test_metadata_that_loads_code_is_refused_without_running_it(tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
+def test_metadata_calling_a_dcp_function_is_refused(tmp_path):
+    from torch.distributed.checkpoint import format_utils
+
+    class Convert:  # would write a file wherever it is told
+        def __reduce__(self):
+            return (format_utils.dcp_to_torch_save, (str(tmp_path / "ckpt"),
+                                                    str(tmp_path / "written.pt")))
+    save({"w": torch.ones(2)}, tmp_path / "ckpt")
+    (tmp_path / "ckpt" / METADATA_FILE).write_bytes(pickle.dumps(Convert()))
+    with pytest.raises(errors.CorruptError, match="refusing to load .*dcp_to_torch_save"):
+        read_metadata(tmp_path / "ckpt")
+    assert not (tmp_path / "written.pt").exists()
+
+
 def test_a_missing_rank_file_is_named(tmp_path):
     save({"w": torch.ones(2)}, tmp_path / "ckpt")
     name = rank_file(tmp_path / "ckpt")
