@@ -51,6 +51,8 @@ def test_every_stage_names_its_format_minor():
     assert Pipeline(quant).minor == 1
     assert Pipeline(quant, delta.CodeDelta(2)).minor == 2
     assert Pipeline(ByteGroup(4, True), delta.Xor()).minor == 2
+    with pytest.raises(errors.InvalidArgumentError, match="xor"):
+        Pipeline(quant, delta.Xor())
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)

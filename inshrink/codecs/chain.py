@@ -11,13 +11,13 @@ column factors).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..dtypes import DType
-from ..errors import CorruptError, UnknownCodecError
+from ..errors import CorruptError, InvalidArgumentError, UnknownCodecError
 from .base import ArrayStage, DeltaStage
 from .delta import CodeDelta, Xor
 from .entropy import Entropy
@@ -45,6 +45,11 @@ class Pipeline:
     delta: DeltaStage | None = None
     entropy: Entropy = field(default_factory=Entropy)
 
+    def __post_init__(self) -> None:
+        if self.delta is not None and self.delta.applies_to != self.stage.id:
+            raise InvalidArgumentError(f"a {self.delta.id} stage cannot precede "
+                                       f"{self.stage.id}")
+
     def chain(self) -> list[dict]:
         """The codec chain as the index stores it."""
         return [s.to_dict() for s in self.stages]
@@ -66,11 +71,6 @@ class Pipeline:
     def is_delta(self) -> bool:
         """Whether chunks decode against the base file's same tensor."""
         return self.delta is not None
-
-    def with_delta(self, delta: DeltaStage | None, stage: ArrayStage | None = None) -> "Pipeline":
-        """This pipeline with another delta stage (and array stage, when the delta changes
-        it)."""
-        return replace(self, delta=delta, stage=self.stage if stage is None else stage)
 
     def encode(self, chunk: Any, ref: np.ndarray | None = None) -> Encoded:
         """Encode one chunk: element bytes (uint8) for ``bytegroup``, a
