@@ -101,6 +101,13 @@ def test_fsdp2_async_and_lossy_saved_by_3_ranks_load_into_2(tmp_path):
         shard_errors = [row["error"]["max_abs_error"] for (fqn, _), row in lossy.items()
                         if fqn == f"model.{key}"]
         assert 0 < error <= max(shard_errors)
+    # resharded, the lossy checkpoint gives exactly the values it stores
+    from inshrink.dcp import consolidate
+    consolidate(tmp_path / "lossy", tmp_path / "lossy.ink")
+    with inshrink.open(tmp_path / "lossy.ink") as f:
+        assert torch.equal(torch.from_numpy(f["model.0.weight"]), lossy_loaded["model"]["0.weight"])
+        moment = lossy_loaded["optim"]["state"]["0.weight"]["exp_avg"]
+        assert torch.equal(torch.from_numpy(f["optim.state.0.weight.exp_avg"]), moment)
     # what is not lossy stays exact: biases, steps and the non-tensor items
     assert torch.equal(reference["model"]["0.bias"], lossy_loaded["model"]["0.bias"])
     assert_bit_equal(reference["extra"], lossy_loaded["extra"])
@@ -123,6 +130,10 @@ def test_a_rank_killed_mid_save_leaves_the_previous_checkpoint_loadable(tmp_path
     assert (tmp_path / "killed").read_text() == str(-signal.SIGKILL)
     with pytest.raises(errors.IncompleteCheckpointError, match=r"\.metadata"):
         InkStorageReader(tmp_path / "partial").read_metadata()
+    # rank 1 died with its file half written: only the temporary file exists
+    names = os.listdir(tmp_path / "partial")
+    assert any(n.startswith(".rank00001-") and n.endswith(".tmp") for n in names), names
+    assert not any(n.startswith("rank00001-") for n in names), names
     # the previous checkpoint loads, bit-exact, in this single process
     import torch.distributed.checkpoint as dcp
     reference = torch.load(tmp_path / "reference.pt", weights_only=False)
