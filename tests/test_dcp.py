@@ -259,6 +259,17 @@ def test_async_save_returns_at_once_and_saves_the_state_of_the_call(tmp_path):
     assert not torch.equal(loaded["proj.weight"], model.proj.weight.detach())  # trained since
 
 
+def test_writer_and_reader_pickle_for_the_process_based_async_executor(tmp_path):
+    # AsyncCheckpointerType.PROCESS sends the storage writer to a background process
+    policy = inshrink.Policy(overrides={"model.*": inshrink.QuantConfig(bins=4)})
+    writer = pickle.loads(pickle.dumps(InkStorageWriter(tmp_path / "ckpt", policy, threads=2)))
+    assert (writer.path, writer.policy, writer.threads) == (str(tmp_path / "ckpt"), policy, 2)
+    save_state = {"model.w": torch.randn(80, 80)}
+    dcp.save(save_state, storage_writer=writer, no_dist=True)
+    reader = pickle.loads(pickle.dumps(InkStorageReader(tmp_path / "ckpt")))
+    assert describe(reader.path)[0]["codec"].startswith("quant")
+
+
 def test_saving_again_replaces_the_checkpoint_atomically_and_removes_the_old_files(tmp_path):
     first = {"w": torch.ones(3, 3)}
     save(first, tmp_path / "ckpt")
