@@ -11,7 +11,8 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from . import dtypes
+from . import dtypes, encoder
+from .atomic import named_error
 from .codecs import delta as deltas
 from .codecs.chain import Pipeline
 from .codecs.entropy import Entropy, check_level
@@ -20,7 +21,6 @@ from .container import layout
 from .container.index import TensorEntry, check_metadata, check_name, check_shape
 from .container.reader import ContainerReader
 from .container.writer import ContainerWriter
-from . import encoder
 from .policy import Policy
 from .policy import resolve as resolve_policy
 from .errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError,
@@ -171,7 +171,7 @@ class Writer:
         The tensors of the previous checkpoint exactly as a reader decodes them; a lossless
         tensor with the same name, dtype and shape is stored as its XOR with the base when that
         is smaller. Requires ``base_file``. With a base, the file is written whole to a
-        temporary directory first, then rewritten as a delta by
+        temporary directory beside ``path`` first, then rewritten as a delta by
         :func:`inshrink.rebase.write_delta` (what :class:`inshrink.Series` does).
     base_file : dict, optional
         ``{"file": name, "sha256": hex digest}`` of the file ``base`` was decoded from,
@@ -218,8 +218,14 @@ class Writer:
         self._pending: collections.deque = collections.deque()
         self.safetensors_header: str | None = None
         self._staging = None
-        if self._delta is not None:  # the whole file goes here first
-            self._staging = tempfile.TemporaryDirectory(prefix="inshrink-")
+        if self._delta is not None:  # the whole file goes first beside the destination
+            target = os.path.abspath(os.fspath(path))
+            try:
+                self._staging = tempfile.TemporaryDirectory(
+                    prefix=f".{os.path.basename(target)}.", suffix=".tmp",
+                    dir=os.path.dirname(target))
+            except OSError as exc:
+                raise named_error(exc, os.fspath(path)) from exc
             path = self._standalone = os.path.join(self._staging.name, "standalone.ink")
         self._container = ContainerWriter(path)
         self._pool = _executor(self._threads)
