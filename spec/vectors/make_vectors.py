@@ -33,6 +33,7 @@ import zstandard
 import inshrink
 from inshrink import dtypes, tensorfile
 from inshrink.codecs import lossless
+from inshrink.codecs.chain import Pipeline
 from inshrink.container import layout
 from inshrink.container.index import TensorEntry, pack_index, unpack_index
 from inshrink.container.writer import ContainerWriter
@@ -169,9 +170,9 @@ def write_custom(path: Path, specs: list[tuple[str, np.ndarray, lossless.ByteGro
             for c in range(entry.chunk_count):
                 start, stop = entry.chunk_range(c)
                 raw = flat[start * dt.itemsize:stop * dt.itemsize]
-                planes = lossless.encode_chunk(raw, stage, None)
-                for stream, (coding, payload) in zip(entry.streams, planes):
-                    stream.append(cw.write_chunk(coding, payload, raw.size // stage.word))
+                for stream, (coding, payload, size) in zip(entry.streams,
+                                                           Pipeline(stage).encode(raw)):
+                    stream.append(cw.write_chunk(coding, payload, size))
         cw.commit(dict(metadata or {}))
     except BaseException:
         cw.abort()
