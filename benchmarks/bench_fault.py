@@ -370,6 +370,8 @@ RUNS = {
     "eps0.01": dict(method="inshrink", epsilon=0.01, failures=10),
     "eps0.05": dict(method="inshrink", epsilon=0.05, failures=10),
     "eps0.1": dict(method="inshrink", epsilon=0.1, failures=10),
+    "eps0.005": dict(method="inshrink", epsilon=0.005, failures=10),
+    "eps0.002": dict(method="inshrink", epsilon=0.002, failures=10),
     "f5": dict(method="inshrink", epsilon=0.05, failures=5),
     "f20": dict(method="inshrink", epsilon=0.05, failures=20),
     "k2x": dict(method="inshrink", epsilon=0.05, failures=10, every_mult=2),
@@ -384,6 +386,22 @@ RUNS = {
     "balanced": dict(method="inshrink", epsilon=None, failures=10, preset="balanced"),
     "aggressive": dict(method="inshrink", epsilon=None, failures=10, preset="aggressive"),
     "compact": dict(method="inshrink", epsilon=None, failures=10, preset="compact"),
+    # where a late restore's lasting damage comes from, with the task's search settings
+    # (2026-12-01): moments exact, weights searched / weights exact, moments as the default
+    # space stores them / the second moment at 16 log levels instead of row x column factors
+    "r_mexact": dict(method="inshrink", epsilon=0.05, failures=10,
+                     space=dict(exp_avg=None, exp_avg_sq=None)),
+    "r_wexact": dict(method="inshrink", epsilon=0.05, failures=10,
+                     policy=dict(exp_avg=dict(bins=0), exp_avg_sq=dict(bins=2,
+                                                                       domain="factored"))),
+    "r_m0": dict(method="inshrink", epsilon=0.05, failures=10,
+                 policy=dict(exp_avg=dict(bins=0), exp_avg_sq=None)),
+    "r_m2": dict(method="inshrink", epsilon=0.05, failures=10,
+                 policy=dict(exp_avg=dict(bins=2), exp_avg_sq=dict(bins=2, domain="factored"))),
+    "r_m8": dict(method="inshrink", epsilon=0.05, failures=10,
+                 policy=dict(exp_avg=dict(bins=8), exp_avg_sq=dict(bins=2, domain="factored"))),
+    "r_vfac": dict(method="inshrink", epsilon=0.05, failures=10,
+                   policy=dict(exp_avg=None, exp_avg_sq=dict(bins=2, domain="factored"))),
     # earlier studies, with the search settings they were measured with (RESULTS.md)
     "mom2": dict(method="inshrink", epsilon=0.05, failures=10, checkpointer=LOSS_SQ,
                  moment_bins=((2, None), (2, None))),

@@ -85,6 +85,12 @@ class SearchSpace:
         outer product of row and column factors (``domain="factored"``, Adafactor's
         approximation: one restore from it did less lasting damage than 2 levels); other
         tensors get 2 log-domain levels.
+    late_exp_avg : QuantConfig or None
+        The first moment's configuration late in a decaying schedule, where
+        :class:`inshrink.torch.Checkpointer` uses it (learning rate below
+        ``inshrink.torch.LATE_LR`` of its peak): a restart of momentum there left lasting
+        damage that the few small steps left did not undo (docs/decisions.md). Default: 2
+        levels in the signed-log domain (sign and magnitude class). None: lossless.
     proxy_rel_l2 : float
         Without a quality callback: the per-tensor relative L2 error bound of the weights.
     sigma : float
@@ -103,6 +109,7 @@ class SearchSpace:
     prune_metrics: tuple[str, ...] = PRUNE_METRICS
     exp_avg: QuantConfig | None = QuantConfig(bins=0)
     exp_avg_sq: QuantConfig | None = QuantConfig(bins=2, domain="factored")
+    late_exp_avg: QuantConfig | None = QuantConfig(bins=2)
     proxy_rel_l2: float = 0.01
     sigma: float = 0.2
     per_tensor_bins: bool = False
@@ -123,7 +130,7 @@ class SearchSpace:
             raise InvalidArgumentError(f"search space: prune_metrics must be distinct values "
                                        f"of {PRUNE_METRICS}")
         object.__setattr__(self, "prune_metrics", metrics)
-        for name in ("exp_avg", "exp_avg_sq"):
+        for name in ("exp_avg", "exp_avg_sq", "late_exp_avg"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name),
                                                                   QuantConfig):
                 raise InvalidArgumentError(f"search space: {name} must be a QuantConfig or None")

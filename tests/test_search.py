@@ -554,3 +554,10 @@ def test_embedding_tables_and_output_heads_are_searched_as_embeddings(name):
                                   "model.head.proj.weight"])
 def test_other_matrices_stay_weights(name):
     assert role_of(name, "F32", (256, 128)) == "weight"
+
+
+def test_late_first_moment_configuration_is_validated():
+    assert SearchSpace().late_exp_avg == inshrink.QuantConfig(bins=2)
+    assert SearchSpace(late_exp_avg=None).late_exp_avg is None
+    with pytest.raises(InvalidArgumentError):
+        SearchSpace(late_exp_avg={"bins": 2})

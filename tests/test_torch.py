@@ -547,7 +547,7 @@ def test_inshrink_does_not_import_torch():
 def test_epsilon_follows_the_learning_rate_and_survives_a_restart(tmp_path):
     model = mlp()
     optimizer = adamw(model)
-    kwargs = dict(eval_batches=[data(64, seed=500)], epsilon=0.05, max_evals=2,
+    kwargs = dict(eval_batches=[data(64, seed=500)], epsilon=0.05, restores=1, max_evals=2,
                   max_rel_l2=0.2)
     ckpt = Checkpointer(tmp_path / "c", model, optimizer, **kwargs)
     epsilons, bounds = [], []
@@ -570,7 +570,7 @@ def test_epsilon_follows_the_learning_rate_and_survives_a_restart(tmp_path):
         group["lr"] = 1e-3
     assert again.save(5)["search"]["epsilon"] == pytest.approx(0.0125)
     fixed = Checkpointer(tmp_path / "d", model, optimizer, eval_batches=[data(64, seed=500)],
-                         epsilon=0.05, max_evals=2, epsilon_follows_lr=False)
+                         epsilon=0.05, restores=1, max_evals=2, epsilon_follows_lr=False)
     assert fixed.save(1)["search"]["epsilon"] == 0.05
     assert fixed.save(2)["search"]["max_rel_l2"] is None  # no bound unless asked for
 
@@ -581,7 +581,7 @@ def test_epsilon_follows_a_power_of_the_learning_rate(tmp_path, power, expected)
     model = mlp()
     optimizer = adamw(model)
     ckpt = Checkpointer(tmp_path / "c", model, optimizer, eval_batches=[data(64, seed=500)],
-                        epsilon=0.05, max_evals=2, epsilon_follows_lr=power)
+                        epsilon=0.05, restores=1, max_evals=2, epsilon_follows_lr=power)
     epsilons = []
     for step, lr in ((1, 2e-3), (2, 1e-3), (3, 5e-4)):
         for group in optimizer.param_groups:
@@ -589,6 +589,42 @@ def test_epsilon_follows_a_power_of_the_learning_rate(tmp_path, power, expected)
         train(model, optimizer, 1)
         epsilons.append(ckpt.save(step)["search"]["epsilon"])
     assert epsilons == pytest.approx(expected)
+
+
+def test_epsilon_bounds_the_run_and_is_shared_by_the_restores(tmp_path):
+    # epsilon is the final quality's budget: each checkpoint gets epsilon / restores of it
+    model = mlp()
+    optimizer = adamw(model)
+    batches = [data(64, seed=500)]
+    ckpt = Checkpointer(tmp_path / "c", model, optimizer, eval_batches=batches, epsilon=0.05,
+                        max_evals=2)
+    assert ckpt.save(1)["search"]["epsilon"] == pytest.approx(0.005)
+    four = Checkpointer(tmp_path / "d", model, optimizer, eval_batches=batches, epsilon=0.05,
+                        restores=4, max_evals=2, epsilon_follows_lr=False)
+    assert four.search.epsilon == pytest.approx(0.0125)
+    for bad in (0, -1, 2.5, None):
+        with pytest.raises(errors.InvalidArgumentError):
+            Checkpointer(tmp_path / "e", model, optimizer, eval_batches=batches, restores=bad)
+
+
+def test_first_moment_is_kept_at_two_levels_late_in_the_schedule(tmp_path):
+    # a momentum restart late in a decaying schedule left lasting damage: below LATE_LR of
+    # the peak learning rate the first moment keeps its sign and magnitude class
+    model = mlp()
+    optimizer = adamw(model)
+    ckpt = Checkpointer(tmp_path / "c", model, optimizer, eval_batches=[data(64, seed=500)],
+                        max_evals=2, grad_ema=False)
+    nonzero = []
+    for step, lr in ((1, 2e-3), (2, 1.5e-3), (3, 5e-4)):
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        train(model, optimizer, 2, seed=step)
+        ckpt.save(step)
+        moment = ckpt.series.load(step)["optimizer.state.0.exp_avg"]
+        nonzero.append(np.count_nonzero(moment) / moment.size)
+    assert nonzero[0] < 0.01 and nonzero[1] < 0.01  # restarted from zero (largest kept)
+    assert nonzero[2] > 0.5
+    assert ckpt.search.space.exp_avg == SearchSpace().late_exp_avg
 
 
 @pytest.mark.parametrize("value", [-1, math.inf, math.nan, "yes", None])
