@@ -186,6 +186,28 @@ def _header_version_and_features(path) -> tuple[int, int, int]:
             int.from_bytes(data[16:24], "little"))
 
 
+def test_the_container_marks_the_minor_its_caller_asks_for(tmp_path):
+    """The container knows no stages: the caller says which minor the chains need."""
+    from inshrink.container import layout
+    from inshrink.container.writer import ContainerWriter
+    for minor in (0, 4):
+        writer = ContainerWriter(tmp_path / f"m{minor}.ink")
+        writer.commit({}, minor=minor)
+        assert _header_version_and_features(tmp_path / f"m{minor}.ink")[:2] == (1, minor)
+    for bad in (-1, layout.VERSION_MINOR + 1, 2.0, None):
+        writer = ContainerWriter(tmp_path / "bad.ink")
+        with pytest.raises(inshrink.InvalidArgumentError, match="minor"):
+            writer.commit({}, minor=bad)
+        writer.abort()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m0.ink", "m4.ink"]
+    # the Writer asks the stages: a quantized tensor needs 1.1
+    report = inshrink.save(tmp_path / "q.ink",
+                           {"w": np.linspace(-1, 1, 5000, dtype=np.float32)},
+                           policy="balanced")
+    assert report[0].quantized
+    assert _header_version_and_features(tmp_path / "q.ink")[:2] == (1, 1)
+
+
 def test_large_index_is_stored_compressed_and_small_one_plain(tmp_path):
     from inshrink.container import layout
     many = {f"block.{i}.norm.weight": np.full(3, i, np.float32) for i in range(60)}
