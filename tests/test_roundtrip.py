@@ -202,8 +202,8 @@ def test_the_container_marks_the_minor_its_caller_asks_for(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m0.ink", "m4.ink"]
     # the Writer asks the stages: a quantized tensor needs 1.1
     report = inshrink.save(tmp_path / "q.ink",
-                           {"w": np.linspace(-1, 1, 5000, dtype=np.float32)},
-                           policy="balanced")
+                           {"w": np.linspace(-1, 1, 10000, dtype=np.float32).reshape(100, 100)},
+                           policy=inshrink.Policy.uniform(inshrink.QuantConfig(bins=16)))
     assert report[0].quantized
     assert _header_version_and_features(tmp_path / "q.ink")[:2] == (1, 1)
 
