@@ -173,14 +173,28 @@ def _parser() -> argparse.ArgumentParser:
     _common(d, lossy_output=True)
 
     i = sub.add_parser("info", help="per-tensor table: dtype, shape, codec, ratio, error")
-    i.add_argument("input", help="an .ink file, or a directory: every .ink file under it")
+    i.add_argument("input", help="an .ink file, a directory (every .ink file under it), or a "
+                                 "sharded torch.distributed.checkpoint directory")
     i.add_argument("--json", action="store_true", help="machine-readable output")
 
     v = sub.add_parser("verify", help="check structure and every checksum; exit 1 on a problem")
-    v.add_argument("input", nargs="+", help=".ink files or directories of .ink files")
+    v.add_argument("input", nargs="+", help=".ink files, directories of .ink files, or sharded "
+                                            "torch.distributed.checkpoint directories")
     v.add_argument("--json", action="store_true", help="machine-readable output")
     v.add_argument("--threads", type=_positive_int, default=None,
                    help="threads (default: all cores)")
+
+    co = sub.add_parser("consolidate", help="sharded torch.distributed.checkpoint directory "
+                                            "-> one unsharded .safetensors or .ink file")
+    co.add_argument("input", help="a checkpoint directory written by inshrink.dcp")
+    co.add_argument("-o", "--output", required=True,
+                    help="OUT.safetensors (tensors only) or OUT.ink (non-tensor items kept)")
+    co.add_argument("-f", "--force", action="store_true", help="overwrite an existing output")
+    _allow_lossy(co)
+    co.add_argument("--threads", type=_positive_int, default=None,
+                    help="threads (default: all cores)")
+    co.add_argument("-q", "--quiet", action="store_true", help="no summary")
+    co.add_argument("--json", action="store_true", help="print a JSON summary")
 
     ser = sub.add_parser("series", help="checkpoint series: ls, restore, verify")
     ser_sub = ser.add_subparsers(dest="series_command", required=True, metavar="ACTION")
@@ -586,6 +600,8 @@ def cmd_decompress(args, started: float) -> int:
 def cmd_info(args, started: float) -> int:
     from .convert import check_ink
     args.source = args.input
+    if _is_dcp(args.input):
+        return _dcp_info(args, started)
     paths = _files_in(args.input, ".ink")
     files = []
     for path in paths:
@@ -666,10 +682,14 @@ def cmd_verify(args, started: float) -> int:
     from .convert import check_ink
     from .errors import InshrinkError
     from .tensorfile import File
-    paths = [p for target in args.input for p in _files_in(target, ".ink")]
+    paths = [p for target in args.input
+             for p in ([target] if _is_dcp(target) else _files_in(target, ".ink"))]
     args.source = args.input[0]
     files = []
     for path in paths:
+        if _is_dcp(path):
+            files += _dcp_verify(path, args)
+            continue
         try:
             check_ink(path)
             with File(path, threads=args.threads, mmap=False) as f:
@@ -687,10 +707,190 @@ def cmd_verify(args, started: float) -> int:
     if args.json:
         _print_json(report)
     else:
+        shown = set()
         for f in files:
-            print(_clean(f"OK    {f['input']} ({len(f['tensors'])} tensors)" if f["ok"]
-                         else f"FAIL  {f['input']}: {f['error']}"))
+            checkpoint = f.get("checkpoint")
+            if checkpoint is None:
+                print(_clean(f"OK    {f['input']} ({len(f['tensors'])} tensors)" if f["ok"]
+                             else f"FAIL  {f['input']}: {f['error']}"))
+            elif checkpoint not in shown:  # a verified checkpoint: one line for its files
+                shown.add(checkpoint)
+                mine = [g for g in files if g.get("checkpoint") == checkpoint]
+                print(_clean(f"OK    {checkpoint} (DCP checkpoint: {_count(len(mine), 'rank file')}, "
+                             f"{sum(len(g['tensors']) for g in mine)} chunks)"))
     return EXIT_OK if report["ok"] else EXIT_ERROR
+
+
+# -- sharded torch.distributed.checkpoint directories (inshrink.dcp) -------------------------
+# Recognised here by name, so that only the commands that read one import torch.
+
+DCP_METADATA = ".metadata"
+_DCP_RANK_FILE = re.compile(r"\.?rank(\d{5})-[0-9a-f]{12}\.ink(?:\..*\.tmp)?")
+
+
+def _is_dcp(path: str) -> bool:
+    """A directory holding DCP's ``.metadata`` or an inshrink.dcp rank file (committed or
+    not: one without ``.metadata`` is then reported as an incomplete checkpoint)."""
+    if not os.path.isdir(path):
+        return False
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    return DCP_METADATA in names or any(_DCP_RANK_FILE.fullmatch(n) for n in names)
+
+
+def _dcp_call(path: str, call):
+    """``call()``, an unfinished save's error saying so first."""
+    from .errors import IncompleteCheckpointError
+    try:
+        return call()
+    except IncompleteCheckpointError as exc:
+        raise IncompleteCheckpointError(f"incomplete checkpoint: {exc}") from None
+
+
+def _dcp_details(path: str, threads: int | None = None, verify: bool = False):
+    """(metadata, chunk rows, {rank file: TensorInfo list}) of a committed checkpoint,
+    checked against each file's index (decoded in full with ``verify``)."""
+    from . import dcp
+    from .tensorfile import File
+    rows = _dcp_call(path, lambda: (dcp.verify(path, threads=threads) if verify
+                                    else dcp.describe(path)))
+    metadata = dcp.read_metadata(path)
+    infos = {}
+    for name in sorted({r["file"] for r in rows}):
+        with File(os.path.join(path, name), threads=1) as f:
+            infos[name] = f.infos()
+    return metadata, rows, infos
+
+
+def _dcp_files(path: str, infos: dict) -> list[dict]:
+    """One report entry per rank file, with its rank."""
+    files = []
+    for name, tensors in infos.items():
+        full = os.path.join(path, name)
+        files.append(_file(full, None, _size(full), 0, tensors=tensors,
+                           rank=int(_DCP_RANK_FILE.fullmatch(name).group(1)),
+                           checkpoint=path, **_version_and_metadata(full)))
+    return files
+
+
+def _dcp_info(args, started: float) -> int:
+    path = args.input
+    metadata, rows, infos = _dcp_details(path)
+    files = _dcp_files(path, infos)
+    report = _report("info", started, [path], [], files,
+                     sum(t.nbytes for f in files for t in f["tensors"]),
+                     sum(f["bytes_in"] for f in files))
+    if args.json:
+        _print_json(report)
+        return EXIT_OK
+    print(_clean(f"{path}: torch.distributed.checkpoint, {_count(len(files), 'rank file')}, "
+                 f"{report['bytes_in']:,} bytes"))
+    width = max([len(_clean(os.path.basename(f["input"]))) for f in files] + [4])
+    print(f"{'rank':>5}  {'file':<{width}}  {'bytes':>14} {'chunks':>7}")
+    for f in files:
+        print(_clean(f"{f['rank']:>5}  {os.path.basename(f['input']):<{width}}  "
+                     f"{f['bytes_in']:>14,} {len(f['tensors']):>7}"))
+    print()
+    _print_dcp_tensors(metadata, rows)
+    infos_all = _all_tensors(report)
+    ratio = f" ({report['ratio']:.3f}x)" if report["ratio"] else ""
+    print(f"{len(metadata.state_dict_metadata)} items in {len(rows)} chunks, "
+          f"{report['tensor_bytes']:,} bytes -> {report['bytes_in']:,} file bytes"
+          f"{ratio}{_lossy_text(infos_all)}")
+    return EXIT_OK
+
+
+def _print_dcp_tensors(metadata, rows: list[dict]) -> None:
+    """One line per fully-qualified name: its whole shape, its chunks' bytes, ratio and worst
+    error (a relative error per chunk: the whole tensor's lies between their extremes)."""
+    by_fqn: dict[str, list[dict]] = {}
+    for row in rows:
+        by_fqn.setdefault(row["fqn"], []).append(row)
+    names = {fqn: _clean(fqn) for fqn in by_fqn}
+    width = max([len(n) for n in names.values()] + [4])
+    lossy = any(r["error"] for r in rows)
+    extra = f" {'role':<10} {'rel L2 err':>10} {'max |err|':>10}" if lossy else ""
+    print(f"{'name':<{width}}  {'dtype':<8} {'shape':<20} {'chunks':>6} {'codec':<16} "
+          f"{'bytes':>14} {'stored':>14} {'ratio':>8}{extra}")
+    for fqn, chunks in by_fqn.items():
+        item = metadata.state_dict_metadata[fqn]
+        shape = str(list(item.size)) if hasattr(item, "size") else "(bytes)"
+        nbytes = sum(r["nbytes"] for r in chunks)
+        stored = sum(r["stored_bytes"] for r in chunks)
+        codecs = sorted({r["codec"] for r in chunks})
+        ratio = nbytes / stored if stored else float("inf")
+        dtype = chunks[0]["dtype"] if hasattr(item, "size") else "bytes"
+        line = (f"{names[fqn]:<{width}}  {dtype:<8} {shape:<20} {len(chunks):>6} "
+                f"{_clean(codecs[0] if len(codecs) == 1 else 'mixed'):<16} {nbytes:>14,} "
+                f"{stored:>14,} {ratio:>8.3f}")
+        if lossy:
+            errors = [r["error"] or {} for r in chunks]
+            role = chunks[0]["role"]
+
+            def worst(key):
+                values = [e.get(key) for e in errors if _finite(e.get(key)) is not None]
+                return max(values) if values else None
+            line += (f" {_clean(role or '-'):<10} {_num(worst('rel_l2_error')):>10} "
+                     f"{_num(worst('max_abs_error')):>10}")
+        print(line)
+
+
+def _dcp_verify(path: str, args) -> list[dict]:
+    """verify's entries for one checkpoint: one per rank file, or one naming the problem."""
+    from .errors import InshrinkError
+    try:
+        _, _, infos = _dcp_details(path, threads=args.threads, verify=True)
+    except (InshrinkError, OSError) as exc:
+        message = _os_error_message(exc, args) if isinstance(exc, OSError) else str(exc)
+        return [_file(path, None, sum(_size(os.path.join(path, n)) for n in _listdir(path)), 0,
+                      error=f"{type(exc).__name__}: {message}")]
+    return _dcp_files(path, infos)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def cmd_consolidate(args, started: float) -> int:
+    src = args.source = args.input
+    dst = args.destination = args.output
+    _check_input(src)
+    if not _is_dcp(src):
+        raise UsageError(f"{src}: not a sharded checkpoint directory (no {DCP_METADATA} and "
+                         f"no rank files)")
+    if not dst.endswith((".safetensors", ".ink")):
+        raise UsageError(f"{dst}: the output must end with .safetensors or .ink (its format)")
+    _check_output(src, dst, args.force)
+    from . import dcp
+    _, rows, infos = _dcp_details(src)
+    source = _dcp_files(src, infos)
+    chunks = [t for f in source for t in f["tensors"]]
+    _check_lossy_overwrite(args, dst, any(not t.lossless for t in chunks))
+    _dcp_call(src, lambda: dcp.consolidate(src, dst, threads=args.threads))
+    written = _ink_details(dst) if dst.endswith(".ink") else {}
+    # the source's chunks are what the report describes: a lossy checkpoint stays reported
+    # as lossy, with its measured error, though the joined file stores its values exactly
+    files = [_file(src, dst, sum(f["bytes_in"] for f in source), os.path.getsize(dst),
+                   tensors=chunks, format_version=written.get("format_version"),
+                   metadata=written.get("metadata"))]
+    report = _report("consolidate", started, [src], [dst], files,
+                     sum(t.nbytes for t in chunks), files[0]["bytes_in"])
+    if args.json:
+        _print_json(report)
+    elif not args.quiet:
+        print(_clean(f"{src} -> {dst}: {_count(len(source), 'rank file')}, {len(rows)} chunks, "
+                     f"{files[0]['bytes_in']:,} -> {files[0]['bytes_out']:,} bytes"
+                     f"{_lossy_text(chunks)}"))
+    return EXIT_OK
 
 
 def _size(path: str) -> int:
@@ -786,8 +986,8 @@ def _series_restore(args, series, started: float) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"compress": cmd_compress, "decompress": cmd_decompress,
-            "info": cmd_info, "verify": cmd_verify, "series": cmd_series}
+COMMANDS = {"compress": cmd_compress, "decompress": cmd_decompress, "info": cmd_info,
+            "verify": cmd_verify, "consolidate": cmd_consolidate, "series": cmd_series}
 
 
 def main(argv: list[str] | None = None) -> int:

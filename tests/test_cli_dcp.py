@@ -1,0 +1,141 @@
+"""The command line on sharded torch.distributed.checkpoint directories written by inshrink.dcp:
+info, verify and consolidate, run in subprocesses."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file
+
+import inshrink
+from inshrink.dcp import InkStorageWriter
+from test_cli import ROOT, run
+from test_cli_json import FILE_KEYS, KEYS, TENSOR_KEYS
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def state():
+    gen = torch.Generator().manual_seed(0)
+    return {"model": {"layer.weight": torch.randn(128, 64, generator=gen),
+                      "layer.bias": torch.randn(64, generator=gen).bfloat16()},
+            "step": 7}
+
+
+@pytest.fixture()
+def work(tmp_path):
+    for name, policy in (("ck", None), ("lossy", "balanced")):
+        dcp.save(state(), storage_writer=InkStorageWriter(tmp_path / name, threads=1,
+                                                          policy=policy), no_dist=True)
+    return tmp_path
+
+
+def rank_file(directory):
+    return next(n for n in os.listdir(directory) if n.startswith("rank"))
+
+
+def test_info_shows_ranks_files_tensors_and_error(work):
+    r = run("info", "lossy", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert "torch.distributed.checkpoint, 1 rank file," in r.stdout
+    assert rank_file(work / "lossy") in r.stdout
+    weight = next(line for line in r.stdout.splitlines() if line.startswith("model.layer.weight"))
+    assert "F32" in weight and "[128, 64]" in weight and "quant" in weight
+    assert "LOSSY: 1 of 3 tensors quantized" in r.stdout
+    assert "BF16" in r.stdout and "(bytes)" in r.stdout  # the step: a non-tensor item
+
+    report = json.loads(run("info", "lossy", "--json", cwd=work).stdout)
+    assert set(report) == KEYS and report["ok"] and report["command"] == "info"
+    [f] = report["files"]
+    assert set(f) == FILE_KEYS | {"rank", "checkpoint"} and f["rank"] == 0
+    assert f["checkpoint"] == "lossy" and f["bytes_in"] == os.path.getsize(
+        work / "lossy" / rank_file(work / "lossy"))
+    assert all(set(t) == TENSOR_KEYS for t in f["tensors"])
+    weight = next(t for t in f["tensors"] if t["name"] == "model.layer.weight")
+    assert weight["lossy"] and 0 < weight["error"]["rel_l2_error"] == report["max_rel_l2_error"]
+
+
+def test_verify_checkpoints_and_ink_files(work):
+    inshrink.save(work / "plain.ink", {"x": torch.arange(3).numpy()})
+    r = run("verify", "ck", "plain.ink", "lossy", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["OK    ck (DCP checkpoint: 1 rank file, 3 chunks)",
+                                     "OK    plain.ink (1 tensors)",
+                                     "OK    lossy (DCP checkpoint: 1 rank file, 3 chunks)"]
+    path = work / "ck" / rank_file(work / "ck")
+    data = bytearray(path.read_bytes())
+    data[300] ^= 0x10  # inside the weight's records: only decoding finds it
+    path.write_bytes(bytes(data))
+    assert run("info", "ck", cwd=work).returncode == 0
+    r = run("verify", "ck", "lossy", "--json", cwd=work)
+    report = json.loads(r.stdout)
+    assert r.returncode == 1 and not report["ok"] and len(report["problems"]) == 1
+    assert report["problems"][0].startswith("ck: ") and "Error" in report["problems"][0]
+
+
+def test_incomplete_checkpoint_is_named(work):
+    os.unlink(work / "ck" / ".metadata")
+    for args in (("info", "ck"), ("consolidate", "ck", "-o", "out.ink")):
+        r = run(*args, cwd=work)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert "incomplete checkpoint" in r.stderr and ".metadata is missing" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    r = run("verify", "ck", cwd=work)
+    assert r.returncode == 1 and r.stdout.startswith("FAIL  ck: IncompleteCheckpointError: "
+                                                     "incomplete checkpoint")
+    assert not (work / "out.ink").exists()
+
+
+def test_a_metadata_file_not_written_by_inshrink_is_refused(work):
+    dcp.save(state(), storage_writer=dcp.FileSystemWriter(str(work / "plain")), no_dist=True)
+    r = run("info", "plain", cwd=work)
+    assert r.returncode == 1 and "not written by InkStorageWriter" in r.stderr, r.stderr
+
+
+def test_consolidate_to_safetensors_and_ink(work):
+    r = run("consolidate", "ck", "-o", "m.safetensors", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert "ck -> m.safetensors: 1 rank file, 3 chunks" in r.stdout
+    tensors = load_file(work / "m.safetensors")
+    for name, value in state()["model"].items():
+        assert torch.equal(tensors["model." + name], value)
+    assert set(tensors) == {"model.layer.weight", "model.layer.bias"}
+
+    r = run("consolidate", "lossy", "-o", "m.ink", "--json", cwd=work)
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and set(report) == KEYS and report["outputs"] == ["m.ink"]
+    assert report["lossy"] and report["max_rel_l2_error"] > 0  # the checkpoint's error
+    assert report["files"][0]["bytes_out"] == os.path.getsize(work / "m.ink")
+    with inshrink.open(work / "m.ink") as f:
+        assert "__dcp_bytes__.step" in [i.name for i in f.infos()]
+
+
+def test_consolidate_output_rules(work):
+    (work / "m.safetensors").write_text("original")
+    cases = [(("ck", "-o", "m.safetensors"), "--force"),
+             (("lossy", "-o", "m.safetensors", "-f"), "--allow-lossy-overwrite"),
+             (("ck", "-o", "m.pt"), ".safetensors or .ink"),
+             (("missing", "-o", "x.ink"), "no such file"),
+             ((".", "-o", "x.ink"), "not a sharded checkpoint")]
+    for args, text in cases:
+        r = run("consolidate", *args, cwd=work)
+        assert r.returncode == 2 and text in r.stderr, (args, r.stderr)
+    assert (work / "m.safetensors").read_text() == "original"
+    r = run("consolidate", "lossy", "-o", "m.safetensors", "-f", "--allow-lossy-overwrite",
+            "-q", cwd=work)
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    assert load_file(work / "m.safetensors")["model.layer.weight"].shape == (128, 64)
+    assert sorted(n for n in os.listdir(work) if n.startswith(".")) == []
+
+
+def test_help_does_not_import_torch(tmp_path):
+    code = ("import sys\nfrom inshrink.cli import main\ntry:\n    main(['--help'])\n"
+            "except SystemExit:\n    pass\nassert 'torch' not in sys.modules, 'torch imported'")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "consolidate" in r.stdout
