@@ -47,6 +47,14 @@ Runs (``--only`` takes these names, comma-separated; ``ref`` always runs first):
                learning rate's ratio (what the lm task used before 2026-11-30)
     kl_sq      inshrink eps 0.05, F=10, the KL criterion with the square of that ratio
     none       none, F=10 (not in the default list)
+    balanced, aggressive, compact
+               the preset, no search (Checkpointer(policy=name)), F=10
+    eps0.005, eps0.002
+               inshrink eps 0.005 / 0.002, F=10
+
+Epsilon is the Checkpointer's bound on the run's final quality, shared by its ``restores``
+(10): each checkpoint's search gets epsilon / 10 (before 2026-12-01, epsilon itself). Tasks
+with ``late_failures`` (gpt, mixer) restore every 2K steps, the last K before the end.
 
 The ``inshrink`` runs use the Checkpointer's defaults plus the task's recommended search
 settings (``Task.search_settings``) unless they say otherwise. For the lm task: the search
