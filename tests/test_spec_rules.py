@@ -25,17 +25,19 @@ NOT_RULES = {("index.py", "_fail"), ("tensorfile.py", "_allocate")}
 
 def _section(number: int) -> str:
     start = SPEC.index(f"\n## {number}. ")
-    return SPEC[start:SPEC.index("\n## ", start + 1)]
+    end = SPEC.find("\n## ", start + 1)
+    return SPEC[start:end if end >= 0 else len(SPEC)]
 
 
 def spec_rules() -> list[str]:
-    return re.findall(r"^\| (" + RULE.pattern + r") \|", _section(16), re.MULTILINE)
+    """The rules of section 16 (.ink files) and of section 24 (array frames)."""
+    return re.findall(r"^\| (" + RULE.pattern + r") \|", _section(16) + _section(24),
+                      re.MULTILINE)
 
 
 def _reader_sources() -> list[Path]:
-    # codecs/array.py reads its own in-memory layout, not an .ink file: its checks are not
-    # rules of section 16 (tests/test_codecs.py covers them)
-    codecs = [p for p in (PACKAGE / "codecs").glob("*.py") if p.name != "array.py"]
+    # codecs/array.py reads array frames: its checks are the rules of section 24
+    codecs = list((PACKAGE / "codecs").glob("*.py"))
     return sorted([*(PACKAGE / "container").glob("*.py"), *codecs,
                    PACKAGE / "tensorfile.py", PACKAGE / "digest.py"])
 

@@ -161,3 +161,105 @@ def test_safetensors_round_trip_is_byte_identical(tmp_path):
     original = (VECTORS / "safetensors.safetensors").read_bytes()
     assert out.read_bytes() == original
     assert original == make_vectors.safetensors_bytes()[0]
+
+
+# --- golden vectors of every released format version, frozen ---------------------------------
+
+GOLDEN = sorted(p for p in VECTORS.glob("v1.*") if p.is_dir())
+GOLDEN_POSITIVE = [(d, e) for d in GOLDEN
+                   for e in json.loads((d / "manifest.json").read_text("utf-8"))["positive"]]
+
+
+def test_every_released_format_version_is_frozen():
+    assert [d.name for d in GOLDEN] == [f"v1.{minor}" for minor in range(6)]
+    assert f"v{MANIFEST['format_version']}" in {d.name for d in GOLDEN}
+
+
+@pytest.mark.parametrize("folder, entry", GOLDEN_POSITIVE,
+                         ids=[f"{d.name}/{e['name']}" for d, e in GOLDEN_POSITIVE])
+def test_frozen_vector_decodes_with_the_current_reader(folder, entry):
+    """A file written to any earlier format version reads bit-exactly today (section 14)."""
+    doc = json.loads((folder / "manifest.json").read_text("utf-8"))
+    expected = json.loads((folder / entry["expected"]).read_text(encoding="utf-8"))
+    assert expected["format_version"] == doc["format_version"] == folder.name[1:]
+    base = base_codes = None
+    if "base" in entry:
+        base, base_codes = _decoded_base(folder / entry["base"])
+    with inshrink.File(folder / entry["file"], threads=1, base=base,
+                       base_codes=base_codes) as f:
+        f.verify()
+        assert f.keys() == [t["name"] for t in expected["tensors"]]
+        assert f.metadata == expected["metadata"]
+        for t in expected["tensors"]:
+            array = f[t["name"]]
+            assert (f.info(t["name"]).dtype, list(array.shape)) == (t["dtype"], t["shape"])
+            assert hashlib.sha256(array.tobytes()).hexdigest() == t["sha256"]
+
+
+def test_the_current_version_is_frozen_as_generated():
+    """v<current>/ holds exactly what the generator makes today (until the version moves on,
+    when it stays as it was)."""
+    frozen = VECTORS / f"v{MANIFEST['format_version']}"
+    doc = json.loads((frozen / "manifest.json").read_text("utf-8"))
+    assert doc["positive"] == POSITIVE
+    for entry in POSITIVE:
+        for name in (entry["file"], entry["expected"]):
+            assert (frozen / name).read_bytes() == (VECTORS / name).read_bytes(), name
+
+
+# --- array frames (section 24) ----------------------------------------------------------------
+
+ARRAY = VECTORS / "array"
+ARRAY_MANIFEST = json.loads((ARRAY / "manifest.json").read_text(encoding="utf-8"))
+
+
+def _array_table() -> dict:
+    spec = (VECTORS.parent / "FORMAT.md").read_text(encoding="utf-8")
+    text = spec[spec.index("### 24.6"):]
+    table = text[text.index("| vector | base | error | rule |"):]
+    rows = [[c.strip().strip("`") for c in line.split("|")[1:-1]]
+            for line in table.splitlines()[2:] if line.startswith("| `")]
+    return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+
+def test_array_manifest_is_current_and_lists_every_file():
+    assert make_vectors.array_manifest() == ARRAY_MANIFEST
+    listed = {e["file"] for e in ARRAY_MANIFEST["positive"] + ARRAY_MANIFEST["negative"]}
+    listed |= {e["expected"] for e in ARRAY_MANIFEST["positive"]} | {"manifest.json"}
+    assert {p.name for p in ARRAY.iterdir()} == listed
+    assert _array_table() == {e["name"]: (e["base"], e["error"], e["rule"])
+                              for e in ARRAY_MANIFEST["negative"]}
+
+
+@pytest.mark.parametrize("entry", ARRAY_MANIFEST["positive"],
+                         ids=_ids(ARRAY_MANIFEST["positive"]))
+def test_array_positive_decodes_and_regenerates(entry):
+    from inshrink.codecs import array as frame
+
+    data = (ARRAY / entry["file"]).read_bytes()
+    expected = json.loads((ARRAY / entry["expected"]).read_text(encoding="utf-8"))
+    decoded = frame.decode(data)
+    assert make_vectors.dtypes.of_numpy(decoded.dtype).name == expected["dtype"]
+    assert list(decoded.shape) == expected["shape"]
+    assert decoded.tobytes().hex() == expected["hex"]
+    assert hashlib.sha256(decoded.tobytes()).hexdigest() == expected["sha256"]
+    assert frame.report(data) == expected["report"]
+    vector = next(v for v in make_vectors.ARRAY_POSITIVE if v.name == entry["name"])
+    regenerated, again = make_vectors.build_array_positive(vector)
+    assert again == expected
+    if make_vectors.ZSTD_VERSION == ARRAY_MANIFEST["generator"]["zstd"]:
+        assert regenerated == data
+
+
+@pytest.mark.parametrize("entry", ARRAY_MANIFEST["negative"],
+                         ids=_ids(ARRAY_MANIFEST["negative"]))
+def test_array_negative_raises_exact_error(entry):
+    from inshrink.codecs import array as frame
+
+    vector = next(v for v in make_vectors.ARRAY_NEGATIVE if v.name == entry["name"])
+    data = (ARRAY / entry["file"]).read_bytes()
+    assert vector.patch((ARRAY / f"{vector.base}.inka").read_bytes()) == data
+    with pytest.raises(errors.InshrinkError) as caught:
+        frame.decode(data)
+    assert type(caught.value) is getattr(errors, entry["error"]), caught.value
+    assert str(caught.value).startswith(f"[{entry['rule']}] "), caught.value

@@ -1391,6 +1391,209 @@ def generate(out_dir: Path) -> None:
     (out_dir / "minimal.hexdump.md").write_text(
         hexdump_markdown((out_dir / "minimal.ink").read_bytes()), encoding="utf-8")
     write_json(out_dir / "manifest.json", manifest())
+    generate_array(out_dir / "array")
+
+
+# --------------------------------------------------------------------------------------------
+# Array frames (spec section 24): vectors in array/, with their own manifest
+# --------------------------------------------------------------------------------------------
+
+ARRAY_DIR = HERE / "array"
+
+
+class ArrayPositive:
+    """A positive array vector: ``build()`` gives the array and the ``encode`` arguments."""
+
+    def __init__(self, name: str, covers: str,
+                 build: Callable[[], tuple[np.ndarray, dict]]) -> None:
+        self.name, self.covers, self.build = name, covers, build
+
+
+class ArrayNegative:
+    """A negative array vector: ``patch`` turns the frame of positive ``base`` into it."""
+
+    def __init__(self, name: str, base: str, error: str, rule: str, description: str,
+                 patch: Callable[[bytes], bytes]) -> None:
+        self.name, self.base, self.error, self.rule = name, base, error, rule
+        self.description, self.patch = description, patch
+
+
+def _array_quant_input() -> np.ndarray:
+    u = np.frombuffer(prng_bytes("array-quant", 4 * 4 * 2000), "<u4") / 2.0**32
+    x = (u.reshape(4, -1).sum(axis=0) - 2.0).astype("<f4")  # bell-shaped: codes compress
+    x[[5, 77, 1300]] = [40.0, -55.5, np.inf]  # outliers: escaped, exact
+    return x.reshape(40, 50)
+
+
+ARRAY_POSITIVE = [
+    ArrayPositive("f32", "F32 lossless: special values (signed zeros, infinities, NaN payloads, "
+                  "subnormals) and mantissa noise, shape [4, 20], three chunks "
+                  "(chunk_elements 32, the last partial)",
+                  lambda: (np.concatenate([bits(F32_SPECIAL, "<u4", "<f4"),
+                                           mantissa_noise_f32("array-f32", 60)]).reshape(4, 20),
+                           {"chunk_bytes": 128})),
+    ArrayPositive("bf16", "BF16 lossless: special values, shape [2, 3, 5]",
+                  lambda: (np.concatenate([bits(BF16_SPECIAL, "<u2", ml_dtypes.bfloat16),
+                                           bits(BF16_SPECIAL[:11], "<u2", ml_dtypes.bfloat16)]
+                                          ).reshape(2, 3, 5), {})),
+    ArrayPositive("scalar", "a 0-d F64 array (shape [], one chunk)",
+                  lambda: (np.array(-2.75, "<f8"), {})),
+    ArrayPositive("empty", "an F32 array of shape [3, 0]: no chunks, chunks is [], no payload",
+                  lambda: (np.zeros((3, 0), "<f4"), {})),
+    ArrayPositive("ints", "I16 lossless, with its extremes",
+                  lambda: (int_extremes(np.int16), {})),
+    ArrayPositive("quant", "F32 quantized to 16 levels (stage quant, 3 streams per chunk) with "
+                  "escaped outliers and a report; the expected values are the decoded ones",
+                  lambda: (_array_quant_input(),
+                           {"bins": 16, "protect": 0.001, "chunk_bytes": 4096})),
+]
+
+
+def _frame_parts(data: bytes) -> tuple[dict, bytes]:
+    (length,) = struct.unpack_from("<I", data, 5)
+    return json.loads(data[9:9 + length]), data[9 + length:]
+
+
+def _frame(header: dict, payloads: bytes, *, head: bytes = b"INKA\x01") -> bytes:
+    text = json.dumps(header, separators=(",", ":")).encode()
+    return head + struct.pack("<I", len(text)) + text + payloads
+
+
+def _edit_frame(edit: Callable[[dict], None]) -> Callable[[bytes], bytes]:
+    def patch(data: bytes) -> bytes:
+        header, payloads = _frame_parts(data)
+        edit(header)
+        return _frame(header, payloads)
+    return patch
+
+
+def _duplicate_dtype(data: bytes) -> bytes:
+    header, payloads = _frame_parts(data)
+    text = json.dumps(header, separators=(",", ":"))
+    text = text.replace('"dtype":"F32"', '"dtype":"F32","dtype":"F32"', 1)
+    return b"INKA\x01" + struct.pack("<I", len(text)) + text.encode() + payloads
+
+
+def _header_past_end(data: bytes) -> bytes:
+    return data[:5] + struct.pack("<I", len(data) - 9 + 1) + data[9:]
+
+
+def _zstd_size(data: bytes) -> bytes:
+    """The first zstd payload replaced by a frame of its content and one more byte."""
+    header, payloads = _frame_parts(data)
+    offset = 0
+    for chunk in header["chunks"]:
+        for stream in chunk:
+            coding, length, size = stream
+            if coding == "zstd":
+                content = zstandard.ZstdDecompressor().decompress(
+                    payloads[offset:offset + length])
+                frame = zstandard.ZstdCompressor(write_content_size=True).compress(
+                    content + b"\0")
+                stream[1] = len(frame)
+                return _frame(header, payloads[:offset] + frame + payloads[offset + length:])
+            offset += length
+    raise AssertionError("no zstd payload")
+
+
+ARRAY_NEGATIVE = [
+    ArrayNegative("bad_magic", "f32", "CorruptError", "A-1", "magic INKB",
+                  lambda d: b"INKB" + d[4:]),
+    ArrayNegative("short", "f32", "CorruptError", "A-1", "only the first 7 bytes",
+                  lambda d: d[:7]),
+    ArrayNegative("bad_version", "f32", "UnsupportedVersionError", "A-2", "version byte 2",
+                  lambda d: d[:4] + b"\x02" + d[5:]),
+    ArrayNegative("header_past_end", "f32", "CorruptError", "A-3",
+                  "header_length one more than the bytes after offset 9", _header_past_end),
+    ArrayNegative("duplicate_key", "f32", "CorruptError", "A-4",
+                  "the header with a second dtype member", _duplicate_dtype),
+    ArrayNegative("extra_member", "f32", "CorruptError", "A-5",
+                  "a member x_note added to the header",
+                  _edit_frame(lambda h: h.update(x_note="hi"))),
+    ArrayNegative("unknown_dtype", "f32", "UnknownCodecError", "A-6", "dtype F24",
+                  _edit_frame(lambda h: h.update(dtype="F24"))),
+    ArrayNegative("ndim_limit", "scalar", "LimitExceededError", "A-7",
+                  "33 dimensions of size 1", _edit_frame(lambda h: h.update(shape=[1] * 33))),
+    ArrayNegative("delta_chain", "f32", "CorruptError", "C-2",
+                  'codec [{"id": "xor"}, bytegroup]',
+                  _edit_frame(lambda h: h.update(codec=[{"id": "xor"}, *h["codec"]]))),
+    ArrayNegative("chunk_count", "f32", "CorruptError", "A-11",
+                  "the last chunk entry removed", _edit_frame(lambda h: h["chunks"].pop())),
+    ArrayNegative("stream_size", "f32", "CorruptError", "A-12", "a stream size one byte short",
+                  _edit_frame(lambda h: h["chunks"][0][0].__setitem__(
+                      2, h["chunks"][0][0][2] - 1))),
+    ArrayNegative("trailing_bytes", "f32", "CorruptError", "A-13",
+                  "a byte appended after the payloads", lambda d: d + b"\0"),
+    ArrayNegative("zstd_size", "quant", "CorruptError", "D-3",
+                  "a zstd payload replaced by a frame of its content and one more byte "
+                  "(its length in the header updated, its size not)", _zstd_size),
+]
+
+
+def build_array_positive(vector: ArrayPositive) -> tuple[bytes, dict]:
+    """The frame of one positive array vector and its expected JSON."""
+    from inshrink.codecs import array as array_frame
+
+    x, kwargs = vector.build()
+    data = array_frame.encode(x, **kwargs)
+    decoded = array_frame.decode(data)
+    if "bins" not in kwargs:
+        assert decoded.tobytes() == x.tobytes()
+    raw = decoded.tobytes()
+    return data, {"vector": vector.name, "description": vector.covers,
+                  "frame_version": data[4], "dtype": dtypes.of_numpy(decoded.dtype).name,
+                  "shape": list(decoded.shape), "nbytes": len(raw),
+                  "sha256": hashlib.sha256(raw).hexdigest(), "hex": raw.hex(),
+                  "report": array_frame.report(data)}
+
+
+def array_manifest() -> dict:
+    return {"frame_version": 1,
+            "generator": {"script": "make_vectors.py", "zstd": ZSTD_VERSION,
+                          "python-zstandard": zstandard.__version__},
+            "positive": [{"name": v.name, "file": f"{v.name}.inka",
+                          "expected": f"{v.name}.expected.json", "covers": v.covers}
+                         for v in ARRAY_POSITIVE],
+            "negative": [{"name": v.name, "file": f"{v.name}.inka", "base": v.base,
+                          "error": v.error, "rule": v.rule, "description": v.description}
+                         for v in ARRAY_NEGATIVE]}
+
+
+def generate_array(out_dir: Path) -> None:
+    """Write the array-frame vectors and their manifest into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frames = {}
+    for vector in ARRAY_POSITIVE:
+        frames[vector.name], expected = build_array_positive(vector)
+        (out_dir / f"{vector.name}.inka").write_bytes(frames[vector.name])
+        write_json(out_dir / f"{vector.name}.expected.json", expected)
+    for vector in ARRAY_NEGATIVE:
+        (out_dir / f"{vector.name}.inka").write_bytes(vector.patch(frames[vector.base]))
+    write_json(out_dir / "manifest.json", array_manifest())
+
+
+# --------------------------------------------------------------------------------------------
+# Golden vectors per format version: frozen, never regenerated
+# --------------------------------------------------------------------------------------------
+
+def freeze(vectors_dir: Path, version: str, source: str) -> Path:
+    """Copy the positive vectors of ``vectors_dir`` (and the files they need) into
+    ``HERE / f"v{version}"`` with a manifest naming their source; run once per released
+    format version, when it is superseded. ``generate`` never touches these directories."""
+    import shutil
+
+    doc = json.loads((vectors_dir / "manifest.json").read_text(encoding="utf-8"))
+    assert doc["format_version"] == version, (doc["format_version"], version)
+    out = HERE / f"v{version}"
+    out.mkdir(exist_ok=False)
+    for entry in doc["positive"]:
+        for name in (entry["file"], entry["expected"], entry.get("base")):
+            if name:
+                shutil.copyfile(vectors_dir / name, out / name)
+    write_json(out / "manifest.json", {"format_version": version, "frozen_from": source,
+                                       "generator": doc["generator"],
+                                       "positive": doc["positive"]})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

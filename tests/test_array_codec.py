@@ -1,0 +1,102 @@
+"""Array frames (spec/FORMAT.md section 24): encoder choices and the reader's limits."""
+from __future__ import annotations
+
+import json
+import struct
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from inshrink import errors
+from inshrink.codecs import array
+
+
+def _weights(n: int = 20_000, seed: int = 0) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(n) * 0.02).astype(np.float32)
+
+
+def test_lossless_frame_has_no_report_and_a_quantized_one_reports_its_error():
+    x = _weights()
+    assert array.report(array.encode(x)) is None
+    blob = array.encode(x, bins=32)
+    rep = array.report(blob)
+    y = array.decode(blob)
+    measured = float(np.linalg.norm((y - x).astype(np.float64)) / np.linalg.norm(x))
+    assert rep["bins"] == 32 and rep["rel_l2_error"] == pytest.approx(measured, rel=1e-6)
+    assert rep["max_abs_error"] == pytest.approx(float(np.abs(y - x).max()), rel=1e-6)
+
+
+def test_max_rel_l2_takes_the_fewest_bins_that_meet_it():
+    x = _weights()
+    blob = array.encode(x, bins=256, max_rel_l2=0.02)
+    rep = array.report(blob)
+    assert rep["rel_l2_error"] <= 0.02 and rep["bins"] < 256
+    y = array.decode(blob)
+    assert np.linalg.norm(y - x) / np.linalg.norm(x) <= 0.02
+    coarser = array.encode(x, bins=256, max_rel_l2=0.1)
+    assert array.report(coarser)["bins"] < rep["bins"] and len(coarser) < len(blob)
+
+
+def test_an_unreachable_bound_stores_the_array_losslessly():
+    x = _weights()
+    blob = array.encode(x, bins=4, max_rel_l2=1e-9)
+    assert array.report(blob) is None and array.decode(blob).tobytes() == x.tobytes()
+
+
+def test_bad_arguments_are_typed_errors():
+    with pytest.raises(errors.InvalidArgumentError, match="max_rel_l2"):
+        array.encode(_weights(10), max_rel_l2=0.1)  # no bins
+    with pytest.raises(errors.InvalidArgumentError, match="max_rel_l2"):
+        array.encode(_weights(10), bins=8, max_rel_l2=float("nan"))
+    with pytest.raises(errors.InvalidArgumentError, match="bytes-like"):
+        array.decode("INKA")
+
+
+def test_non_contiguous_and_bf16_arrays_round_trip():
+    x = np.arange(600, dtype=np.float32).reshape(20, 30).T
+    assert np.array_equal(array.decode(array.encode(x)), x)
+    b = _weights(999).astype(ml_dtypes.bfloat16)
+    assert array.decode(array.encode(b, chunk_bytes=256)).tobytes() == b.tobytes()
+
+
+def _with_header(blob: bytes, edit) -> bytes:
+    (length,) = struct.unpack_from("<I", blob, 5)
+    header = json.loads(blob[9:9 + length])
+    edit(header)
+    text = json.dumps(header).encode()
+    return blob[:5] + struct.pack("<I", len(text)) + text + blob[9 + length:]
+
+
+@pytest.mark.parametrize("edit, error, rule", [
+    (lambda h: h.update(chunk_elements=(64 << 20) // 4 + 1), errors.LimitExceededError, "A-8"),
+    (lambda h: h.update(chunk_elements=32.0), errors.CorruptError, "A-8"),
+    (lambda h: h.update(shape=[-1]), errors.CorruptError, "A-7"),
+    (lambda h: h.update(codec=[]), errors.CorruptError, "A-9"),
+    (lambda h: h.update(codec=[{"id": "bytegroup2"}]), errors.UnknownCodecError, "C-1"),
+    (lambda h: h.update(report=[1]), errors.CorruptError, "A-10"),
+    (lambda h: h["chunks"][0][0].__setitem__(0, "lz4"), errors.UnknownCodecError, "A-12"),
+    (lambda h: h["chunks"][0][0].__setitem__(2, (64 << 20) + 1), errors.LimitExceededError,
+     "A-12"),
+    (lambda h: h["chunks"][0].pop(), errors.CorruptError, "A-12"),
+])
+def test_header_rules(edit, error, rule):
+    blob = _with_header(array.encode(np.linspace(-1, 1, 100, dtype=np.float32)), edit)
+    with pytest.raises(error) as caught:
+        array.decode(blob)
+    assert type(caught.value) is error and str(caught.value).startswith(f"[{rule}] ")
+
+
+def test_header_length_over_the_limit_is_refused_before_reading_it():
+    blob = b"INKA\x01" + struct.pack("<I", (16 << 20) + 1) + b"{}"
+    with pytest.raises(errors.LimitExceededError, match=r"^\[A-3\]"):
+        array.decode(blob)
+
+
+def test_nan_tokens_in_the_header_are_refused():
+    blob = array.encode(_weights(100), bins=8)
+    (length,) = struct.unpack_from("<I", blob, 5)
+    text = blob[9:9 + length].replace(b'"pruned":0.0', b'"pruned":NaN')
+    damaged = blob[:5] + struct.pack("<I", len(text)) + text + blob[9 + length:]
+    with pytest.raises(errors.CorruptError, match=r"^\[A-4\]"):
+        array.decode(damaged)
