@@ -1,0 +1,116 @@
+"""inshrink.transformers.Callback: a Trainer's checkpoints in a series, and resuming from one.
+
+A tiny GPT-2 built from a config trains a few steps on the CPU: nothing is downloaded."""
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it
+
+import filecmp  # noqa: E402
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
+
+import inshrink  # noqa: E402
+import inshrink.transformers as ink  # noqa: E402
+from inshrink.errors import CorruptError, InvalidArgumentError  # noqa: E402
+
+torch.set_num_threads(1)
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+
+
+def model():
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=64, n_head=2, vocab_size=100,
+                                      n_positions=16, bos_token_id=0, eos_token_id=0))
+
+
+def data():
+    gen = torch.Generator().manual_seed(0)
+    return [{"input_ids": x, "labels": x} for x in torch.randint(0, 100, (24, 16), generator=gen)]
+
+
+def trainer(output_dir, callbacks=()):
+    args = TrainingArguments(str(output_dir), max_steps=4, per_device_train_batch_size=4,
+                             save_strategy="steps", save_steps=2, report_to=[], use_cpu=True,
+                             logging_strategy="no", disable_tqdm=True, seed=0)
+    return Trainer(model(), args, train_dataset=data(), callbacks=list(callbacks))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trainer")
+    callback = ink.Callback(root / "series")
+    run = trainer(root / "out", [callback])
+    run.train()
+    return root, callback, run
+
+
+def test_every_save_goes_into_the_series_and_restores_exactly(trained, tmp_path):
+    root, callback, run = trained
+    assert callback.series.steps() == [2, 4]
+    original = root / "out" / "checkpoint-2"
+    restored = callback.restore(tmp_path / "restored", step=2)
+    assert sorted(os.listdir(restored)) == sorted(os.listdir(original))
+    for name in os.listdir(original):
+        if name != "optimizer.pt":  # a new pickle of the same state
+            assert filecmp.cmp(original / name, os.path.join(restored, name), shallow=False)
+    a = torch.load(original / "optimizer.pt", weights_only=True)
+    b = torch.load(os.path.join(restored, "optimizer.pt"), weights_only=True)
+    assert a["param_groups"] == b["param_groups"] and a["state"].keys() == b["state"].keys()
+    for index, values in a["state"].items():
+        for key, value in values.items():
+            assert torch.equal(value, b["state"][index][key]), (index, key)
+    names = callback.series.load(2).keys()
+    assert any(n.startswith("optimizer.state.") and n.endswith(".exp_avg_sq") for n in names)
+    assert "file.trainer_state.json" in names and "model.transformer.wte.weight" in names
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no temporary left
+
+
+def test_resuming_from_a_restored_checkpoint_trains_as_the_original(trained, tmp_path):
+    root, callback, run = trained
+    resumed = trainer(tmp_path / "out")
+    resumed.train(resume_from_checkpoint=callback.restore(tmp_path / "restored", step=2))
+    for (name, a), b in zip(run.model.state_dict().items(),
+                            resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_lossy_series_reports_its_error_and_resumes(tmp_path):
+    callback = ink.Callback(tmp_path / "series", "balanced", remove_checkpoint=True)
+    trainer(tmp_path / "out", [callback]).train()
+    assert not [n for n in os.listdir(tmp_path / "out") if n.startswith("checkpoint-")]
+    lossy = [t for t in callback.reports[4] if not t.lossless]
+    assert lossy and all(0 < t.error["rel_l2_error"] for t in lossy)
+    resumed = trainer(tmp_path / "again")
+    resumed.train(resume_from_checkpoint=callback.restore(tmp_path / "restored", step=2))
+    assert resumed.state.global_step == 4
+
+
+def test_an_optimizer_file_with_other_objects_is_kept_as_it_is(tmp_path):
+    ckpt = tmp_path / "checkpoint-1"
+    ckpt.mkdir()
+    torch.save({"state": {0: {"x": torch.ones(2)}}, "extra": np.float64(1.5)},
+               ckpt / "optimizer.pt")  # a numpy scalar: weights_only refuses it
+    arrays, metadata = ink.checkpoint_to_numpy(ckpt)
+    assert list(arrays) == ["file.optimizer.pt"]
+    series = inshrink.Series(tmp_path / "series")
+    series.save(1, arrays, metadata)
+    out = ink.restore_checkpoint(tmp_path / "series", tmp_path / "back")
+    assert filecmp.cmp(ckpt / "optimizer.pt", os.path.join(out, "optimizer.pt"), shallow=False)
+    with pytest.raises(InvalidArgumentError, match="exists"):
+        ink.restore_checkpoint(series, tmp_path / "back")
+
+
+def test_bad_metadata_is_refused_before_writing(tmp_path):
+    series = inshrink.Series(tmp_path / "series")
+    bad = {"format": 1, "files": [{"path": "../escape", "kind": "file"}]}
+    series.save(1, {"file.../escape": np.zeros(3, np.uint8)},
+                {ink.CHECKPOINT_METADATA: json.dumps(bad)})
+    series.save(2, {"x": np.zeros(3, np.uint8)})
+    for step in (1, 2):
+        with pytest.raises(CorruptError, match="not a Trainer checkpoint"):
+            ink.restore_checkpoint(series, tmp_path / "out", step=step)
+    assert sorted(os.listdir(tmp_path)) == ["series"]
