@@ -1,4 +1,4 @@
-"""The ``inshrink`` command line: compress, decompress, info, verify, series.
+"""The ``inshrink`` command line: compress, decompress, info, verify, consolidate, series.
 
 Every command prints a one-line summary (or, with ``--json``, one JSON object of the shape
 documented in README.md, "Command line") and exits 0 on success, 1 on an error in the data or

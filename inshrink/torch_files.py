@@ -27,9 +27,21 @@ from . import api
 from .errors import InvalidArgumentError
 from .policy import Policy
 from .tensorfile import TensorInfo
-from .torch import to_numpy, to_torch
 
 __all__ = ["save_file", "load_file", "save", "load", "save_model", "load_model"]
+
+
+# -- conversions: inshrink.torch's, imported when called, since inshrink.torch re-exports this
+# module's functions (a module-level import would be circular)
+
+def _to_numpy(tensor: torch.Tensor, name: str):
+    from .torch import to_numpy
+    return to_numpy(tensor, name)
+
+
+def _to_torch(array) -> torch.Tensor:
+    from .torch import to_torch
+    return to_torch(array)
 
 
 # -- shared memory, as safetensors.torch finds it ------------------------------------------------
@@ -130,7 +142,7 @@ def save_file(tensors: Mapping[str, torch.Tensor], filename: str | os.PathLike,
         inshrink cannot store.
     """
     _checked(tensors)
-    arrays = {name: to_numpy(tensor, name) for name, tensor in tensors.items()}
+    arrays = {name: _to_numpy(tensor, name) for name, tensor in tensors.items()}
     return api.save(filename, arrays, metadata, policy=policy, threads=threads)
 
 
@@ -154,7 +166,7 @@ def load_file(filename: str | os.PathLike, device: str | int | torch.device = "c
     """
     device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     arrays = api.load(filename, threads=threads, mmap=False)
-    return {name: to_torch(array).to(device) for name, array in arrays.items()}
+    return {name: _to_torch(array).to(device) for name, array in arrays.items()}
 
 
 # -- bytes -----------------------------------------------------------------------------------

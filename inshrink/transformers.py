@@ -320,8 +320,11 @@ def restore_checkpoint(series: Series | str | os.PathLike, directory: str | os.P
             shutil.rmtree(target)
         os.replace(work, target)
     except KeyError as exc:
-        raise CorruptError(f"step {step} of {series.directory} lacks the tensor {exc}") \
-            from None
+        raise CorruptError(f"step {step} of {series.directory}: {CHECKPOINT_METADATA!r} "
+                           f"names {exc}, which the checkpoint lacks") from None
+    except (TypeError, ValueError, AttributeError) as exc:  # metadata of another shape
+        raise CorruptError(f"step {step} of {series.directory}: {CHECKPOINT_METADATA!r} "
+                           f"is malformed ({type(exc).__name__}: {exc})") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return directory

@@ -110,7 +110,11 @@ def test_bad_metadata_is_refused_before_writing(tmp_path):
     series.save(1, {"file.../escape": np.zeros(3, np.uint8)},
                 {ink.CHECKPOINT_METADATA: json.dumps(bad)})
     series.save(2, {"x": np.zeros(3, np.uint8)})
-    for step in (1, 2):
-        with pytest.raises(CorruptError, match="not a Trainer checkpoint"):
+    odd = {"format": 1, "files": [{"path": "model.safetensors", "kind": "safetensors",
+                                   "tensors": 5}]}
+    series.save(3, {"x": np.zeros(3, np.uint8)}, {ink.CHECKPOINT_METADATA: json.dumps(odd)})
+    for step, text in ((1, "not a Trainer checkpoint"), (2, "not a Trainer checkpoint"),
+                       (3, "malformed")):
+        with pytest.raises(CorruptError, match=text):
             ink.restore_checkpoint(series, tmp_path / "out", step=step)
     assert sorted(os.listdir(tmp_path)) == ["series"]
