@@ -716,7 +716,8 @@ def cmd_verify(args, started: float) -> int:
             elif checkpoint not in shown:  # a verified checkpoint: one line for its files
                 shown.add(checkpoint)
                 mine = [g for g in files if g.get("checkpoint") == checkpoint]
-                print(_clean(f"OK    {checkpoint} (DCP checkpoint: {_count(len(mine), 'rank file')}, "
+                print(_clean(f"OK    {checkpoint} (DCP checkpoint: "
+                             f"{_count(len(mine), 'rank file')}, "
                              f"{sum(len(g['tensors']) for g in mine)} chunks)"))
     return EXIT_OK if report["ok"] else EXIT_ERROR
 
