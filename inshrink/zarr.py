@@ -1,0 +1,139 @@
+"""zarr v3 codecs that store each chunk as an inshrink array frame (spec section 24).
+
+``InkCodec`` (name ``inshrink``, lossless) and ``InkQuantCodec`` (name ``inshrink-quant``,
+dynamic quantization of floating-point chunks, lossless for other dtypes) are array-to-bytes
+codecs: pass one as ``serializer=`` ::
+
+    zarr.create_array(store, shape=..., chunks=..., dtype="float32",
+                      serializer=InkCodec(), compressors=None)
+
+They see each chunk with its dtype, so floating-point values are byte-grouped with the sign
+rotated (or quantized), and they are registered through the ``zarr.codecs`` entry point, so
+zarr opens such arrays once inshrink is installed. Parameters are those of the numcodecs
+codecs :class:`inshrink.numcodecs.Inshrink` and :class:`~inshrink.numcodecs.InshrinkQuant`,
+which do the work.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from zarr.abc.codec import ArrayBytesCodec
+from zarr.core.common import JSON, parse_named_configuration
+
+from inshrink.codecs import array
+from inshrink.errors import CorruptError
+from inshrink.numcodecs import Inshrink, InshrinkQuant, _as_elements
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from zarr.core.array_spec import ArraySpec
+    from zarr.core.buffer import Buffer, NDBuffer
+
+__all__ = ["InkCodec", "InkQuantCodec"]
+
+
+def _little(dtype: np.dtype) -> np.dtype:
+    return dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
+
+
+@dataclass(frozen=True, init=False)
+class _Ink(ArrayBytesCodec):
+    is_fixed_size = False
+    codec_name = ""
+    config: dict
+
+    def __init__(self, **config: Any) -> None:
+        object.__setattr__(self, "config", self._numcodec(config).get_config())
+        self.config.pop("id")
+
+    @staticmethod
+    def _numcodec(config: dict) -> Inshrink:
+        raise NotImplementedError
+
+    @property
+    def _codec(self) -> Inshrink:
+        return self._numcodec(self.config)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, JSON]) -> Self:
+        _, config = parse_named_configuration(data, cls.codec_name,
+                                              require_configuration=False)
+        return cls(**(config or {}))
+
+    def to_dict(self) -> dict[str, JSON]:
+        return {"name": self.codec_name, "configuration": dict(self.config)}
+
+    def __hash__(self) -> int:
+        return hash((self.codec_name, tuple(sorted(self.config.items()))))
+
+    def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
+        raise NotImplementedError  # variable size
+
+    def _encode_sync(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
+        # frames are little-endian, and zarr v3 records no byte order for this serializer:
+        # an array written big-endian is read back with the machine's
+        little = _little(chunk_spec.dtype.to_native_dtype())
+        data = np.ascontiguousarray(chunk_array.as_numpy_array().astype(little, copy=False))
+        return chunk_spec.prototype.buffer.from_bytes(self._codec.encode(data))
+
+    def _decode_sync(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
+        native = chunk_spec.dtype.to_native_dtype()
+        little = _little(native)
+        nbytes = math.prod(chunk_spec.shape) * native.itemsize
+        decoded = array.decode(chunk_bytes.as_numpy_array(), max_nbytes=nbytes)
+        if decoded.dtype != _as_elements(np.empty(0, little)).dtype or decoded.nbytes != nbytes:
+            raise CorruptError(f"chunk holds {decoded.dtype} x {decoded.size}, the array "
+                               f"needs {native} x {math.prod(chunk_spec.shape)}")
+        out = decoded.reshape(-1).view(little).reshape(chunk_spec.shape)
+        out = out.astype(native, copy=False)
+        return chunk_spec.prototype.nd_buffer.from_numpy_array(out)
+
+    async def _encode_single(self, chunk_array: NDBuffer,
+                             chunk_spec: ArraySpec) -> Buffer | None:
+        return await asyncio.to_thread(self._encode_sync, chunk_array, chunk_spec)
+
+    async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
+        return await asyncio.to_thread(self._decode_sync, chunk_bytes, chunk_spec)
+
+
+@dataclass(frozen=True, init=False)
+class InkCodec(_Ink):
+    """Lossless inshrink serializer (name ``inshrink``): ``level`` (zstd, ``None`` = fast)
+    and ``chunk_bytes``, as :class:`inshrink.numcodecs.Inshrink`."""
+
+    codec_name = "inshrink"
+
+    def __init__(self, *, level: int | None = None,
+                 chunk_bytes: int = array.DEFAULT_CHUNK_BYTES) -> None:
+        super().__init__(level=level, chunk_bytes=chunk_bytes)
+
+    @staticmethod
+    def _numcodec(config: dict) -> Inshrink:
+        return Inshrink(**config)
+
+
+@dataclass(frozen=True, init=False)
+class InkQuantCodec(_Ink):
+    """Lossy inshrink serializer (name ``inshrink-quant``): ``bins``, ``domain``,
+    ``protect``, ``prune``, ``max_rel_l2``, ``seed``, ``level``, ``chunk_bytes`` as
+    :class:`inshrink.numcodecs.InshrinkQuant`; each chunk is fitted on its own values and
+    records its measured error (:func:`inshrink.codecs.array.report` of the stored bytes)."""
+
+    codec_name = "inshrink-quant"
+
+    def __init__(self, *, bins: int = 16, domain: str = "linear", protect: float = 0.0,
+                 prune: float = 0.0, max_rel_l2: float | None = None, seed: int = 0,
+                 level: int | None = None,
+                 chunk_bytes: int = array.DEFAULT_CHUNK_BYTES) -> None:
+        super().__init__(bins=bins, domain=domain, protect=protect, prune=prune,
+                         max_rel_l2=max_rel_l2, seed=seed, level=level,
+                         chunk_bytes=chunk_bytes)
+
+    @staticmethod
+    def _numcodec(config: dict) -> Inshrink:
+        return InshrinkQuant(**config)

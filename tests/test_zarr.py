@@ -1,0 +1,140 @@
+"""inshrink as a zarr v3 serializer: real arrays in a LocalStore, written and read back."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+zarr = pytest.importorskip("zarr")  # the zarr extra (in dev)
+from zarr.storage import LocalStore  # noqa: E402
+
+from inshrink import errors  # noqa: E402
+from inshrink.codecs import array  # noqa: E402
+from inshrink.zarr import InkCodec, InkQuantCodec  # noqa: E402
+
+RNG = np.random.default_rng(5)
+
+
+def _weights(shape, dtype="float32") -> np.ndarray:
+    return (RNG.standard_normal(shape) * 0.02).astype(dtype)
+
+
+def _special_f32() -> np.ndarray:
+    bits = np.array([0x7FC12345, 0xFF800000, 0x80000000, 0x00000001, 0x7F800001], "<u4")
+    x = _weights((37, 23))
+    x.reshape(-1)[:5] = bits.view("<f4")
+    return x
+
+
+def _write(path, x, serializer, chunks=(16, 10)):
+    a = zarr.create_array(LocalStore(path), shape=x.shape, chunks=chunks[:x.ndim],
+                          dtype=x.dtype, serializer=serializer, compressors=None)
+    a[...] = x
+    return zarr.open_array(LocalStore(path), mode="r")
+
+
+ARRAYS = [
+    _special_f32(),                                      # NaN payloads, -0, subnormal
+    _weights((37, 23), "float16"),
+    _weights((37, 23), "float64"),
+    RNG.integers(-2**31, 2**31, (37, 23)).astype("int32"),
+    RNG.integers(0, 256, (37, 23)).astype("uint8"),
+    RNG.integers(0, 2, (37, 23)).astype(bool),
+    (_weights((37, 23)) + 1j * _weights((37, 23))).astype("complex64"),
+    _weights((37, 23)).astype(">f4"),
+]
+
+
+def _check_exact(path, x, codec):
+    back = _write(path, x, codec)[...]
+    assert back.shape == x.shape and back.dtype == x.dtype.newbyteorder("=")
+    assert back.astype(x.dtype).tobytes() == x.tobytes()
+
+
+@pytest.mark.parametrize("x", ARRAYS, ids=lambda x: x.dtype.str)
+def test_lossless_arrays_are_bit_exact(tmp_path, x):
+    _check_exact(tmp_path / "a.zarr", x, InkCodec())
+
+
+@pytest.mark.parametrize("x", [x for x in ARRAYS if x.dtype.kind not in "fc"],
+                         ids=lambda x: x.dtype.str)
+def test_quant_codec_stores_other_dtypes_exactly(tmp_path, x):
+    _check_exact(tmp_path / "a.zarr", x, InkQuantCodec(bins=8))
+
+
+def test_metadata_names_the_codec_and_a_fresh_process_reads_it(tmp_path):
+    x = _weights((40, 30))
+    _write(tmp_path / "a.zarr", x, InkCodec(level=3))
+    meta = json.loads((tmp_path / "a.zarr" / "zarr.json").read_text())
+    assert meta["codecs"] == [{"name": "inshrink",
+                               "configuration": {"level": 3, "chunk_bytes": 4 << 20}}]
+    # zarr finds the codec through the entry point, without importing inshrink first
+    code = ("import sys, zarr, numpy as np; a = zarr.open_array(sys.argv[1], mode='r'); "
+            "sys.stdout.write(a[...].tobytes().hex())")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "a.zarr")],
+                         capture_output=True, text=True, timeout=60, check=True)
+    assert bytes.fromhex(out.stdout) == x.tobytes()
+
+
+def test_lossless_is_smaller_than_zarr_default_on_weights(tmp_path):
+    x = _weights((256, 256))
+    _write(tmp_path / "ink.zarr", x, InkCodec(), chunks=(128, 256))
+    zarr.create_array(LocalStore(tmp_path / "default.zarr"), shape=x.shape,
+                      chunks=(128, 256), dtype=x.dtype)[...] = x
+
+    def size(name):
+        return sum(p.stat().st_size for p in (tmp_path / name / "c").rglob("*") if p.is_file())
+    assert size("ink.zarr") * 1.1 < size("default.zarr")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_quantized_arrays_are_within_the_reported_error(tmp_path, dtype):
+    x = _weights((64, 40), dtype)
+    codec = InkQuantCodec(bins=16, protect=0.001)
+    back = _write(tmp_path / "q.zarr", x, codec, chunks=(32, 40))[...]
+    assert back.dtype == x.dtype and not np.array_equal(back, x)
+    chunk_files = sorted((tmp_path / "q.zarr" / "c").rglob("*"))
+    chunk_files = [p for p in chunk_files if p.is_file()]
+    assert len(chunk_files) == 2
+    for i, path in enumerate(chunk_files):  # c/0/0, c/1/0: rows [32 i, 32 (i + 1))
+        report = array.report(path.read_bytes())
+        want, got = (a[32 * i:32 * (i + 1)].astype(np.float64) for a in (x, back))
+        rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+        assert rel == pytest.approx(report["rel_l2_error"], rel=1e-3)
+        assert np.abs(got - want).max() == pytest.approx(report["max_abs_error"], rel=1e-3)
+
+
+def test_max_rel_l2_bounds_every_chunk(tmp_path):
+    x = _weights((64, 40))
+    back = _write(tmp_path / "q.zarr", x, InkQuantCodec(bins=256, max_rel_l2=0.01),
+                  chunks=(32, 40))[...]
+    for i in range(2):
+        want, got = x[32 * i:32 * (i + 1)], back[32 * i:32 * (i + 1)]
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 0.01
+
+
+def test_codec_config_round_trips_and_bad_arguments_are_typed():
+    codec = InkQuantCodec(bins=32, domain="signed_log", max_rel_l2=0.02)
+    assert InkQuantCodec.from_dict(codec.to_dict()) == codec
+    assert InkCodec.from_dict({"name": "inshrink"}) == InkCodec()
+    assert zarr.registry.get_codec_class("inshrink-quant") is InkQuantCodec
+    with pytest.raises(errors.InvalidArgumentError):
+        InkQuantCodec(domain="cubic")
+    with pytest.raises(errors.InvalidArgumentError):
+        InkCodec(level=1000)
+
+
+def test_a_damaged_chunk_is_a_typed_error(tmp_path):
+    x = _weights((32, 10))
+    _write(tmp_path / "a.zarr", x, InkCodec(), chunks=(32, 10))
+    chunk = tmp_path / "a.zarr" / "c" / "0" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:-3])
+    with pytest.raises(errors.CorruptError):
+        zarr.open_array(LocalStore(tmp_path / "a.zarr"), mode="r")[...]
+    # a valid frame of another dtype in the chunk's place
+    chunk.write_bytes(array.encode(np.zeros((32, 10), "int32")))
+    with pytest.raises(errors.CorruptError, match="needs float32"):
+        zarr.open_array(LocalStore(tmp_path / "a.zarr"), mode="r")[...]
