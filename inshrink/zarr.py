@@ -12,17 +12,26 @@ rotated (or quantized), and they are registered through the ``zarr.codecs`` entr
 zarr opens such arrays once inshrink is installed. Parameters are those of the numcodecs
 codecs :class:`inshrink.numcodecs.Inshrink` and :class:`~inshrink.numcodecs.InshrinkQuant`,
 which do the work.
+
+zarr 3.1 has no bfloat16 data type: :class:`BFloat16` (name ``bfloat16``) lets zarr store
+``ml_dtypes.bfloat16`` arrays, with any codec. Importing this module registers it (zarr 3.1
+lists the ``zarr.data_type`` entry point, which inshrink declares, but does not load it):
+``import inshrink.zarr`` before opening such an array.
 """
 from __future__ import annotations
 
 import asyncio
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
+import ml_dtypes
 import numpy as np
 from zarr.abc.codec import ArrayBytesCodec
 from zarr.core.common import JSON, parse_named_configuration
+from zarr.core.dtype import data_type_registry
+from zarr.core.dtype.common import DataTypeValidationError
+from zarr.core.dtype.npy.float import BaseFloat
 
 from inshrink.codecs import array
 from inshrink.errors import CorruptError
@@ -34,7 +43,35 @@ if TYPE_CHECKING:
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import Buffer, NDBuffer
 
-__all__ = ["InkCodec", "InkQuantCodec"]
+__all__ = ["BFloat16", "InkCodec", "InkQuantCodec"]
+
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BFloat16(BaseFloat):
+    """The zarr v3 data type ``bfloat16`` (``ml_dtypes.bfloat16``, 2 bytes), as zarr's own
+    float types: fill values and scalars as JSON numbers or ``"NaN"``/``"Infinity"``."""
+
+    dtype_cls = type(_BF16)
+    _zarr_v3_name = "bfloat16"
+    _zarr_v2_names: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def from_native_dtype(cls, dtype: Any) -> "BFloat16":
+        if dtype == _BF16:
+            return cls()
+        raise DataTypeValidationError(f"invalid data type {dtype}: expected bfloat16")
+
+    def to_native_dtype(self) -> np.dtype:
+        return _BF16  # ml_dtypes types are little-endian on every machine numpy supports
+
+    @property
+    def item_size(self) -> int:
+        return 2
+
+
+data_type_registry.register(BFloat16._zarr_v3_name, BFloat16)
 
 
 def _little(dtype: np.dtype) -> np.dtype:

@@ -138,3 +138,31 @@ def test_a_damaged_chunk_is_a_typed_error(tmp_path):
     chunk.write_bytes(array.encode(np.zeros((32, 10), "int32")))
     with pytest.raises(errors.CorruptError, match="needs float32"):
         zarr.open_array(LocalStore(tmp_path / "a.zarr"), mode="r")[...]
+
+
+def test_bfloat16_arrays(tmp_path):
+    """The bfloat16 data type: zarr's default codecs, inshrink lossless bit-exact (NaN payload
+    included), inshrink-quant within its report, and a fresh process that imports inshrink.zarr
+    reads it."""
+    import ml_dtypes
+
+    x = _weights((48, 40)).astype(ml_dtypes.bfloat16)
+    x.view("<u2")[0, :2] = [0x7FD5, 0x8000]  # NaN payload, -0
+    zarr.create_array(LocalStore(tmp_path / "d.zarr"), shape=x.shape, chunks=(24, 40),
+                      dtype=x.dtype, fill_value=float("nan"))[...] = x
+    assert zarr.open_array(LocalStore(tmp_path / "d.zarr"))[...].tobytes() == x.tobytes()
+    back = _write(tmp_path / "ink.zarr", x, InkCodec(), chunks=(24, 40))
+    assert back.metadata.data_type.to_json(zarr_format=3) == "bfloat16"
+    assert back[...].dtype == x.dtype and back[...].tobytes() == x.tobytes()
+    y = x.copy()
+    y.view("<u2")[0, 0] = 0  # a NaN would dominate the error
+    q = _write(tmp_path / "q.zarr", y, InkQuantCodec(bins=16), chunks=(48, 40))[...]
+    report = array.report((tmp_path / "q.zarr" / "c" / "0" / "0").read_bytes())
+    want, got = y.astype(np.float64), q.astype(np.float64)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) == pytest.approx(
+        report["rel_l2_error"], rel=1e-3)
+    code = ("import sys, zarr, inshrink.zarr; a = zarr.open_array(sys.argv[1], mode='r'); "
+            "sys.stdout.write(a[...].tobytes().hex())")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ink.zarr")],
+                         capture_output=True, text=True, timeout=60, check=True)
+    assert bytes.fromhex(out.stdout) == x.tobytes()
