@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -131,6 +132,39 @@ def test_consolidate_output_rules(work):
     assert sorted(n for n in os.listdir(work) if n.startswith(".")) == []
 
 
+def _rank(rank, world, init, directory):
+    """One of two ranks saving a row-sharded weight (a DTensor) and a replicated bias."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        full = state()["model"]
+        mesh = init_device_mesh("cpu", (world,))
+        sharded = {"layer.weight": distribute_tensor(full["layer.weight"], mesh, [Shard(0)]),
+                   "layer.bias": full["layer.bias"]}
+        dcp.save({"model": sharded}, storage_writer=InkStorageWriter(directory, threads=1))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_info_and_consolidate(tmp_path):
+    r = subprocess.run([sys.executable, __file__, str(tmp_path / "ck")], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run("info", "ck", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "2 rank files" in r.stdout
+    assert sorted(line.split()[0] for line in r.stdout.splitlines()[2:4]) == ["0", "1"]
+    weight = next(line for line in r.stdout.splitlines() if line.startswith("model.layer.weight"))
+    assert weight.split()[1:5] == ["F32", "[128,", "64]", "2"]  # dtype, whole shape, chunks
+    r = run("consolidate", "ck", "-o", "m.safetensors", cwd=tmp_path)
+    assert r.returncode == 0 and "2 rank files" in r.stdout, r.stderr
+    assert torch.equal(load_file(tmp_path / "m.safetensors")["model.layer.weight"],
+                       state()["model"]["layer.weight"])
+
+
 def test_help_does_not_import_torch(tmp_path):
     code = ("import sys\nfrom inshrink.cli import main\ntry:\n    main(['--help'])\n"
             "except SystemExit:\n    pass\nassert 'torch' not in sys.modules, 'torch imported'")
@@ -139,3 +173,11 @@ def test_help_does_not_import_torch(tmp_path):
                        cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "consolidate" in r.stdout
+
+
+if __name__ == "__main__":  # the two ranks of test_two_ranks_info_and_consolidate
+    import torch.multiprocessing as mp
+    warnings.simplefilter("ignore")
+    target = sys.argv[1]
+    mp.start_processes(_rank, args=(2, f"file://{target}.init", target), nprocs=2,
+                       start_method="fork")
