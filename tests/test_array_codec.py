@@ -100,3 +100,18 @@ def test_nan_tokens_in_the_header_are_refused():
     damaged = blob[:5] + struct.pack("<I", len(text)) + text + blob[9 + length:]
     with pytest.raises(errors.CorruptError, match=r"^\[A-4\]"):
         array.decode(damaged)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis.extra import numpy as hnp  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(hnp.arrays(st.sampled_from([np.float32, np.float16, np.float64, np.int8, np.uint16,
+                                   np.int64, np.bool_, np.complex64]),
+                  hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=9)),
+       st.integers(1, 64))
+def test_any_array_round_trips_bit_exactly(x, chunk_items):
+    chunk_bytes = max(chunk_items * x.itemsize, x.itemsize)
+    y = array.decode(array.encode(x, chunk_bytes=chunk_bytes))
+    assert y.dtype == x.dtype and y.shape == x.shape and y.tobytes() == x.tobytes()

@@ -166,3 +166,20 @@ def test_bfloat16_arrays(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ink.zarr")],
                          capture_output=True, text=True, timeout=60, check=True)
     assert bytes.fromhex(out.stdout) == x.tobytes()
+
+
+def test_a_crc32c_after_the_serializer_catches_damage_the_frame_cannot(tmp_path):
+    """Frames carry no checksum (spec 24.5): zarr's crc32c codec chained after inshrink
+    detects a flipped bit in a raw byte plane, which the frame alone decodes silently."""
+    x = np.random.default_rng(0).random((64, 16)).astype(np.float32)  # noisy: raw planes
+    for name, compressors in (("plain", None), ("crc", [zarr.codecs.Crc32cCodec()])):
+        a = zarr.create_array(LocalStore(tmp_path / name), shape=x.shape, chunks=x.shape,
+                              dtype=x.dtype, serializer=InkCodec(), compressors=compressors)
+        a[...] = x
+        chunk = tmp_path / name / "c" / "0" / "0"
+        data = bytearray(chunk.read_bytes())
+        data[-10] ^= 1  # a mantissa byte of the last plane, stored raw
+        chunk.write_bytes(bytes(data))
+    assert not np.array_equal(zarr.open_array(LocalStore(tmp_path / "plain"))[...], x)
+    with pytest.raises(ValueError):  # zarr's checksum error
+        zarr.open_array(LocalStore(tmp_path / "crc"))[...]
