@@ -71,7 +71,18 @@ class BFloat16(BaseFloat):
         return 2
 
 
-data_type_registry.register(BFloat16._zarr_v3_name, BFloat16)
+def _register_bfloat16() -> None:
+    """Register :class:`BFloat16` unless zarr already knows a bfloat16 type (a later zarr,
+    or another package): its name and its dtype stay theirs."""
+    if BFloat16._zarr_v3_name in data_type_registry.contents:
+        return
+    try:
+        data_type_registry.match_dtype(_BF16)
+    except ValueError:
+        data_type_registry.register(BFloat16._zarr_v3_name, BFloat16)
+
+
+_register_bfloat16()
 
 
 def _little(dtype: np.dtype) -> np.dtype:

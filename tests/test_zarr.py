@@ -183,3 +183,17 @@ def test_a_crc32c_after_the_serializer_catches_damage_the_frame_cannot(tmp_path)
     assert not np.array_equal(zarr.open_array(LocalStore(tmp_path / "plain"))[...], x)
     with pytest.raises(ValueError):  # zarr's checksum error
         zarr.open_array(LocalStore(tmp_path / "crc"))[...]
+
+
+def test_a_bfloat16_type_zarr_already_has_is_left_in_place(monkeypatch):
+    from zarr.core.dtype import data_type_registry
+
+    import inshrink.zarr as ink_zarr
+
+    theirs = type("TheirBFloat16", (ink_zarr.BFloat16,), {})
+    monkeypatch.setitem(data_type_registry.contents, "bfloat16", theirs)
+    ink_zarr._register_bfloat16()
+    assert data_type_registry.contents["bfloat16"] is theirs
+    monkeypatch.delitem(data_type_registry.contents, "bfloat16")
+    ink_zarr._register_bfloat16()
+    assert data_type_registry.contents["bfloat16"] is ink_zarr.BFloat16
