@@ -173,6 +173,11 @@ GOLDEN_POSITIVE = [(d, e) for d in GOLDEN
 def test_every_released_format_version_is_frozen():
     assert [d.name for d in GOLDEN] == [f"v1.{minor}" for minor in range(6)]
     assert f"v{MANIFEST['format_version']}" in {d.name for d in GOLDEN}
+    for folder in GOLDEN:
+        doc = json.loads((folder / "manifest.json").read_text("utf-8"))
+        listed = {e["file"] for e in doc["positive"]} | {e["expected"] for e in doc["positive"]}
+        assert {p.name for p in folder.iterdir()} == listed | {"manifest.json"}
+        assert doc["frozen_from"].startswith("git ")
 
 
 @pytest.mark.parametrize("folder, entry", GOLDEN_POSITIVE,
