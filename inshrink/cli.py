@@ -196,7 +196,7 @@ def _parser() -> argparse.ArgumentParser:
     co.add_argument("-q", "--quiet", action="store_true", help="no summary")
     co.add_argument("--json", action="store_true", help="print a JSON summary")
 
-    ser = sub.add_parser("series", help="checkpoint series: ls, restore, verify")
+    ser = sub.add_parser("series", help="checkpoint series: ls, restore, verify, report")
     ser_sub = ser.add_subparsers(dest="series_command", required=True, metavar="ACTION")
     ls = ser_sub.add_parser("ls", help="list the checkpoints of a series")
     ls.add_argument("directory")
@@ -211,6 +211,14 @@ def _parser() -> argparse.ArgumentParser:
     sv = ser_sub.add_parser("verify", help="check every checkpoint and every delta chain")
     sv.add_argument("directory")
     sv.add_argument("--json", action="store_true", help="machine-readable output")
+    sr = ser_sub.add_parser("report", help="per step: stored size, ratio, the searched "
+                                           "configuration and its quality drop; --plot draws it")
+    sr.add_argument("directory")
+    sr.add_argument("--plot", metavar="OUT.png",
+                    help="draw the report into a PNG file (needs matplotlib: "
+                         "pip install \"inshrink[plot]\")")
+    sr.add_argument("-f", "--force", action="store_true", help="overwrite an existing OUT.png")
+    sr.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 
 
@@ -910,6 +918,8 @@ def cmd_series(args, started: float) -> int:
     series = Series(args.directory)
     if args.series_command == "restore":
         return _series_restore(args, series, started)
+    if args.series_command == "report":
+        return _series_report(args, series, started)
     problems = series.verify() if args.series_command == "verify" else []
     files = [_checkpoint_file(args.directory, e) for e in series.checkpoints()]
     report = _report(f"series {args.series_command}", started, [args.directory], [], files,
@@ -937,6 +947,42 @@ def _checkpoint_file(directory: str, entry) -> dict:
     except (InshrinkError, OSError) as exc:
         return _file(path, None, entry.bytes, 0, error=f"{type(exc).__name__}: {exc}", **extra)
     return _file(path, None, entry.bytes, 0, **details, **extra)
+
+
+def _series_report(args, series, started: float) -> int:
+    from . import report as _r
+    from .errors import InvalidArgumentError
+    dst = args.destination = args.plot
+    if dst is not None:
+        if not dst.lower().endswith(".png"):
+            raise UsageError(f"{dst}: --plot writes a PNG file (give a name ending in .png)")
+        _check_output(args.directory, dst, args.force)
+        try:
+            _r._pyplot()  # before reading the series: a missing matplotlib is a usage error
+        except InvalidArgumentError as exc:
+            raise UsageError(str(exc)) from None
+    records = _r.series_report(args.directory)
+    if dst is not None:
+        if not records:
+            raise UsageError(f"{args.directory}: the series is empty: nothing to plot")
+        _r.plot_series(args.directory, dst, records=records)
+    by_step = {r["step"]: r for r in records}
+    files = [{**_checkpoint_file(args.directory, e),
+              "search": {k: by_step[e.step][k] for k in _r.SEARCH_FIELDS}}
+             for e in series.checkpoints()]
+    report = _report("series report", started, [args.directory], [dst] if dst else [], files,
+                     sum(t.nbytes for f in files for t in f["tensors"]),
+                     sum(f["bytes_in"] for f in files))
+    if dst is not None:
+        report["bytes_out"] = os.path.getsize(dst)
+    if args.json:
+        _print_json(report)
+    else:
+        for line in _r.format_table(records).splitlines():  # mode names come from metadata
+            print(_clean(line))
+        if dst is not None:
+            print(_clean(f"plot -> {dst}"))
+    return EXIT_OK if report["ok"] else EXIT_ERROR
 
 
 def _series_restore(args, series, started: float) -> int:
