@@ -6,7 +6,8 @@ Every tensor of the given safetensors files (default: ``final_weights_fp32`` and
 in a LocalStore (in ``/dev/shm`` when available) and read back, once per codec, side by side:
 
 * ``zarr-default``  what ``zarr.create_array`` picks: ``bytes`` + ``zstd`` level 0;
-* ``zstd-3``        ``bytes`` + numcodecs ``Zstd(level=3)`` (``zarr.codecs.numcodecs.Zstd``);
+* ``zstd-1``        ``bytes`` + numcodecs ``Zstd(level=1)``, numcodecs' default (``zarr.codecs.numcodecs.Zstd``;
+  zarr's level 0 is zstd's default, 3);
 * ``blosc``         ``bytes`` + Blosc, byte shuffle + zstd level 5 (``zarr.codecs.BloscCodec``);
 * ``inshrink``      ``serializer=InkCodec()``: byte planes, sign rotated, zstd (fast);
 * ``inshrink-q16``  ``serializer=InkQuantCodec(bins=16)``: lossy, per-chunk fitted levels.
@@ -14,7 +15,9 @@ in a LocalStore (in ``/dev/shm`` when available) and read back, once per codec, 
 Chunks are rows of about ``--chunk-mb`` MiB (whole tensor when smaller). Reported per codec
 and file: ratio (tensor bytes / chunk file bytes), write and read MB/s (MB = 1e6 bytes of
 tensor data, best of ``--reps``, zarr's thread pool limited to ``--threads``), whether the
-read is bit-exact, and for the lossy codec the relative L2 error over the file; then
+read is bit-exact, and for the lossy codec the relative L2 error over the file; encode and
+decode MB/s of the codec alone on the same chunks in memory (numcodecs objects: zarr's
+overhead, which dominates on small tensors, left out); then
 inshrink's ratio and read speed relative to zarr's default, and the best ratio an order-0
 coder of the sign-rotated byte planes could reach on the file's floats. Usage::
 
@@ -52,11 +55,53 @@ def codecs() -> dict[str, dict]:
     warnings.filterwarnings("ignore", message="Numcodecs codecs are not in the Zarr")
     return {
         "zarr-default": {},
-        "zstd-3": {"compressors": [Zstd(level=3)]},
+        "zstd-1": {"compressors": [Zstd(level=1)]},
         "blosc": {"compressors": [BloscCodec(cname="zstd", clevel=5, shuffle="shuffle")]},
         "inshrink": {"serializer": InkCodec(), "compressors": None},
         "inshrink-q16": {"serializer": InkQuantCodec(bins=16), "compressors": None},
     }
+
+
+def numcodecs_of(name: str):
+    """The numcodecs codec doing the same work on one chunk as zarr codec ``name``; its
+    input: the chunk as bytes, as same-size unsigned words (Blosc's shuffle needs the
+    itemsize), or with its dtype."""
+    import numcodecs
+
+    from inshrink.numcodecs import Inshrink, InshrinkQuant
+
+    words = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+    return {
+        "zarr-default": (numcodecs.Zstd(level=0), lambda c: c.view(np.uint8)),
+        "zstd-1": (numcodecs.Zstd(level=1), lambda c: c.view(np.uint8)),
+        "blosc": (numcodecs.Blosc(cname="zstd", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE),
+                  lambda c: c.view(words[c.itemsize])),
+        "inshrink": (Inshrink(), lambda c: c),
+        "inshrink-q16": (InshrinkQuant(bins=16), lambda c: c),
+    }[name]
+
+
+def codec_speed(tensors: dict[str, np.ndarray], name: str, chunk_mb: float,
+                reps: int) -> tuple[float, float]:
+    """Encode and decode MB/s of the codec alone on the arrays' chunks, in memory."""
+    codec, prepare = numcodecs_of(name)
+    chunks = []
+    for x in tensors.values():
+        rows = chunks_for(x, chunk_mb)[:1] or (1,)
+        flat = x.reshape(x.shape[0] if x.ndim else 1, -1)
+        chunks += [prepare(np.ascontiguousarray(flat[i:i + rows[0]]).reshape(-1))
+                   for i in range(0, flat.shape[0], rows[0])]
+    raw = sum(c.nbytes for c in chunks)
+    enc_s = dec_s = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        encoded = [codec.encode(c) for c in chunks]
+        enc_s = min(enc_s, time.perf_counter() - start)
+        start = time.perf_counter()
+        for blob in encoded:
+            codec.decode(blob)
+        dec_s = min(dec_s, time.perf_counter() - start)
+    return raw / 1e6 / enc_s, raw / 1e6 / dec_s
 
 
 def load_tensors(path: Path) -> dict[str, np.ndarray]:
@@ -171,21 +216,26 @@ def main(argv: list[str] | None = None) -> int:
             raw = sum(x.nbytes for x in tensors.values())
             dts = sorted({str(x.dtype) for x in tensors.values()})
             print(f"\n{path.name}: {len(tensors)} tensors, {raw / 1e6:.1f} MB, {', '.join(dts)}")
-            print(f"{'codec':<14}{'ratio':>8}{'write MB/s':>12}{'read MB/s':>11}"
-                  f"{'exact':>7}{'rel L2':>10}")
+            print(f"{'':<14}{'':>8}{'zarr, MB/s':>23}{'codec alone, MB/s':>24}")
+            print(f"{'codec':<14}{'ratio':>8}{'write':>12}{'read':>11}{'encode':>12}"
+                  f"{'decode':>12}{'exact':>7}{'rel L2':>10}")
             results = {}
             for name, kwargs in codecs().items():
                 r = results[name] = run_codec(tensors, kwargs, work / name, args.chunk_mb,
                                               args.reps)
+                r["encode"], r["decode"] = codec_speed(tensors, name, args.chunk_mb, args.reps)
                 print(f"{name:<14}{r['ratio']:>8.3f}{r['write']:>12.1f}{r['read']:>11.1f}"
+                      f"{r['encode']:>12.1f}{r['decode']:>12.1f}"
                       f"{'yes' if r['exact'] else 'no':>7}{r['rel_l2']:>10.2e}")
             bound = plane_bound(tensors)
             if bound:
                 print(f"order-0 entropy bound of the rotated byte planes: ratio {bound:.3f}")
             ink, ref = results["inshrink"], results["zarr-default"]
             print(f"inshrink / zarr-default: ratio x{ink['ratio'] / ref['ratio']:.3f}, "
-                  f"read speed x{ink['read'] / ref['read']:.2f}, "
-                  f"write speed x{ink['write'] / ref['write']:.2f}")
+                  f"read x{ink['read'] / ref['read']:.2f}, "
+                  f"write x{ink['write'] / ref['write']:.2f}, "
+                  f"codec decode x{ink['decode'] / ref['decode']:.2f}, "
+                  f"codec encode x{ink['encode'] / ref['encode']:.2f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
