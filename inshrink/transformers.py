@@ -41,7 +41,7 @@ from safetensors.torch import save_file as save_safetensors
 from transformers import TrainerCallback
 
 from . import convert
-from .errors import CorruptError, InvalidArgumentError
+from .errors import CorruptError, InshrinkError, InvalidArgumentError
 from .policy import Policy
 from .series import Series
 from .torch import GROUPS, MODEL, OPTIMIZER, STATE, _decode, _encode, to_numpy, to_torch
@@ -353,9 +353,13 @@ class Callback(TrainerCallback):
 
     After each save (``on_save``, on the main process) the checkpoint directory
     ``output_dir/checkpoint-<step>`` goes into the series as step ``<step>`` (see
-    :func:`checkpoint_to_numpy`); the Trainer's own directory is left as it is (with
-    ``save_total_limit`` the Trainer rotates it as usual), or removed with
-    ``remove_checkpoint=True`` once the series holds it. :meth:`restore` writes one back.
+    :func:`checkpoint_to_numpy`), and the stored step is read back and compared with what was
+    stored (:meth:`verify_step`: every lossless tensor bit for bit, every quantized one within
+    the error its report gives). The Trainer's own directory is left as it is (with
+    ``save_total_limit`` the Trainer rotates it as usual), or, with
+    ``remove_checkpoint=True``, removed only once that check passed: a step that fails it keeps
+    its directory, gets a :class:`UserWarning` and is listed in :attr:`unverified`.
+    :meth:`restore` writes a step back.
 
     Parameters
     ----------
@@ -365,22 +369,38 @@ class Callback(TrainerCallback):
         Compression of weights and optimizer moments (``"balanced"``...); ``None``:
         lossless, and training resumes exactly as from the Trainer's own checkpoint.
     remove_checkpoint : bool
-        Remove the Trainer's checkpoint directory once stored.
+        Remove the Trainer's checkpoint directory once stored and verified.
+    keep_last : int, optional
+        Keep only the newest this many steps in the series (as ``save_total_limit`` does for
+        the Trainer's directories), deleting older ones after each save
+        (:meth:`inshrink.Series.retain`); None: keep every step.
     **series_kwargs
         ``keyframe_every``, ``threads``, ``search``: see :class:`inshrink.Series`.
 
+    Attributes
+    ----------
+    reports : dict
+        Step -> the tensor report of its save.
+    unverified : dict
+        Step -> why its stored copy failed the check (its Trainer directory was kept).
+
     Examples
     --------
-    >>> cb = Callback("ckpts-ink/")                                     # doctest: +SKIP
+    >>> cb = Callback("ckpts-ink/", remove_checkpoint=True, keep_last=3)  # doctest: +SKIP
     >>> Trainer(model, args, train_dataset=data, callbacks=[cb]).train()  # doctest: +SKIP
     >>> trainer.train(resume_from_checkpoint=cb.restore("out/resume"))    # doctest: +SKIP
     """
 
     def __init__(self, series_dir: str | os.PathLike, policy: Policy | str | None = None, *,
-                 remove_checkpoint: bool = False, **series_kwargs: Any) -> None:
+                 remove_checkpoint: bool = False, keep_last: int | None = None,
+                 **series_kwargs: Any) -> None:
+        if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
+            raise InvalidArgumentError("keep_last must be a positive integer or None")
         self.series = Series(series_dir, policy, **series_kwargs)
         self.remove_checkpoint = remove_checkpoint
+        self.keep_last = keep_last
         self.reports: dict[int, list] = {}
+        self.unverified: dict[int, str] = {}
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
@@ -391,12 +411,58 @@ class Callback(TrainerCallback):
         if not os.path.isdir(directory):
             raise InvalidArgumentError(f"{directory}: the Trainer's checkpoint is missing")
         arrays, metadata = checkpoint_to_numpy(directory)
-        self.reports[step] = self.series.save(step, arrays, metadata)
-        if self.remove_checkpoint:
+        self.reports[step] = report = self.series.save(step, arrays, metadata)
+        problem = self.verify_step(step, arrays, report)
+        del arrays  # one checkpoint in memory at a time
+        if problem is not None:
+            self.unverified[step] = problem
+            warnings.warn(f"step {step}: the compressed copy in {self.series.directory} "
+                          f"failed its check ({problem}); {directory} is kept",
+                          UserWarning, stacklevel=2)
+        elif self.remove_checkpoint:
             shutil.rmtree(directory)
+        if self.keep_last is not None:
+            self.series.retain(self.keep_last)
+
+    def verify_step(self, step: int, arrays: Mapping[str, np.ndarray],
+                    report: list) -> str | None:
+        """Decode ``step`` from the series (checking the file's hash, every chunk's checksum
+        and any delta's base) and compare it with ``arrays``, what was saved: lossless
+        tensors bit for bit, quantized ones within the relative L2 error of ``report``.
+        Returns None if it matches, else what is wrong."""
+        try:
+            decoded = self.series.load(step)
+        except (InshrinkError, OSError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if decoded.keys() != arrays.keys():
+            return "the stored tensors are not the saved ones"
+        infos = {info.name: info for info in report}
+        for name, original in arrays.items():
+            got, info = decoded[name], infos.get(name)
+            if got.shape != original.shape or got.dtype != original.dtype:
+                return f"tensor {name!r}: shape or dtype differs"
+            if info is None or info.lossless:
+                if not np.array_equal(_bytes_of(got), _bytes_of(original)):
+                    return f"tensor {name!r}: not bit-exact"
+                continue
+            bound = (info.error or {}).get("rel_l2_error")
+            if isinstance(bound, (int, float)) and np.isfinite(bound):
+                reference = original.astype(np.float64)
+                norm = float(np.linalg.norm(reference))
+                error = float(np.linalg.norm(got.astype(np.float64) - reference))
+                if error > (bound * (1 + 1e-3) + 1e-6) * norm:
+                    return (f"tensor {name!r}: relative L2 error "
+                            f"{error / norm if norm else error:.4g} above the reported "
+                            f"{bound:.4g}")
+        return None
 
     def restore(self, directory: str | os.PathLike, step: int | None = None, *,
                 overwrite: bool = False) -> str:
         """Write checkpoint ``step`` (default: the latest) as a Trainer checkpoint directory;
         see :func:`restore_checkpoint`. Returns ``directory``."""
         return restore_checkpoint(self.series, directory, step, overwrite=overwrite)
+
+
+def _bytes_of(array: np.ndarray) -> np.ndarray:
+    """The array's bytes as a flat uint8 view (a copy only if it is not contiguous)."""
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)

@@ -118,3 +118,66 @@ def test_bad_metadata_is_refused_before_writing(tmp_path):
         with pytest.raises(CorruptError, match=text):
             ink.restore_checkpoint(series, tmp_path / "out", step=step)
     assert sorted(os.listdir(tmp_path)) == ["series"]
+
+
+# -- verify before remove, retention ---------------------------------------------------------
+
+def _flip_a_byte_after_saving(callback, step):
+    """Damage the file of ``step`` right after the series writes it (storage gone bad)."""
+    save = callback.series.save
+
+    def damaged(at, *args, **kwargs):
+        report = save(at, *args, **kwargs)
+        if at == step:
+            entry = next(e for e in callback.series.checkpoints() if e.step == at)
+            path = os.path.join(callback.series.directory, entry.file)
+            with open(path, "r+b") as f:
+                f.seek(100)
+                byte = f.read(1)
+                f.seek(100)
+                f.write(bytes([byte[0] ^ 1]))
+        return report
+    callback.series.save = damaged
+
+
+def test_the_trainer_directory_is_removed_only_after_its_copy_verifies(tmp_path):
+    callback = ink.Callback(tmp_path / "series", remove_checkpoint=True, keep_last=1)
+    _flip_a_byte_after_saving(callback, 4)
+    with pytest.warns(UserWarning, match="step 4: the compressed copy .* failed its check"):
+        trainer(tmp_path / "out", [callback]).train()
+    assert not (tmp_path / "out" / "checkpoint-2").exists()  # verified, then removed
+    assert (tmp_path / "out" / "checkpoint-4").is_dir()  # its copy is damaged: kept
+    assert list(callback.unverified) == [4] and "BaseMismatchError" in callback.unverified[4]
+    assert callback.series.steps() == [4]  # keep_last=1
+
+
+def test_keep_last_keeps_the_newest_steps_and_what_they_need(tmp_path):
+    callback = ink.Callback(tmp_path / "series", keep_last=2)
+    for step in (2, 4, 6):
+        ckpt = tmp_path / "out" / f"checkpoint-{step}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        args = type("Args", (), {"output_dir": str(tmp_path / "out")})()
+        state = type("State", (), {"global_step": step, "is_world_process_zero": True})()
+        callback.on_save(args, state, None)
+    assert callback.series.steps() == [4, 6] and not callback.unverified
+    back = callback.restore(tmp_path / "back", step=4)
+    assert json.loads(open(os.path.join(back, "trainer_state.json")).read())["global_step"] == 4
+    assert (tmp_path / "out" / "checkpoint-2").is_dir()  # not removed unless asked
+    with pytest.raises(InvalidArgumentError, match="keep_last"):
+        ink.Callback(tmp_path / "other", keep_last=0)
+
+
+def test_verify_step_compares_what_was_saved(tmp_path):
+    callback = ink.Callback(tmp_path / "series", "balanced")
+    rng = np.random.default_rng(0)
+    arrays = {"model.w": rng.standard_normal((128, 64)).astype(np.float32),
+              "file.x": np.arange(10, dtype=np.uint8)}
+    report = callback.series.save(1, arrays)
+    assert callback.verify_step(1, arrays, report) is None
+    changed = dict(arrays, **{"file.x": arrays["file.x"] + 1})
+    assert "not bit-exact" in callback.verify_step(1, changed, report)
+    moved = dict(arrays, **{"model.w": arrays["model.w"] + 1})
+    assert "relative L2 error" in callback.verify_step(1, moved, report)
+    assert "not the saved ones" in callback.verify_step(1, {"model.w": arrays["model.w"]},
+                                                        report)
