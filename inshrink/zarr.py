@@ -149,7 +149,7 @@ class _Ink(ArrayBytesCodec):
         return await asyncio.to_thread(self._decode_sync, chunk_bytes, chunk_spec)
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True, init=False, eq=False)  # the base's __eq__ and __hash__
 class InkCodec(_Ink):
     """Lossless inshrink serializer (name ``inshrink``): ``level`` (zstd, ``None`` = fast)
     and ``chunk_bytes``, as :class:`inshrink.numcodecs.Inshrink`."""
@@ -165,7 +165,7 @@ class InkCodec(_Ink):
         return Inshrink(**config)
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True, init=False, eq=False)  # the base's __eq__ and __hash__
 class InkQuantCodec(_Ink):
     """Lossy inshrink serializer (name ``inshrink-quant``): ``bins``, ``domain``,
     ``protect``, ``prune``, ``max_rel_l2``, ``seed``, ``level``, ``chunk_bytes`` as

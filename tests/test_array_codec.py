@@ -79,12 +79,22 @@ def _with_header(blob: bytes, edit) -> bytes:
     (lambda h: h["chunks"][0][0].__setitem__(2, (64 << 20) + 1), errors.LimitExceededError,
      "A-12"),
     (lambda h: h["chunks"][0].pop(), errors.CorruptError, "A-12"),
+    # every coding is checked before any size (spec order)
+    (lambda h: (h["chunks"][0][0].__setitem__(2, (64 << 20) + 1),
+                h["chunks"][0][1].__setitem__(0, "lz4")), errors.UnknownCodecError, "A-12"),
 ])
 def test_header_rules(edit, error, rule):
     blob = _with_header(array.encode(np.linspace(-1, 1, 100, dtype=np.float32)), edit)
     with pytest.raises(error) as caught:
         array.decode(blob)
     assert type(caught.value) is error and str(caught.value).startswith(f"[{rule}] ")
+
+
+def test_an_array_over_2_to_the_48_bytes_is_refused_whatever_max_nbytes_says():
+    blob = _with_header(array.encode(np.zeros(4, np.float32)),
+                        lambda h: h.update(shape=[1 << 24, (1 << 22) + 1]))  # F32: over 2^48 bytes
+    with pytest.raises(errors.LimitExceededError, match=r"^\[A-7\]"):
+        array.decode(blob, max_nbytes=1 << 60)
 
 
 def test_header_length_over_the_limit_is_refused_before_reading_it():

@@ -121,6 +121,8 @@ def test_codec_config_round_trips_and_bad_arguments_are_typed():
     assert InkQuantCodec.from_dict(codec.to_dict()) == codec
     assert InkCodec.from_dict({"name": "inshrink"}) == InkCodec()
     assert zarr.registry.get_codec_class("inshrink-quant") is InkQuantCodec
+    assert len({InkQuantCodec(bins=4), InkQuantCodec(bins=4), InkCodec()}) == 2
+    assert InkCodec() != InkQuantCodec() and InkCodec(level=3) != InkCodec()
     with pytest.raises(errors.InvalidArgumentError):
         InkQuantCodec(domain="cubic")
     with pytest.raises(errors.InvalidArgumentError):

@@ -45,6 +45,7 @@ MAX_HEADER_BYTES = 16 << 20
 MAX_CHUNK_BYTES = 64 << 20  # as in the .ink format: a chunk decodes to at most this
 MAX_NDIM = 32
 MAX_INT = 1 << 63
+MAX_ARRAY_BYTES = 1 << 48  # as a tensor of an .ink file
 DEFAULT_CHUNK_BYTES = 4 << 20
 DEFAULT_MAX_NBYTES = 1 << 32
 MEMBERS = {"dtype", "shape", "chunk_elements", "codec", "chunks"}
@@ -253,9 +254,9 @@ def _parse(header, max_nbytes: float) -> tuple:
         _fail("A-7", "shape must be a list of integers in [0, 2^63]")
     if len(shape) > MAX_NDIM:
         _fail("A-7", f"{len(shape)} dimensions, over {MAX_NDIM}", LimitExceededError)
-    if math.prod(shape) * dtype.itemsize > max_nbytes:
+    if math.prod(shape) * dtype.itemsize > min(max_nbytes, MAX_ARRAY_BYTES):
         _fail("A-7", f"{math.prod(shape) * dtype.itemsize} bytes, over max_nbytes="
-                     f"{max_nbytes}", LimitExceededError)
+                     f"{max_nbytes} or 2^48", LimitExceededError)
     per_chunk = header["chunk_elements"]
     if not _is_int(per_chunk, 1):
         _fail("A-8", f"chunk_elements {per_chunk!r} is not an integer >= 1")
@@ -281,12 +282,12 @@ def _parse(header, max_nbytes: float) -> tuple:
                            and _is_int(s[1]) and _is_int(s[2]) for s in chunk)):
             _fail("A-12", f"chunk {c} must list {pipeline.streams} [coding, length, size] "
                           f"streams")
-        for coding, _, size in chunk:
-            if coding not in CODINGS:
-                _fail("A-12", f"chunk {c}: unknown coding {coding!r}", UnknownCodecError)
-            if size > MAX_CHUNK_BYTES:
-                _fail("A-12", f"chunk {c}: a stream of {size} bytes, over 64 MiB",
-                      LimitExceededError)
+        unknown = [s[0] for s in chunk if s[0] not in CODINGS]
+        if unknown:
+            _fail("A-12", f"chunk {c}: unknown coding {unknown[0]!r}", UnknownCodecError)
+        if max(s[2] for s in chunk) > MAX_CHUNK_BYTES:
+            _fail("A-12", f"chunk {c}: a stream of {max(s[2] for s in chunk)} bytes, over "
+                          f"64 MiB", LimitExceededError)
         n = min(per_chunk, numel - c * per_chunk)
         if not pipeline.sizes_ok(n, [s[2] for s in chunk], dtype.itemsize):
             _fail("A-12", f"chunk {c}: stream sizes do not match its {n} elements")
