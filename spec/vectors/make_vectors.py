@@ -12,6 +12,11 @@ differ between zstd releases; ``manifest.json`` records the version the vectors 
 For every positive vector ``NAME.ink`` the script writes ``NAME.expected.json``: per tensor the
 dtype, shape, and the raw little-endian bytes (hex and SHA-256) a reader must return. Negative
 vectors are listed in ``manifest.json`` with the error class a reader must raise.
+
+The array-frame vectors (spec section 24) go to ``array/`` with their own ``manifest.json``.
+The directories ``v1.0/`` ... ``v1.5/`` are frozen copies of the positive vectors of every
+released format version and are never regenerated: when the format version moves on, the
+version it leaves is frozen once with ``freeze(HERE, version, source)``.
 """
 from __future__ import annotations
 
