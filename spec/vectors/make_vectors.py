@@ -15,8 +15,8 @@ vectors are listed in ``manifest.json`` with the error class a reader must raise
 
 The array-frame vectors (spec section 24) go to ``array/`` with their own ``manifest.json``.
 The directories ``v1.0/`` ... ``v1.5/`` are frozen copies of the positive vectors of every
-released format version and are never regenerated: when the format version moves on, the
-version it leaves is frozen once with ``freeze(HERE, version, source)``.
+released format version and are never regenerated: a new format version is frozen once,
+when its vectors are first generated, with ``freeze(HERE, version, source)``.
 """
 from __future__ import annotations
 
