@@ -165,7 +165,8 @@ def test_safetensors_round_trip_is_byte_identical(tmp_path):
 
 # --- golden vectors of every released format version, frozen ---------------------------------
 
-GOLDEN = sorted(p for p in VECTORS.glob("v1.*") if p.is_dir())
+GOLDEN = sorted((p for p in VECTORS.glob("v1.*") if p.is_dir()),
+                key=lambda p: int(p.name.split(".")[1]))  # v1.10 after v1.9
 GOLDEN_POSITIVE = [(d, e) for d in GOLDEN
                    for e in json.loads((d / "manifest.json").read_text("utf-8"))["positive"]]
 
