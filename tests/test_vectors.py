@@ -269,3 +269,16 @@ def test_array_negative_raises_exact_error(entry):
         frame.decode(data)
     assert type(caught.value) is getattr(errors, entry["error"]), caught.value
     assert str(caught.value).startswith(f"[{entry['rule']}] "), caught.value
+
+
+def test_the_array_frame_example_of_the_spec_is_the_scalar_vector():
+    spec = (VECTORS.parent / "FORMAT.md").read_text(encoding="utf-8")
+    example = spec[spec.index("### 24.7 Example"):]
+    data = (ARRAY / "scalar.inka").read_bytes()
+    length = int.from_bytes(data[5:9], "little")
+    assert f"({len(data)} bytes)" in example and f"header_length {length}" in example
+    for part in (data[:4], data[4:5], data[5:9], data[9 + length:]):
+        assert f"\n{part.hex(' ').upper()} " in example
+    header = "".join(line.split("(")[0].strip() for line in
+                     example[example.index('{"dtype"'):example.index("(211 bytes")].splitlines())
+    assert header.replace(" ", "") == data[9:9 + length].decode()
