@@ -199,3 +199,17 @@ def test_a_bfloat16_type_zarr_already_has_is_left_in_place(monkeypatch):
     monkeypatch.delitem(data_type_registry.contents, "bfloat16")
     ink_zarr._register_bfloat16()
     assert data_type_registry.contents["bfloat16"] is ink_zarr.BFloat16
+
+
+def test_sharded_arrays_keep_inshrink_as_the_inner_serializer(tmp_path):
+    x = _weights((256, 64))
+    a = zarr.create_array(LocalStore(tmp_path / "s.zarr"), shape=x.shape, chunks=(32, 64),
+                          shards=(128, 64), dtype=x.dtype, serializer=InkCodec(),
+                          compressors=None)
+    a[...] = x
+    b = zarr.open_array(LocalStore(tmp_path / "s.zarr"), mode="r")
+    codecs = json.loads((tmp_path / "s.zarr" / "zarr.json").read_text())["codecs"]
+    assert codecs[0]["name"] == "sharding_indexed"
+    assert codecs[0]["configuration"]["codecs"][0]["name"] == "inshrink"
+    assert b[...].tobytes() == x.tobytes()
+    assert np.array_equal(b[40:50, 3:9], x[40:50, 3:9])  # one inner chunk read
