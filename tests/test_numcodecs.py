@@ -149,3 +149,19 @@ def test_backwards_compatibility(monkeypatch):
     config = json.loads((FIXTURES / "fixture" / "inshrink-quant" / "codec.00" /
                          "config.json").read_text())
     assert config["id"] == "inshrink-quant" and config["bins"] == 32
+
+
+def test_a_zarr_v2_array_takes_them_as_compressor(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    x = (np.random.default_rng(3).standard_normal((96, 40)) * 0.02).astype("<f4")
+    for codec in (Inshrink(), InshrinkQuant(bins=64)):
+        path = tmp_path / codec.codec_id
+        zarr.create_array(str(path), shape=x.shape, chunks=(32, 40), dtype=x.dtype,
+                          zarr_format=2, compressors=codec)[...] = x
+        meta = json.loads((path / ".zarray").read_text())
+        assert meta["compressor"] == codec.get_config()
+        back = zarr.open_array(str(path), mode="r")[...]
+        if codec.codec_id == "inshrink":
+            assert back.tobytes() == x.tobytes()
+        else:
+            assert np.linalg.norm(back - x) / np.linalg.norm(x) < 0.05
