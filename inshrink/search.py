@@ -405,7 +405,9 @@ class _Evaluator:
         else:
             value = self._call({**self.tensors, **decoded})
             drop = self.drop(value)
-            feasible = drop <= self.search.epsilon
+            # two-sided: a quality that improves by more than epsilon on a few batches is a
+            # large perturbation that happened to help there, not a safe one
+            feasible = (abs(drop) if self.search.two_sided else drop) <= self.search.epsilon
         result = {"choice": choice.to_dict(), "phase": phase, "quality": value,
                   "drop": drop if drop is not None and math.isfinite(drop) else None,
                   "rel_l2": rel_l2 if math.isfinite(rel_l2) else None,
@@ -485,6 +487,11 @@ class Search:
         protection keeps exact, so it says little about the bulk of small weights (it did not
         improve resumed training in the fault benchmark: docs/decisions.md). None: no such
         bound (the paper's criterion alone).
+    two_sided : bool
+        Feasible only if the quality moves by at most ``epsilon`` in *either* direction. A
+        loss on a few batches moves either way by chance, and a coarse candidate that lowered
+        it by 1.4% was a lucky draw that resumed training paid for (docs/decisions.md);
+        :class:`inshrink.torch.Checkpointer` sets it.
     threads : int, optional
         Encoder/decoder threads for the candidate encodings.
 
@@ -497,7 +504,8 @@ class Search:
 
     def __init__(self, epsilon: float = 0.05, *, higher_is_better: bool = False,
                  space: SearchSpace | None = None, max_evals: int = 24,
-                 max_rel_l2: float | None = None, threads: int | None = None) -> None:
+                 max_rel_l2: float | None = None, two_sided: bool = False,
+                 threads: int | None = None) -> None:
         if not (isinstance(epsilon, (int, float)) and 0 <= epsilon < math.inf):
             raise InvalidArgumentError("epsilon must be a non-negative number")
         if max_rel_l2 is not None and not (isinstance(max_rel_l2, (int, float))
@@ -512,6 +520,7 @@ class Search:
         self.space = space or SearchSpace()
         self.max_evals = max_evals
         self.max_rel_l2 = None if max_rel_l2 is None else float(max_rel_l2)
+        self.two_sided = bool(two_sided)
         self.threads = threads
         self.previous: Choice | None = None
         self._size_table: tuple[tuple, np.ndarray] | None = None
@@ -574,6 +583,7 @@ class Search:
         metrics = [m for m in self.space.prune_metrics
                    if m == "magnitude" or importance]
         report: dict[str, Any] = {"epsilon": self.epsilon, "max_rel_l2": self.max_rel_l2,
+                                  "two_sided": self.two_sided,
                                   "higher_is_better": self.higher_is_better,
                                   "max_evals": self.max_evals,
                                   "searched_tensors": len(searched)}

@@ -632,7 +632,8 @@ class Checkpointer:
         ``restores`` restores from these checkpoints, against a run without any. A restore's
         damage is not undone by the training that follows (least of all late in a decaying
         schedule), and the damage of several restores adds up, so each checkpoint gets
-        ``epsilon / restores`` of immediate quality drop on ``eval_batches``, scaled by
+        ``epsilon / restores`` of immediate quality change on ``eval_batches`` (in either
+        direction: an improvement on a few batches is luck), scaled by
         ``epsilon_follows_lr``. Measured with 10 restores (the last 5% before the end),
         ``epsilon=0.05`` ended within 1% of the uninterrupted run on four small tasks
         (benchmarks/RESULTS.md); a bound is measured on those tasks, not guaranteed.
@@ -722,7 +723,7 @@ class Checkpointer:
             self.quality = quality_from(model, eval_batches, loss_fn, metric, criterion)
             self.search = Search(epsilon / restores, higher_is_better=metric is not None,
                                  space=space, max_evals=max_evals, max_rel_l2=max_rel_l2,
-                                 threads=threads)
+                                 two_sided=True, threads=threads)
         self.series = Series(directory, policy, keyframe_every=keyframe_every, threads=threads,
                              search=self.search)
         squares = self.search is not None and self.search.space.per_tensor_bins

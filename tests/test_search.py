@@ -561,3 +561,16 @@ def test_late_first_moment_configuration_is_validated():
     assert SearchSpace(late_exp_avg=None).late_exp_avg is None
     with pytest.raises(InvalidArgumentError):
         SearchSpace(late_exp_avg={"bins": 2})
+
+
+def test_two_sided_search_rejects_a_lucky_improvement():
+    rng = np.random.default_rng(0)
+    state = {"model.w": rng.standard_normal((64, 128)).astype(np.float32)}
+    original = state["model.w"].copy()
+
+    def quality(s):  # every change "improves" the loss by 10% on these batches
+        return 1.0 if np.array_equal(s["model.w"], original) else 0.9
+
+    assert Search(0.05, max_evals=4).choose(state, quality).choice is not None
+    result = Search(0.05, max_evals=4, two_sided=True).choose(state, quality)
+    assert result.choice is None and result.report["two_sided"]
