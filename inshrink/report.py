@@ -117,6 +117,11 @@ def series_report(directory: str | os.PathLike) -> list[dict[str, Any]]:
     return records
 
 
+def _kept_lossless(record: dict[str, Any]) -> bool:
+    """A search ran and chose no quantization for the weights."""
+    return record["search"] not in (None, "unreadable") and record["bins"] is None
+
+
 def format_table(records: list[dict[str, Any]]) -> str:
     """The records as a text table, one line per step."""
     def num(value: Any, spec: str) -> str:
@@ -126,7 +131,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
              f"{'bins':>5} {'emb':>4} {'prune':>6} {'protect':>8} {'drop':>8} {'epsilon':>8}"]
     for r in records:
         search = r["search"] or "-"
-        if r["search"] and r["bins"] is None:
+        if _kept_lossless(r):
             search += "*"  # searched, weights kept lossless
         lines.append(
             f"{r['step']:>10} {'keyframe' if r['keyframe'] else 'delta':<8} "
@@ -137,7 +142,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
     total = sum(r["stored_bytes"] for r in records)
     lines.append(f"{len(records)} checkpoints, {total:,} bytes stored"
                  + ("; * = the search kept the weights lossless"
-                    if any(r["search"] and r["bins"] is None for r in records) else ""))
+                    if any(map(_kept_lossless, records)) else ""))
     return "\n".join(lines)
 
 
@@ -175,6 +180,23 @@ def _scale(ax: Any, plt: Any) -> None:
         ax.yaxis.set_minor_formatter(plt.NullFormatter())
     elif values:
         ax.set_ylim(0, max(values) * 1.1)  # room above the highest point
+
+
+def _unsearched_spans(steps: list[int], missing: list[bool]) -> list[tuple[float, float]]:
+    """x ranges covering each run of steps without a search, halfway to their neighbours."""
+    spans = []
+    for i, (step, gone) in enumerate(zip(steps, missing)):
+        if not gone:
+            continue
+        left = (steps[i - 1] + step) / 2 if i else step - (steps[1] - step if
+                                                          len(steps) > 1 else 1) / 2
+        right = (step + steps[i + 1]) / 2 if i + 1 < len(steps) else \
+            step + (step - steps[i - 1] if i else 1) / 2
+        if spans and spans[-1][1] == left:
+            spans[-1] = (spans[-1][0], right)
+        else:
+            spans.append((left, right))
+    return spans
 
 
 def plot_series(directory: str | os.PathLike, out_png: str | os.PathLike | None = None,
@@ -265,11 +287,17 @@ def plot_series(directory: str | os.PathLike, out_png: str | os.PathLike | None 
                   label="allowed (epsilon)", gid="epsilon")
         drop.axhline(0, color="0.8", lw=0.8)
         drop.set_ylabel("quality drop\n(relative, < 0: better)")
-        lossless = [r["step"] for r in records if r["search"] and r["bins"] is None]
+        lossless = [r["step"] for r in records if _kept_lossless(r)]
         if lossless:  # searched, nothing fitted: say so instead of leaving a silent gap
             for ax in (bins, drop):
                 ax.plot(lossless, [ax.get_ylim()[0]] * len(lossless), "x", color="k",
                         clip_on=False, label="weights kept lossless", gid="lossless")
+        unsearched = _unsearched_spans(steps, [r["search"] in (None, "unreadable")
+                                               for r in records])
+        for ax in (bins, fractions, drop):
+            for i, (left, right) in enumerate(unsearched):  # a gap that says why
+                ax.axvspan(left, right, color="0.92", zorder=0, gid="no_search",
+                           label="no readable search report" if i == 0 and ax is not fractions else None)
         for ax in (bins, drop):
             ax.legend(loc="best", fontsize="small")
         for ax in (bins, fractions, drop):

@@ -105,6 +105,8 @@ def test_plot_has_one_point_per_checkpoint_and_writes_a_png(searched, tmp_path):
     assert points[bins]["bins"] == points[drop]["drop"] == points[fractions]["prune"] == 5
     bins_y = [y for y in bins.get_lines()[0].get_ydata()]
     assert np.isnan(bins_y[3:]).all() and not np.isnan(bins_y[:3]).any()  # no search: gap
+    shaded = [p.get_x() for p in bins.patches if p.get_gid() == "no_search"]
+    assert shaded == [3.5]  # steps 4 and 5 (no report, an unreadable one): one shaded span
     data = out.read_bytes()
     assert data.startswith(PNG) and len(data) > 10_000
     assert sorted(os.listdir(tmp_path)) == ["s", "series.png"]  # no temporary left
