@@ -122,14 +122,15 @@ def test_bad_metadata_is_refused_before_writing(tmp_path):
 
 # -- verify before remove, retention ---------------------------------------------------------
 
-def _flip_a_byte_after_saving(callback, step):
-    """Damage the file of ``step`` right after the series writes it (storage gone bad)."""
+def _flip_a_byte_after_saving(callback, when, step=None):
+    """Damage the file of ``step`` (default: ``when``) right after the series saves step
+    ``when`` (storage gone bad)."""
     save = callback.series.save
 
     def damaged(at, *args, **kwargs):
         report = save(at, *args, **kwargs)
-        if at == step:
-            entry = next(e for e in callback.series.checkpoints() if e.step == at)
+        if at == when:
+            entry = next(e for e in callback.series.checkpoints() if e.step == (step or at))
             path = os.path.join(callback.series.directory, entry.file)
             with open(path, "r+b") as f:
                 f.seek(100)
@@ -145,10 +146,23 @@ def test_the_trainer_directory_is_removed_only_after_its_copy_verifies(tmp_path)
     _flip_a_byte_after_saving(callback, 4)
     with pytest.warns(UserWarning, match="step 4: the compressed copy .* failed its check"):
         trainer(tmp_path / "out", [callback]).train()
-    assert not (tmp_path / "out" / "checkpoint-2").exists()  # verified, then removed
     assert (tmp_path / "out" / "checkpoint-4").is_dir()  # its copy is damaged: kept
-    assert list(callback.unverified) == [4] and "BaseMismatchError" in callback.unverified[4]
+    # step 2, now a delta against the damaged step 4, cannot be restored either: kept too
+    assert (tmp_path / "out" / "checkpoint-2").is_dir()
+    assert sorted(callback.unverified) == [2, 4]
+    assert "BaseMismatchError" in callback.unverified[4]
     assert callback.series.steps() == [4]  # keep_last=1
+
+
+def test_a_step_whose_rewrite_as_a_delta_fails_keeps_its_directory(tmp_path):
+    callback = ink.Callback(tmp_path / "series", remove_checkpoint=True)
+    _flip_a_byte_after_saving(callback, 4, step=2)  # step 2's delta file, once written
+    with pytest.warns(UserWarning, match="step 2: .*after its rewrite as a delta"):
+        trainer(tmp_path / "out", [callback]).train()
+    assert list(callback.unverified) == [2]
+    assert (tmp_path / "out" / "checkpoint-2").is_dir()
+    assert not (tmp_path / "out" / "checkpoint-4").exists()  # whole and checked: removed
+    assert callback.series.checkpoints()[0].keyframe is False
 
 
 def test_keep_last_keeps_the_newest_steps_and_what_they_need(tmp_path):
