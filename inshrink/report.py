@@ -3,14 +3,15 @@
 Everything comes from the manifest and each checkpoint's index (sizes, tensor bytes, the
 search report in its metadata): no tensor payload is decoded, so a report of a long series
 takes as long as opening its files. matplotlib is needed for :func:`plot_series` only and is
-imported when it is called (``pip install "inshrink[plot]"``).
+imported when it is called (``pip install "inshrink[plot]"``); figures are rendered by its
+Agg canvas without pyplot, so no display is needed.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-from typing import Any
+from typing import Any, Callable
 
 from .atomic import AtomicFile
 from .convert import with_path
@@ -146,14 +147,25 @@ def format_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _pyplot() -> Any:
+def require_matplotlib() -> Callable[..., Any]:
+    """A maker of matplotlib figures drawn by the Agg canvas; InvalidArgumentError naming the
+    extra to install if matplotlib is missing.
+
+    The figures are made without pyplot: no display is needed, and the caller's pyplot
+    backend and open figures are left alone (``matplotlib.use("Agg")`` would switch a
+    notebook's backend)."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401  (first: its absence is what the message is about)
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
     except ImportError:
         raise InvalidArgumentError(f"plotting needs matplotlib: {PLOT_HINT}") from None
-    matplotlib.use("Agg")  # files only: no display needed, none opened
-    import matplotlib.pyplot as plt
-    return plt
+
+    def figure(**kwargs: Any) -> Any:
+        fig = Figure(**kwargs)
+        FigureCanvasAgg(fig)  # attaches itself: savefig renders with Agg
+        return fig
+    return figure
 
 
 def _unit(largest: float) -> tuple[str, float]:
@@ -169,15 +181,15 @@ def _human(count: int) -> str:
     return f"{count:,} bytes" if unit == "bytes" else f"{count * scale:,.2f} {unit}"
 
 
-def _scale(ax: Any, plt: Any) -> None:
+def _scale(ax: Any) -> None:
     """Linear from 0 unless the values spread over more than 20x (deltas far smaller than
     whole files): then logarithmic, with plain numbers as tick labels."""
     values = [v for line in ax.get_lines() for v in line.get_ydata() if v == v and v > 0]
     if values and max(values) > 20 * min(values):
         ax.set_yscale("log")
-        plain = plt.FuncFormatter(lambda v, _: f"{v:g}")
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plt.NullFormatter())
+        from matplotlib.ticker import FuncFormatter, NullFormatter
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
     elif values:
         ax.set_ylim(0, max(values) * 1.1)  # room above the highest point
 
@@ -226,16 +238,15 @@ def plot_series(directory: str | os.PathLike, out_png: str | os.PathLike | None 
     InvalidArgumentError
         matplotlib is not installed (``pip install "inshrink[plot]"``), or not a series.
     """
-    plt = _pyplot()
+    figure = require_matplotlib()
     if records is None:
         records = series_report(directory)
     if not records:
         raise InvalidArgumentError(f"{os.fspath(directory)}: the series is empty")
     searched = any(r["search"] for r in records)
     panels = 5 if searched else 2
-    fig, axes = plt.subplots(panels, 1, sharex=True, figsize=(9, 2.2 * panels + 0.8),
-                             squeeze=False, layout="constrained")
-    axes = axes[:, 0]
+    fig = figure(figsize=(9, 2.2 * panels + 0.8), layout="constrained")
+    axes = fig.subplots(panels, 1, sharex=True, squeeze=False)[:, 0]
     steps = [r["step"] for r in records]
     nan = float("nan")
 
@@ -262,7 +273,7 @@ def plot_series(directory: str | os.PathLike, out_png: str | os.PathLike | None 
     size.legend(loc="best", fontsize="small")
     ratio.set_ylabel("ratio (raw / stored)")
     for ax in (size, ratio):
-        _scale(ax, plt)
+        _scale(ax)
         ax.grid(True, which="major", alpha=0.3)
     if searched:
         bins, fractions, drop = axes[2], axes[3], axes[4]
@@ -270,7 +281,8 @@ def plot_series(directory: str | os.PathLike, out_png: str | os.PathLike | None 
         bins.plot(steps, values("embedding_bins"), "^--", label="embedding tables",
                   gid="embedding_bins")
         bins.set_yscale("log", base=2)
-        bins.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+        from matplotlib.ticker import FuncFormatter
+        bins.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         bins.set_ylabel("levels (bins)")
         fractions.plot(steps, values("prune", 100), "o-", color="tab:blue", label="pruned",
                        gid="prune")
@@ -313,7 +325,5 @@ def plot_series(directory: str | os.PathLike, out_png: str | os.PathLike | None 
             out.commit()
         except BaseException:
             out.abort()
-            plt.close(fig)
             raise
-    plt.close(fig)  # no pyplot state kept; the returned figure still draws and saves
     return fig

@@ -123,7 +123,8 @@ def test_plot_of_a_series_without_search_has_two_panels(tmp_path):
 
 
 def test_without_matplotlib_a_typed_error_says_how_to_install(searched, monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    for name in [n for n in sys.modules if n.split(".")[0] == "matplotlib"] + ["matplotlib"]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if it were not installed
     with pytest.raises(errors.InvalidArgumentError, match=r'pip install "inshrink\[plot\]"'):
         plot_series(searched, tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
