@@ -253,7 +253,8 @@ def run(workdir: str, args) -> dict:
                         raise SystemExit("inshrink: logits differ from the original's")
     median = {name: statistics.median(t) for name, t in times.items()}
     base = median["safetensors"]
-    print(f"\n{'loader':<12} {'bytes':>12} {'ratio':>7} {'load (median)':>14} {'vs safetensors':>15}")
+    print(f"\n{'loader':<12} {'bytes':>12} {'ratio':>7} {'load (median)':>14} "
+          f"{'vs safetensors':>15}")
     for name in loads:
         print(f"{name:<12} {sizes[name]:>12,} {sizes['safetensors'] / sizes[name]:>7.3f} "
               f"{median[name] * 1000:>11.1f} ms {median[name] / base:>14.2f}x")

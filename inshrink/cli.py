@@ -958,7 +958,7 @@ def _series_report(args, series, started: float) -> int:
             raise UsageError(f"{dst}: --plot writes a PNG file (give a name ending in .png)")
         _check_output(args.directory, dst, args.force)
         try:
-            _r.require_matplotlib()  # before reading the series: a missing matplotlib is a usage error
+            _r.require_matplotlib()  # first: a missing matplotlib is a usage error
         except InvalidArgumentError as exc:
             raise UsageError(str(exc)) from None
     records = _r.series_report(args.directory)

@@ -265,10 +265,10 @@ def plot_series(directory: str | os.PathLike, out_png: str | os.PathLike | None 
         ratio.plot([r["step"] for r in mine],
                    [nan if r["ratio"] is None else r["ratio"] for r in mine], marker,
                    color=color, label=f"{label} file", gid=label)
-    total = sum(r["stored_bytes"] for r in records)
+    stored = _human(sum(r["stored_bytes"] for r in records))
+    raw = _human(sum(r["tensor_bytes"] for r in records))
     size.set_title(f"{os.path.basename(os.path.abspath(directory))}: {len(records)} "
-                   f"checkpoints, {_human(total)} stored for {_human(sum(r['tensor_bytes'] for r in records))} "
-                   f"of tensors", loc="left")
+                   f"checkpoints, {stored} stored for {raw} of tensors", loc="left")
     size.set_ylabel(f"stored ({unit})")
     size.legend(loc="best", fontsize="small")
     ratio.set_ylabel("ratio (raw / stored)")
@@ -308,8 +308,9 @@ def plot_series(directory: str | os.PathLike, out_png: str | os.PathLike | None 
                                                for r in records])
         for ax in (bins, fractions, drop):
             for i, (left, right) in enumerate(unsearched):  # a gap that says why
+                named = i == 0 and ax is not fractions  # in the legends, once each
                 ax.axvspan(left, right, color="0.92", zorder=0, gid="no_search",
-                           label="no readable search report" if i == 0 and ax is not fractions else None)
+                           label="no readable search report" if named else None)
         for ax in (bins, drop):
             ax.legend(loc="best", fontsize="small")
         for ax in (bins, fractions, drop):
