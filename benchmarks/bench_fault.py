@@ -388,6 +388,8 @@ RUNS = {
     # of the learning rate's ratio), and the KL criterion with that square
     "loss": dict(method="inshrink", epsilon=0.05, failures=10,
                  checkpointer=dict(criterion="loss", epsilon_follows_lr=2)),
+    "loss0.1": dict(method="inshrink", epsilon=0.1, failures=10,
+                    checkpointer=dict(criterion="loss", epsilon_follows_lr=2)),
     "kl_sq": dict(method="inshrink", epsilon=0.05, failures=10,
                   checkpointer=dict(criterion="kl", epsilon_follows_lr=2)),
     # the named presets, no search (Checkpointer(policy=name), i.e. a Series with it)
