@@ -598,7 +598,7 @@ def test_epsilon_bounds_the_run_and_is_shared_by_the_restores(tmp_path):
     batches = [data(64, seed=500)]
     ckpt = Checkpointer(tmp_path / "c", model, optimizer, eval_batches=batches, epsilon=0.05,
                         max_evals=2)
-    assert ckpt.save(1)["search"]["epsilon"] == pytest.approx(0.005)
+    assert ckpt.save(1)["search"]["epsilon"] == pytest.approx(0.01)
     four = Checkpointer(tmp_path / "d", model, optimizer, eval_batches=batches, epsilon=0.05,
                         restores=4, max_evals=2, epsilon_follows_lr=False)
     assert four.search.epsilon == pytest.approx(0.0125)
