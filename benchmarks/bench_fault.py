@@ -53,7 +53,7 @@ Runs (``--only`` takes these names, comma-separated; ``ref`` always runs first):
                inshrink eps 0.005 / 0.002, F=10
 
 Epsilon is the Checkpointer's bound on the run's final quality, shared by its ``restores``
-(10): each checkpoint's search gets epsilon / 10 (before 2026-12-01, epsilon itself). Tasks
+(default 5): each checkpoint's search gets epsilon / 5 (before 2026-12-01, epsilon itself). Tasks
 with ``late_failures`` (gpt, mixer) restore every 2K steps, the last K before the end.
 
 The ``inshrink`` runs use the Checkpointer's defaults plus the task's recommended search
