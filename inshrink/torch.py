@@ -636,7 +636,7 @@ class Checkpointer:
         direction: an improvement on a few batches is luck), scaled by
         ``epsilon_follows_lr``. Measured with 10 restores of weights and optimizer state (the
         last 5% before the end), ``epsilon=0.05`` and the default ``restores`` ended within
-        0.5% of the uninterrupted run on four small tasks (benchmarks/RESULTS.md): the damage
+        0.9% of the uninterrupted run on four small tasks (benchmarks/RESULTS.md): the damage
         measured is a fraction of ``epsilon``, not a guarantee.
     restores : int
         The share of ``epsilon`` each checkpoint gets is ``1 / restores`` (default 5: on the
