@@ -13,7 +13,8 @@ parameters and buffers, ``optimizer.state.<index>.<key>`` for optimizer state (`
 from __future__ import annotations
 
 __all__ = ["Checkpointer", "GradientEMA", "quality_from", "state_to_numpy", "load_state",
-           "to_numpy", "to_torch", "OPTIMIZER_METADATA", "SEARCH_METADATA"]
+           "to_numpy", "to_torch", "OPTIMIZER_METADATA", "SEARCH_METADATA",
+           "save_file", "load_file", "save_model", "load_model", "save", "load"]
 
 import contextlib
 import functools
@@ -35,6 +36,7 @@ from .errors import InvalidArgumentError
 from .policy import Policy, resolve
 from .search import Quality, Search, SearchSpace
 from .series import SEARCH_KEY as SEARCH_METADATA, Series
+from .torch_files import load, load_file, load_model, save, save_file, save_model
 
 MODEL = "model."
 OPTIMIZER = "optimizer."
