@@ -11,6 +11,7 @@ import fnmatch
 import math
 import re
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Mapping
 
 from .errors import InvalidArgumentError
@@ -202,7 +203,7 @@ class Policy:
         return role, config
 
 
-PRESETS: dict[str, Policy] = {
+PRESETS: Mapping[str, Policy] = MappingProxyType({
     "lossless": Policy(),
     "balanced": Policy({
         "weight": QuantConfig(bins=64, protect=0.0005),
@@ -222,7 +223,7 @@ PRESETS: dict[str, Policy] = {
         "exp_avg": QuantConfig(bins=2, protect=0.0005),
         "exp_avg_sq": QuantConfig(bins=2, protect=0.0005),
     }),
-}
+})
 """Named policies. ``balanced`` follows measurements on real runs: 64 weight levels cost
 nothing measurable, moments in the log domain are harmless at 8-16 levels. ``compact`` is
 ``aggressive`` with 2 levels per moment (sign and magnitude class): resumed training measured

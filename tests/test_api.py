@@ -244,3 +244,13 @@ def test_writer_checks_the_base_reference(tmp_path):
                              base_file={"file": "b.ink", "sha256": "not hex"}) as w:
             w.add("x", np.ones(3, np.float32))
     assert os.listdir(tmp_path) == []
+
+
+def test_presets_cannot_be_replaced_or_added():
+    import pytest
+    from inshrink.policy import PRESETS
+    with pytest.raises(TypeError):
+        PRESETS["balanced"] = PRESETS["lossless"]
+    with pytest.raises(TypeError):
+        PRESETS["mine"] = PRESETS["lossless"]
+    assert set(PRESETS) == {"lossless", "balanced", "aggressive", "compact"}
