@@ -487,16 +487,22 @@ def _transfer_summary(args, report: dict, src: str, dst: str) -> None:
 
 # -- commands --------------------------------------------------------------------------------
 
+def _source_and_destination(args, in_ext: str, out_ext: str, dir_suffix: str):
+    """The input's files, whether it is a directory, and the checked output path."""
+    src = args.source = args.input
+    sources = _files_in(src, in_ext)
+    is_dir = os.path.isdir(src)
+    dst = args.destination = args.output or _default_output(
+        src, is_dir, in_ext, out_ext, dir_suffix)
+    _check_output(src, dst, args.force)
+    return src, sources, is_dir, dst
+
+
 def cmd_compress(args, started: float) -> int:
     from . import convert
     from .errors import InshrinkError
     from .progress import ProgressBar
-    src = args.source = args.input
-    sources = _files_in(src, ".safetensors")
-    is_dir = os.path.isdir(src)
-    dst = args.destination = args.output or _default_output(
-        src, is_dir, ".safetensors", ".ink", "-ink")
-    _check_output(src, dst, args.force)
+    src, sources, is_dir, dst = _source_and_destination(args, ".safetensors", ".ink", "-ink")
     policy = _policy(args)
     _check_lossy_overwrite(args, dst, policy not in (None, "lossless"))
     bar = ProgressBar(sum(os.path.getsize(s) for s in sources), "compress",
@@ -570,12 +576,8 @@ def cmd_decompress(args, started: float) -> int:
     from . import convert
     from .errors import InshrinkError
     from .progress import ProgressBar
-    src = args.source = args.input
-    sources = _files_in(src, ".ink")
-    is_dir = os.path.isdir(src)
-    dst = args.destination = args.output or _default_output(
-        src, is_dir, ".ink", ".safetensors", "-safetensors")
-    _check_output(src, dst, args.force)
+    src, sources, is_dir, dst = _source_and_destination(args, ".ink", ".safetensors",
+                                                        "-safetensors")
     for path in sources:
         convert.check_ink(path)
     indexes = {path: _ink_details(path)["tensors"] for path in sources}
