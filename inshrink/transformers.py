@@ -45,7 +45,8 @@ from . import convert
 from .errors import CorruptError, InshrinkError, InvalidArgumentError
 from .policy import Policy
 from .series import Series
-from .torch import GROUPS, MODEL, OPTIMIZER, STATE, _decode, _encode, to_numpy, to_torch
+from .torch import (GROUPS, MODEL, OPTIMIZER, STATE, decode_nested, encode_nested, to_numpy,
+                    to_torch)
 
 __all__ = ["from_pretrained", "save_pretrained", "lossy_summary", "Callback",
            "checkpoint_to_numpy", "restore_checkpoint", "CHECKPOINT_METADATA"]
@@ -190,11 +191,11 @@ def _optimizer_arrays(state_dict: Any, arrays: dict[str, np.ndarray]) -> dict:
     for key, value in state_dict.items():
         if key == "state" and isinstance(value, dict):
             # [index, values] pairs: JSON object keys would turn integer indices into strings
-            doc[key] = [[k, _encode(v, f"{STATE}{k}", arrays)] for k, v in value.items()]
+            doc[key] = [[k, encode_nested(v, f"{STATE}{k}", arrays)] for k, v in value.items()]
         elif key == "param_groups" and isinstance(value, list):
-            doc[key] = [_encode(g, f"{GROUPS}{i}", arrays) for i, g in enumerate(value)]
+            doc[key] = [encode_nested(g, f"{GROUPS}{i}", arrays) for i, g in enumerate(value)]
         else:
-            doc[key] = _encode(value, f"{OPTIMIZER}{key}", arrays)
+            doc[key] = encode_nested(value, f"{OPTIMIZER}{key}", arrays)
     return doc
 
 
@@ -204,11 +205,11 @@ def _optimizer_state(doc: dict, tensors: Mapping[str, np.ndarray]) -> dict:
     state = {}
     for key, value in doc.items():
         if key == "state":
-            state[key] = {k: _decode(v, f"{STATE}{k}", tensors, used) for k, v in value}
+            state[key] = {k: decode_nested(v, f"{STATE}{k}", tensors, used) for k, v in value}
         elif key == "param_groups":
-            state[key] = [_decode(g, f"{GROUPS}{i}", tensors, used) for i, g in enumerate(value)]
+            state[key] = [decode_nested(g, f"{GROUPS}{i}", tensors, used) for i, g in enumerate(value)]
         else:
-            state[key] = _decode(value, f"{OPTIMIZER}{key}", tensors, used)
+            state[key] = decode_nested(value, f"{OPTIMIZER}{key}", tensors, used)
     return state
 
 

@@ -646,7 +646,7 @@ def test_bad_max_rel_l2(tmp_path, kwargs):
     ("0.002", 0.002), ("None", None), ("nan", None), ("inf", None), ("-1e-3", None),
     ("0", None), (None, None)])
 def test_recorded_peak_learning_rate_is_a_positive_number_or_ignored(value, expected):
-    from inshrink.torch import PEAK_LR_METADATA, _peak_lr
+    from inshrink.torch.checkpointer import PEAK_LR_METADATA, _peak_lr
     metadata = {} if value is None else {PEAK_LR_METADATA: value}
     assert _peak_lr(metadata) == expected
 

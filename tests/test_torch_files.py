@@ -4,7 +4,7 @@ import safetensors.torch
 import torch
 
 from inshrink.errors import CorruptError, InvalidArgumentError
-from inshrink.torch_files import load, load_file, load_model, save, save_file, save_model
+from inshrink.torch import load, load_file, load_model, save, save_file, save_model
 
 torch.set_num_threads(1)
 

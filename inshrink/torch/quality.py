@@ -1,0 +1,159 @@
+"""Quality callbacks for the configuration search: a model's loss, KL or metric on held-out
+batches with candidate weights substituted."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch.func import functional_call
+
+from ..errors import InvalidArgumentError
+from ..search import Quality
+from .convert import to_torch
+from .state import MODEL, names_list
+
+__all__ = ["CRITERIA", "quality_from"]
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """``model.eval()`` for the block, then every submodule's own mode back."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def _substitute(model: torch.nn.Module,
+                state: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """The model's state_dict with the ``model.*`` tensors of ``state`` in place of its own,
+    in the live tensors' dtypes and devices."""
+    live = model.state_dict()
+    unknown = [n for n in state if n.startswith(MODEL) and n[len(MODEL):] not in live]
+    if unknown:
+        raise InvalidArgumentError(f"tensors not in the model: {names_list(unknown)}")
+    values = {}
+    for name, current in live.items():
+        if MODEL + name not in state:
+            values[name] = current
+            continue
+        value = to_torch(state[MODEL + name])
+        if value.shape != current.shape:
+            raise InvalidArgumentError(f"{MODEL}{name} has shape {tuple(value.shape)}, the "
+                                       f"model expects {tuple(current.shape)}")
+        values[name] = value.to(device=current.device, dtype=current.dtype)
+    return values
+
+
+def _forward(model: torch.nn.Module, values: dict[str, torch.Tensor], inputs: Any) -> Any:
+    """The model's output on ``inputs`` (a tuple: arguments, a dict: keyword arguments)."""
+    if isinstance(inputs, dict):
+        return functional_call(model, values, (), inputs)
+    args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    return functional_call(model, values, args)
+
+
+CRITERIA = ("loss", "kl")
+
+
+class _OutputKL:
+    """``criterion="kl"`` of :func:`quality_from`: the live model's loss plus the mean KL
+    divergence of a candidate's output distribution from the live model's."""
+
+    def __init__(self, model: torch.nn.Module, batches: list, loss_fn: Callable) -> None:
+        self.model, self.batches, self.loss_fn = model, batches, loss_fn
+        self.reference: tuple[float, list[torch.Tensor]] | None = None
+
+    def reset(self) -> None:
+        """Forget the live model's outputs (it has trained since)."""
+        self.reference = None
+
+    def _reference(self) -> tuple[float, list[torch.Tensor]]:
+        if self.reference is None:
+            live = _substitute(self.model, {})
+            loss, log_probs = 0.0, []
+            for inputs, targets in self.batches:
+                outputs = _forward(self.model, live, inputs)
+                loss += float(self.loss_fn(outputs, targets))
+                log_probs.append(torch.log_softmax(outputs.float(), dim=-1))
+            self.reference = loss / len(self.batches), log_probs
+        return self.reference
+
+    def __call__(self, state: dict[str, np.ndarray]) -> float:
+        with _eval_mode(self.model), torch.no_grad():
+            fresh = self.reference is None
+            loss, reference = self._reference()
+            values = _substitute(self.model, state)
+            if fresh:  # the weights the reference was just made from need no second pass
+                live = _substitute(self.model, {})
+                if all(torch.equal(values[name], live[name]) for name in values):
+                    return loss
+            kl = 0.0
+            for (inputs, _), ref in zip(self.batches, reference):
+                log_q = torch.log_softmax(_forward(self.model, values, inputs).float(), dim=-1)
+                kl += float((ref.exp() * (ref - log_q)).sum(-1).mean())
+        return loss + kl / len(self.batches)
+
+
+def quality_from(model: torch.nn.Module, batches: Sequence[tuple[Any, Any]],
+                 loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+                 metric: Callable[[Any, Any], float] | None = None,
+                 criterion: str = "loss") -> Quality:
+    """A quality callback for :class:`inshrink.search.Search`: the model evaluated with
+    substituted weights.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Never modified: the weights are substituted with ``torch.func.functional_call``, in
+        eval mode and without gradients (each submodule's mode is restored afterwards).
+    batches : sequence of (inputs, targets)
+        Held-out batches on the model's device; ``inputs`` a tensor, a tuple of positional
+        arguments or a dict of keyword arguments.
+    loss_fn : callable, optional
+        ``loss_fn(outputs, targets) -> scalar tensor`` (default: cross-entropy); the quality
+        is its mean over the batches, lower is better.
+    metric : callable, optional
+        Instead of a loss: ``metric(outputs, targets) -> float``, higher is better
+        (``Search(higher_is_better=True)``).
+    criterion : {"loss", "kl"}
+        ``"loss"``: the loss (or metric) of the substituted weights. ``"kl"``, for models
+        whose outputs are logits over their last dimension: the live model's loss plus the
+        mean KL divergence of the substituted model's output distribution from the live
+        model's, a low-noise estimate of the loss a perturbation adds (it measures the change
+        at every position over every class, where the loss difference on targets averages
+        changes of either sign; docs/decisions.md). The live model's log-probabilities are
+        kept between calls (batches × positions × classes × 4 bytes) until ``reset()``,
+        which the returned callable then has.
+
+    Returns
+    -------
+    callable
+        ``quality(state) -> float``; tensors ``state`` lacks keep the live model's values.
+    """
+    if loss_fn is not None and metric is not None:
+        raise InvalidArgumentError("give either loss_fn or metric, not both")
+    if criterion not in CRITERIA:
+        raise InvalidArgumentError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
+    if criterion == "kl" and metric is not None:
+        raise InvalidArgumentError("criterion='kl' adds to a loss, not to a metric")
+    batches = list(batches)
+    if not batches:
+        raise InvalidArgumentError("batches must hold at least one (inputs, targets) pair")
+    if criterion == "kl":
+        return _OutputKL(model, batches, loss_fn or torch.nn.functional.cross_entropy)
+    score = metric or loss_fn or torch.nn.functional.cross_entropy
+
+    def quality(state: dict[str, np.ndarray]) -> float:
+        values = _substitute(model, state)
+        with _eval_mode(model), torch.no_grad():
+            total = sum(float(score(_forward(model, values, inputs), targets))
+                        for inputs, targets in batches)
+        return total / len(batches)
+
+    return quality

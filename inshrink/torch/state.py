@@ -1,0 +1,248 @@
+"""Model and optimizer state as named numpy arrays plus JSON metadata, and back.
+
+Tensor names follow the conventions :func:`inshrink.policy.role_of` recognises:
+``model.<state_dict name>`` for parameters and buffers, ``optimizer.state.<index>.<key>`` for
+optimizer state; everything else of the optimizer (parameter groups, scalars) is JSON in the
+metadata under :data:`OPTIMIZER_METADATA`.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import InvalidArgumentError
+from .convert import to_numpy, to_torch
+
+__all__ = ["MODEL", "OPTIMIZER", "STATE", "GROUPS", "OPTIMIZER_METADATA", "encode_nested",
+           "decode_nested", "names_list", "state_to_numpy", "load_state"]
+
+MODEL = "model."
+OPTIMIZER = "optimizer."
+STATE = "optimizer.state."
+GROUPS = "optimizer.param_groups."
+OPTIMIZER_METADATA = "inshrink.torch.optimizer"
+_FORMAT = 1
+
+# JSON cannot tell a tuple from a list, nor hold a tensor: such values become tagged objects
+_TUPLE = "__tuple__"
+_TENSOR = "__tensor__"
+
+# optimizer state that has its parameter's shape, checked on load
+_PER_ELEMENT = frozenset({"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer",
+                          "square_avg", "acc_delta", "sum"})
+
+
+def names_list(names: Sequence[str], limit: int = 10) -> str:
+    """A bounded, readable list of names for an error message."""
+    names = sorted(names)
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+# -- nested values as JSON plus named arrays -------------------------------------------------
+
+def encode_nested(value: Any, name: str, arrays: dict[str, np.ndarray]) -> Any:
+    """``value`` as JSON-able data; its tensors go to ``arrays`` under names from their path."""
+    if isinstance(value, torch.Tensor):
+        if name in arrays:
+            raise InvalidArgumentError(f"two optimizer values map to the tensor name {name!r}")
+        arrays[name] = to_numpy(value, name)
+        return {_TENSOR: None}
+    if isinstance(value, tuple):
+        return {_TUPLE: [encode_nested(v, f"{name}.{i}", arrays) for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [encode_nested(v, f"{name}.{i}", arrays) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise InvalidArgumentError(f"{name}: dictionaries need string keys to be stored")
+        return {k: encode_nested(v, f"{name}.{k}", arrays) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise InvalidArgumentError(f"{name}: cannot store a {type(value).__name__} value")
+
+
+def decode_nested(data: Any, name: str, tensors: Mapping[str, np.ndarray], used: set[str]) -> Any:
+    """The inverse of :func:`encode_nested`."""
+    if isinstance(data, dict):
+        if set(data) == {_TENSOR}:
+            if name not in tensors:
+                raise InvalidArgumentError(f"the checkpoint lacks the optimizer tensor {name!r}")
+            used.add(name)
+            return to_torch(tensors[name])
+        if set(data) == {_TUPLE}:
+            return tuple(decode_nested(v, f"{name}.{i}", tensors, used)
+                         for i, v in enumerate(data[_TUPLE]))
+        return {k: decode_nested(v, f"{name}.{k}", tensors, used) for k, v in data.items()}
+    if isinstance(data, list):
+        return [decode_nested(v, f"{name}.{i}", tensors, used) for i, v in enumerate(data)]
+    return data
+
+
+def _optimizer_to_numpy(optimizer: torch.optim.Optimizer,
+                        arrays: dict[str, np.ndarray]) -> str:
+    """Put the optimizer's tensors into ``arrays``; return the rest as JSON."""
+    state_dict = optimizer.state_dict()
+    # [key, values] pairs: JSON object keys would turn the integer indices into strings
+    state = [[key, {k: encode_nested(v, f"{STATE}{key}.{k}", arrays) for k, v in values.items()}]
+             for key, values in state_dict["state"].items()]
+    groups = [encode_nested(group, f"{GROUPS}{g}", arrays)
+              for g, group in enumerate(state_dict["param_groups"])]
+    return json.dumps({"format": _FORMAT, "state": state, "param_groups": groups})
+
+
+def _optimizer_from_numpy(optimizer: torch.optim.Optimizer, tensors: Mapping[str, np.ndarray],
+                          metadata: Mapping[str, str], used: set[str]) -> dict:
+    """The optimizer state_dict that ``tensors`` and ``metadata`` describe, checked against
+    ``optimizer``'s parameters."""
+    try:
+        doc = json.loads(metadata[OPTIMIZER_METADATA])
+        state, groups = doc["state"], doc["param_groups"]
+        if doc.get("format") != _FORMAT:
+            raise ValueError(f"unknown format {doc.get('format')!r}")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"the metadata holds no optimizer state "
+                                   f"({OPTIMIZER_METADATA!r}: {exc})") from None
+    state_dict = {
+        "state": {key: {k: decode_nested(v, f"{STATE}{key}.{k}", tensors, used)
+                        for k, v in values.items()} for key, values in state},
+        "param_groups": [decode_nested(group, f"{GROUPS}{g}", tensors, used)
+                         for g, group in enumerate(groups)],
+    }
+    _check_optimizer(optimizer, state_dict)
+    return state_dict
+
+
+def _check_optimizer(optimizer: torch.optim.Optimizer, state_dict: dict) -> None:
+    """Raise unless ``state_dict`` fits the optimizer's groups and parameter shapes."""
+    groups = state_dict["param_groups"]
+    sizes = [len(g["params"]) for g in groups]
+    expected = [len(g["params"]) for g in optimizer.param_groups]
+    if sizes != expected:
+        raise InvalidArgumentError(f"the checkpoint's optimizer has parameter groups of sizes "
+                                   f"{sizes}, this optimizer {expected}")
+    params = {index: p for saved, live in zip(groups, optimizer.param_groups)
+              for index, p in zip(saved["params"], live["params"])}
+    for index, values in state_dict["state"].items():
+        param = params.get(index)
+        if param is None:
+            raise InvalidArgumentError(f"optimizer state for unknown parameter {index!r}")
+        for key, value in values.items():
+            if key in _PER_ELEMENT and isinstance(value, torch.Tensor) \
+                    and value.shape != param.shape:
+                raise InvalidArgumentError(
+                    f"{STATE}{index}.{key} has shape {tuple(value.shape)}, its parameter "
+                    f"{tuple(param.shape)}")
+
+
+# -- model and optimizer state -------------------------------------------------------------
+
+def state_to_numpy(model: torch.nn.Module | None = None,
+                   optimizer: torch.optim.Optimizer | None = None,
+                   ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """A model's and an optimizer's state as named numpy arrays plus string metadata.
+
+    Parameters
+    ----------
+    model : torch.nn.Module, optional
+        Its ``state_dict()`` (parameters and persistent buffers) becomes ``model.<name>``.
+    optimizer : torch.optim.Optimizer, optional
+        Its tensors become ``optimizer.state.<index>.<key>`` (and
+        ``optimizer.param_groups.<group>.<key>`` for tensor hyperparameters); everything else
+        (hyperparameters, non-tensor state) is JSON under the metadata key
+        ``"inshrink.torch.optimizer"``.
+
+    Returns
+    -------
+    tensors : dict of str to numpy.ndarray
+        CPU tensors' arrays share their memory (nothing is copied), so save them before the
+        next optimizer step. bf16/fp8 are :mod:`ml_dtypes` arrays; 0-d tensors (Adam's
+        ``step``) 0-d arrays.
+    metadata : dict of str to str
+        What :func:`load_state` needs besides the tensors.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    metadata: dict[str, str] = {}
+    if model is not None:
+        for name, value in model.state_dict().items():
+            if not isinstance(value, torch.Tensor):
+                raise InvalidArgumentError(f"{MODEL}{name}: model state that is not a tensor "
+                                           f"({type(value).__name__}) cannot be stored")
+            arrays[MODEL + name] = to_numpy(value, MODEL + name)
+    if optimizer is not None:
+        metadata[OPTIMIZER_METADATA] = _optimizer_to_numpy(optimizer, arrays)
+    return arrays, metadata
+
+
+def _model_state(model: torch.nn.Module, tensors: Mapping[str, np.ndarray], strict: bool,
+                 used: set[str]) -> dict[str, torch.Tensor]:
+    """The model state_dict held by ``tensors``, checked against the model's."""
+    live = model.state_dict()
+    missing = [MODEL + n for n in live if MODEL + n not in tensors]
+    extra = [n for n in tensors if n.startswith(MODEL) and n[len(MODEL):] not in live]
+    if strict and (missing or extra):
+        raise InvalidArgumentError(
+            "the checkpoint does not match the model: "
+            + "; ".join(f"{what} {names_list(names)}" for what, names in
+                        (("missing", missing), ("unexpected", extra)) if names))
+    state = {}
+    for name, current in live.items():
+        if MODEL + name not in tensors:
+            continue
+        value = to_torch(tensors[MODEL + name])
+        if isinstance(current, torch.Tensor) and value.shape != current.shape:
+            raise InvalidArgumentError(f"{MODEL}{name} has shape {tuple(value.shape)}, the "
+                                       f"model expects {tuple(current.shape)}")
+        state[name] = value
+        used.add(MODEL + name)
+    return state
+
+
+def load_state(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None,
+               model: torch.nn.Module | None = None,
+               optimizer: torch.optim.Optimizer | None = None, strict: bool = True) -> None:
+    """Load what :func:`state_to_numpy` produced into a model and/or an optimizer.
+
+    Everything is checked before either is modified.
+
+    Parameters
+    ----------
+    tensors : mapping of str to numpy.ndarray
+        E.g. from :func:`inshrink.load` or :meth:`inshrink.Series.load`. The optimizer takes
+        over arrays of its own dtype without a copy (as ``torch.load`` does), so do not reuse
+        them afterwards.
+    metadata : mapping of str to str
+        Needed with an optimizer (its hyperparameters and non-tensor state).
+    model, optimizer : optional
+        What to load into; tensors of the other one are ignored.
+    strict : bool
+        Raise for model tensors missing from ``tensors`` and for names that neither the model
+        nor the optimizer use.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Names missing or unexpected (named in the message), wrong shapes, optimizer groups
+        that differ, no optimizer metadata.
+    """
+    if not isinstance(tensors, Mapping):
+        raise InvalidArgumentError("tensors must be a mapping of names to arrays")
+    used: set[str] = set()
+    model_state = None if model is None else _model_state(model, tensors, strict, used)
+    optimizer_state = None
+    if optimizer is not None:
+        optimizer_state = _optimizer_from_numpy(optimizer, tensors, metadata or {}, used)
+    unused = [n for n in tensors if n not in used
+              and not (model is None and n.startswith(MODEL))
+              and not (optimizer is None and n.startswith(OPTIMIZER))]
+    if strict and unused:
+        raise InvalidArgumentError(f"unexpected tensors in the checkpoint: {names_list(unused)}")
+    try:
+        if model_state is not None:
+            model.load_state_dict(model_state, strict=strict)
+        if optimizer_state is not None:
+            optimizer.load_state_dict(optimizer_state)
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise InvalidArgumentError(f"torch refused the checkpoint: {exc}") from None
