@@ -1,30 +1,24 @@
-"""Which tensors are quantized, and how: QuantConfig, tensor roles, policies and presets.
+"""Which tensors are quantized, and how: QuantConfig, policies and presets.
 
 A policy maps every tensor to a :class:`QuantConfig` (lossy) or ``None`` (lossless) from its
-*role*, recognised from its name, dtype and size (PyTorch-style names such as
-``model.layers.3.attn.q_proj.weight`` or ``optimizer.state.3.exp_avg``), with overrides by
+*role* (:mod:`inshrink.roles`: recognised from its name, dtype and size), with overrides by
 name pattern.
 """
 from __future__ import annotations
 
 import fnmatch
 import math
-import re
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping
 
 from .errors import InvalidArgumentError
+from .roles import (LOSSY_DTYPES, ROLES, SMALL_MOMENT, SMALL_TENSOR,  # noqa: F401 (re-exported)
+                    role_of)
 
 DOMAINS = ("linear", "log", "signed_log", "factored")
 PRUNE_METRICS = ("magnitude", "sensitivity")
 MAX_BINS = 65_000  # levels + zero + escape must fit 16-bit codes
-
-ROLES = ("weight", "embedding", "exp_avg", "exp_avg_sq", "small", "exact")
-"""Tensor roles. ``small`` (biases, norms, scalars) and ``exact`` (integers, bool, steps,
-fp8, complex) are always stored losslessly."""
-
-LOSSY_DTYPES = ("F64", "F32", "F16", "BF16")
 
 
 @dataclass(frozen=True)
@@ -103,40 +97,6 @@ class QuantConfig:
 
 DEFAULT_DOMAIN = {"weight": "linear", "embedding": "linear", "exp_avg": "signed_log",
                   "exp_avg_sq": "log"}
-
-_EXP_AVG_SQ = re.compile(r"(^|[._])(exp_avg_sq|max_exp_avg_sq|square_avg|sum)$")
-_EXP_AVG = re.compile(r"(^|[._])(exp_avg|momentum_buffer|momentum)$")
-_EXACT = re.compile(r"(^|[._])(step|steps|num_batches_tracked)$")
-_EMBEDDING = re.compile(r"(embed|wte|wpe|tok_emb|pos_emb|lm_head)", re.IGNORECASE)
-# short module names hand-written models give their token and position tables and output head
-# (``model.tok.weight``, ``model.pos.weight``, ``model.head.weight``): matched as whole name
-# components only, so that e.g. ``heads`` or ``position_bias`` are not
-_EMBEDDING_PART = re.compile(r"(^|\.)(tok|tokens?|pos|wte|wpe|head|lm_head|output_head|"
-                             r"unembed|vocab|word_embeddings|position_embeddings)\.weight$",
-                             re.IGNORECASE)
-
-SMALL_TENSOR = 4096
-"""Weights with fewer elements, or with fewer than two dimensions, are stored losslessly."""
-
-SMALL_MOMENT = 256
-"""Optimizer moments with fewer elements are stored losslessly. Smaller than for weights: the
-moments of biases and norms quantize as well as any others, and on a model with many of them
-they were a fifth of a lossy series (docs/decisions.md); below ~1 KB, the records of a quantized
-tensor cost about as much as its lossless bytes."""
-
-
-def role_of(name: str, dtype: str, shape: tuple[int, ...]) -> str:
-    """The role of a tensor from its name, file dtype name and shape."""
-    if dtype not in LOSSY_DTYPES or _EXACT.search(name):
-        return "exact"
-    if _EXP_AVG_SQ.search(name):
-        return "exp_avg_sq" if math.prod(shape) >= SMALL_MOMENT else "small"
-    if _EXP_AVG.search(name):
-        return "exp_avg" if math.prod(shape) >= SMALL_MOMENT else "small"
-    if len(shape) < 2 or math.prod(shape) < SMALL_TENSOR:
-        return "small"
-    embedding = _EMBEDDING.search(name) or _EMBEDDING_PART.search(name)
-    return "embedding" if embedding else "weight"
 
 
 @dataclass(frozen=True)
