@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import inshrink
 from inshrink.errors import CorruptError, InvalidArgumentError
 from inshrink.policy import role_of
-from inshrink.search import MAX_SHIFT_BITS, Choice, Search, SearchSpace, _Evaluator, allocation
+from inshrink.search import MAX_SHIFT_BITS, Choice, Evaluator, Search, SearchSpace, allocation
 
 SPACE = SearchSpace()
 POINTS = list(itertools.product(*(range(len(a)) for a in SPACE.axes())))
@@ -64,15 +64,15 @@ def synthetic_encoding(monkeypatch):
         marker = np.frombuffer(json.dumps(choice.to_dict()).encode(), np.uint8)
         point = SPACE.point(choice)
         return {"cfg": marker}, int(self._size_table()[point]), synthetic_rel_l2(point)
-    monkeypatch.setattr(_Evaluator, "_roundtrip", roundtrip)
-    monkeypatch.setattr(_Evaluator, "_size_table", lambda self: TABLE)
+    monkeypatch.setattr(Evaluator, "_roundtrip", roundtrip)
+    monkeypatch.setattr(Evaluator, "_size_table", lambda self: TABLE)
 
 
 @pytest.fixture
 def monotone_sizes(monkeypatch, synthetic_encoding):
     """Sizes growing with precision on every axis (bins weigh most)."""
     sizes = np.tensordot(np.array([1000.0, 100.0, 10.0, 1.0]), np.indices(SHAPE), axes=1)
-    monkeypatch.setattr(_Evaluator, "_size_table", lambda self: sizes + 1)
+    monkeypatch.setattr(Evaluator, "_size_table", lambda self: sizes + 1)
 
 
 def expected_bits(point):

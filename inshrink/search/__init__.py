@@ -1,0 +1,37 @@
+"""Per-checkpoint configuration search (the paper's section 5).
+
+Given the state to compress and a quality callback (the caller's loss or accuracy on a few
+held-out batches), :class:`Search` picks the most compressive configuration of the weights
+whose quality stays within a relative ``epsilon`` of the uncompressed state:
+
+* the first checkpoint gets the *guided search* over the configuration cube (bins, embedding
+  bins, prune fraction, protect fraction), once per prune metric: quality is monotone along
+  every axis, so a binary search along the cube's diagonal finds a feasible point, and only
+  the sub-cubes that can hold a smaller feasible point are searched next, most promising
+  first (branch and bound on an expected size);
+* later checkpoints get the *neighbourhood search*: the previous choice and its neighbours one
+  step towards more precision (never more aggressive), smallest expected size first, the first
+  feasible one wins; when none is feasible, the guided search over the cube above the previous
+  choice.
+
+Every evaluation compresses the searched tensors with the candidate configuration, decodes
+them and calls the callback, so a chosen configuration is one whose *actual* encoding was
+measured within ``epsilon``; a hard cap bounds the evaluations, and when nothing feasible is
+found the weights are stored losslessly. Optimizer moments are not seen by a model-quality
+callback: they get the fixed configurations of the search space. All weight tensors share a
+configuration's bins unless ``SearchSpace.per_tensor_bins`` spreads them by curvature
+(:func:`allocation`). The decisions behind the rules are recorded in ``docs/decisions.md``.
+
+The package: :mod:`.space` (the cube, :class:`Choice`), :mod:`.allocation` (per-tensor bits),
+:mod:`.evaluate` (candidate evaluations and expected sizes), :mod:`.walk` (the guided and
+neighbourhood walks) and :mod:`.choose` (:class:`Search`).
+"""
+from .allocation import ALLOCATION_SAMPLE, MAX_SHIFT_BITS, Shifts, allocation, shifted
+from .choose import SEARCHED_ROLES, Search, SearchResult
+from .evaluate import SAMPLE, Evaluator
+from .space import Choice, Point, Quality, SearchSpace
+from .walk import NEIGHBOURHOOD, SIGNIFICANT, guided, neighbourhood
+
+__all__ = ["ALLOCATION_SAMPLE", "MAX_SHIFT_BITS", "NEIGHBOURHOOD", "SAMPLE", "SEARCHED_ROLES",
+           "SIGNIFICANT", "Choice", "Evaluator", "Point", "Quality", "Search", "SearchResult",
+           "SearchSpace", "Shifts", "allocation", "guided", "neighbourhood", "shifted"]

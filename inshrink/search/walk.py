@@ -1,0 +1,147 @@
+"""The walks over the configuration cube: the guided search (diagonal binary search, then
+best-first branch and bound over the sub-cubes) and the neighbourhood search around the
+previous choice."""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+
+from .evaluate import Evaluator
+from .space import Choice, Point
+
+NEIGHBOURHOOD = 1
+"""Radius of the neighbourhood search, in steps along each axis."""
+SIGNIFICANT = 0.25
+"""The other prune metric is adopted when it lowers the quality drop by this share of ε."""
+
+
+def _diagonal(lo: Point, hi: Point) -> list[Point]:
+    steps = max(h - l for l, h in zip(lo, hi))
+    if steps == 0:
+        return [lo]
+    return [tuple(l + round(t * (h - l) / steps) for l, h in zip(lo, hi))
+            for t in range(steps + 1)]
+
+
+def _first_feasible(ev: Evaluator, points: list[Point], metric: str,
+                    phase: str) -> Point | None:
+    """Binary search for the least precise feasible point of a monotone chain of points."""
+    def feasible(p: Point) -> bool | None:
+        known = ev.known(p, metric)
+        if known is not None:
+            return known
+        result = ev.evaluate(p, metric, phase)
+        return None if result is None else result["feasible"]
+
+    top = feasible(points[-1])
+    if not top:
+        return None
+    lo, hi = 0, len(points) - 1  # points[hi] is feasible
+    while lo < hi:
+        mid = (lo + hi) // 2
+        ok = feasible(points[mid])
+        if ok is None:
+            break  # cap reached: keep the feasible point we have
+        if ok:
+            hi = mid
+        else:
+            lo = mid + 1
+    return points[hi]
+
+
+def _best(ev: Evaluator, metrics: list[str]) -> Choice | None:
+    """The smallest feasible evaluated configuration of the given metrics."""
+    feasible = [(r["stored_bytes"], i, p, m) for i, ((p, m), r) in
+                enumerate(ev.results.items()) if r["feasible"] and m in metrics]
+    if not feasible:
+        return None
+    _, _, point, metric = min(feasible)
+    return ev.space.choice(point, metric)
+
+
+def guided(ev: Evaluator, lo: Point, hi: Point, metrics: list[str],
+           phase: str) -> tuple[Choice | None, str]:
+    """Guided search of the cube [lo, hi] once per prune metric."""
+    for k, metric in enumerate(metrics):
+        ev.budget = ev.search.max_evals
+        ev.budget = len(ev.log) + ev.left // (len(metrics) - k)  # share the cap
+        _guided_one(ev, lo, hi, metric, phase)
+    ev.budget = ev.search.max_evals
+    best = _best(ev, metrics)
+    if best is None:
+        return None, "no feasible configuration: weights stored losslessly"
+    return best, "smallest feasible configuration found by the guided search"
+
+
+def _guided_one(ev: Evaluator, lo: Point, hi: Point, metric: str, phase: str) -> None:
+    """Diagonal binary search, then best-first branch and bound over the sub-cubes it
+    leaves: a cube is searched only if its smallest expected size can beat the best
+    feasible point found, and not at all when its most precise corner is infeasible."""
+    best_bits = math.inf
+    tie = itertools.count()
+    cubes = [(ev.region_min(lo, hi)[0], next(tie), lo, hi)]
+    while cubes and ev.left > 0:
+        bound, _, c_lo, c_hi = heapq.heappop(cubes)
+        if bound >= best_bits or ev.known(c_hi, metric) is False:
+            continue
+        if ev.known(c_lo, metric):  # all of it is feasible: try its smallest point
+            result = ev.evaluate(ev.region_min(c_lo, c_hi)[1], metric, phase)
+            if result is not None and result["feasible"]:
+                best_bits = min(best_bits, bound)
+            continue
+        found = _first_feasible(ev, _diagonal(c_lo, c_hi), metric, phase)
+        if found is None:
+            continue
+        # implied feasible is not enough: a choice is one whose encoding was measured
+        result = ev.evaluate(found, metric, phase)
+        if result is not None and result["feasible"]:
+            best_bits = min(best_bits, ev.expected_bits(found))
+        # per axis: below the point found, or at/above it (2^4 regions, none empty);
+        # sizes need not grow with precision, so the region above it is searched too
+        for axes in itertools.product((False, True), repeat=len(found)):
+            if any(below and f == l for below, f, l in zip(axes, found, c_lo)):
+                continue
+            sub_lo = tuple(l if below else f for below, f, l in zip(axes, found, c_lo))
+            sub_hi = tuple(f - 1 if below else h
+                           for below, f, h in zip(axes, found, c_hi))
+            if sub_lo != sub_hi or sub_lo != found:
+                heapq.heappush(cubes, (ev.region_min(sub_lo, sub_hi)[0], next(tie),
+                                       sub_lo, sub_hi))
+
+
+def neighbourhood(ev: Evaluator, previous: Choice,
+                   metrics: list[str]) -> tuple[Choice | None, str, str]:
+    """Around the previous choice, never more aggressive; the guided search above it
+    when nothing there is feasible."""
+    space = ev.space
+    start = space.point(previous)
+    metric = previous.prune_metric if previous.prune_metric in metrics else metrics[0]
+    current = ev.evaluate(start, metric, "neighbourhood")
+    why = []
+    for other in (m for m in metrics if m != metric):
+        alt = ev.evaluate(start, other, "metric check")
+        if current is not None and alt is not None and alt["drop"] is not None and (
+                current["drop"] is None or
+                alt["drop"] < current["drop"] - SIGNIFICANT * ev.search.epsilon):
+            metric, current = other, alt
+            why.append(f"switched prune metric to {other}")
+    top = space.top()
+    ranges = [range(s, min(s + NEIGHBOURHOOD, t) + 1) for s, t in zip(start, top)]
+    corner = tuple(r[-1] for r in ranges)
+    if current is not None and not current["feasible"] and corner != start:
+        # the neighbourhood's most precise point first: if it fails, so does every other
+        # neighbour (monotonicity), and one evaluation sends us to the fallback
+        ev.evaluate(corner, metric, "neighbourhood")
+    candidates = sorted(itertools.product(*ranges), key=ev.expected_bits)
+    for point in candidates:
+        if ev.known(point, metric) is False:
+            continue
+        result = ev.evaluate(point, metric, "neighbourhood")
+        if result is None:
+            break
+        if result["feasible"]:
+            why.append("least precise feasible neighbour of the previous choice")
+            return space.choice(point, metric), "; ".join(why), "neighbourhood"
+    choice, reason = guided(ev, start, top, metrics, "fallback")
+    return choice, "; ".join(why + ["no feasible neighbour: " + reason]), "fallback"
