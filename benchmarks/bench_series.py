@@ -109,18 +109,17 @@ def ablation(ckpts, policy):
         if previous is not None:
             for name, cur in codes.items():
                 prev = previous.get(name)
-                if prev is None or prev.shape != cur.shape:
+                if prev is None or prev.shape != cur.shape or cur.size == 0:
                     continue
                 modulus = int(max(prev.max(), cur.max())) + 1
                 totals["codes alone"] += zsize(packed(cur, modulus))
                 d = np.empty_like(cur)
                 kernels.cyclic_delta(prev, cur, modulus, d)
                 totals["delta"] += zsize(packed(d, modulus))
-                run_values = np.empty_like(d)
-                run_lengths = np.empty(d.size, np.uint32)
-                n = kernels.run_lengths(d, run_values, run_lengths)
-                totals["delta + run lengths"] += (zsize(packed(run_values[:n], modulus))
-                                                  + zsize(run_lengths[:n]))
+                starts = np.concatenate(([0], np.flatnonzero(np.diff(d)) + 1))
+                run_lengths = np.diff(np.append(starts, d.size)).astype(np.uint32)
+                totals["delta + run lengths"] += (zsize(packed(d[starts], modulus))
+                                                  + zsize(run_lengths))
                 counts = np.zeros(modulus, np.int64)
                 kernels.group_counts(prev, modulus, counts)
                 g = np.empty_like(d)
@@ -144,9 +143,7 @@ def lossless_ablation(ckpts):
                 or b.shape != a.shape:
             continue
         x, y = a.reshape(-1).view(np.uint32), b.reshape(-1).view(np.uint32)
-        xor, sub = np.empty_like(x), np.empty_like(x)
-        kernels.xor_words(x, y, xor)
-        kernels.sub_words(x, y, sub)
+        xor, sub = x ^ y, x - y  # uint32: the difference wraps
         for label, words in (("standalone", x), ("xor", xor), ("subtract", sub)):
             planes = lossless.encode_chunk(np.ascontiguousarray(words).view(np.uint8), stage, 3)
             totals[label] += sum(len(memoryview(p)) for _, p in planes)
