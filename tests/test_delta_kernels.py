@@ -1,5 +1,4 @@
 """Delta kernels against plain-numpy oracles, plus their round trips."""
-import itertools
 
 import numpy as np
 import pytest
@@ -8,7 +7,6 @@ from hypothesis import strategies as st
 
 from inshrink.kernels import delta
 
-WORD_TYPES = [np.uint8, np.uint16, np.uint32, np.uint64]
 EMPTY = np.empty(0, np.uint16)
 
 
@@ -161,108 +159,6 @@ def test_group_kernels_on_nothing():
 
 
 # ---------------------------------------------------------------------------------------------
-# run_lengths
-
-def oracle_runs(values):
-    runs = [(k, len(list(g))) for k, g in itertools.groupby(values.tolist())]
-    return [k for k, _ in runs], [n for _, n in runs]
-
-
-def run_runs(values):
-    out_values = np.empty(values.size, values.dtype)
-    out_lengths = np.empty(values.size, np.uint32)
-    nruns = delta.run_lengths(values, out_values, out_lengths)
-    return nruns, out_values[:nruns], out_lengths[:nruns]
-
-
-runny_arrays = st.lists(st.tuples(st.integers(0, 3), st.integers(1, 9)), max_size=40).map(
-    lambda runs: np.array([v for v, n in runs for _ in range(n)], np.uint16))
-
-
-@given(values=runny_arrays | st.lists(st.integers(0, 0xFFFF), max_size=100).map(
-    lambda v: np.array(v, np.uint16)))
-def test_run_lengths_match_oracle_and_repeat_back(values):
-    nruns, run_values, lengths = run_runs(values)
-    want_values, want_lengths = oracle_runs(values)
-    assert run_values.tolist() == want_values
-    assert lengths.tolist() == want_lengths
-    # np.diff view of the same thing: a run starts wherever the value changes
-    assert nruns == (np.count_nonzero(np.diff(values)) + 1 if values.size else 0)
-    np.testing.assert_array_equal(np.repeat(run_values, lengths), values)
-
-
-def test_runs_edges():
-    assert run_runs(EMPTY)[0] == 0
-    nruns, v, n = run_runs(np.array([5], np.uint16))
-    assert (nruns, v.tolist(), n.tolist()) == (1, [5], [1])
-    nruns, v, n = run_runs(np.full(1000, 65535, np.uint16))
-    assert (nruns, v.tolist(), n.tolist()) == (1, [65535], [1000])
-
-
-def test_runs_of_other_dtypes():
-    values = np.array([0, 0, 2**40, 2**40, 2**40, 1], np.uint64)
-    nruns, v, n = run_runs(values)
-    assert (nruns, v.tolist(), n.tolist()) == (3, [0, 2**40, 1], [2, 3, 1])
-
-
-# ---------------------------------------------------------------------------------------------
-# xor_words, sub_words
-
-def word_arrays(word, min_size=0, max_size=100):
-    top = int(np.iinfo(word).max)
-    edges = st.sampled_from([0, 1, top, top - 1, top // 2, top // 2 + 1])
-    return st.lists(edges | st.integers(0, top), min_size=min_size, max_size=max_size)
-
-
-@pytest.mark.parametrize("word", WORD_TYPES)
-@given(data=st.data())
-def test_word_deltas_match_oracle_and_invert(word, data):
-    a = np.array(data.draw(word_arrays(word)), word)
-    b = np.array(data.draw(word_arrays(word, a.size, a.size)), word)
-    bits = 8 * np.dtype(word).itemsize
-    out = np.empty(a.size, word)
-    delta.xor_words(a, b, out)
-    np.testing.assert_array_equal(out, np.bitwise_xor(a, b))
-    back = np.empty(a.size, word)
-    delta.xor_words(out, b, back)
-    np.testing.assert_array_equal(back, a)
-    delta.sub_words(a, b, out)
-    want = [(int(x) - int(y)) % (1 << bits) for x, y in zip(a, b)]
-    assert out.tolist() == want
-    with np.errstate(over="ignore"):
-        np.testing.assert_array_equal(out, (a - b).astype(word))
-    assert [(int(y) + int(d)) % (1 << bits) for y, d in zip(b, out)] == a.tolist()
-
-
-@pytest.mark.parametrize("word", WORD_TYPES)
-def test_word_deltas_wrap_at_the_edges(word):
-    top = int(np.iinfo(word).max)
-    a = np.array([0, 0, top, top, 1, top], word)
-    b = np.array([1, top, 0, top, top, 1], word)
-    out = np.empty(6, word)
-    delta.sub_words(a, b, out)
-    assert out.tolist() == [top, 1, top, 0, 2, top - 1]
-    delta.xor_words(a, b, out)
-    assert out.tolist() == [1, top, top, 0, top - 1, top - 1]
-    for kernel in (delta.xor_words, delta.sub_words):
-        kernel(np.empty(0, word), np.empty(0, word), np.empty(0, word))
-
-
-def test_lossless_word_delta_of_floats():
-    rng = np.random.default_rng(5)
-    before = rng.standard_normal(1000).astype(np.float32)
-    after = (before + rng.standard_normal(1000).astype(np.float32) * 1e-3).astype(np.float32)
-    a, b = after.view(np.uint32), before.view(np.uint32)
-    d = np.empty(1000, np.uint32)
-    back = np.empty(1000, np.uint32)
-    delta.sub_words(a, b, d)
-    assert (b + d).view(np.float32).tobytes() == after.tobytes()  # uint32 addition wraps
-    delta.xor_words(a, b, d)
-    delta.xor_words(b, d, back)
-    assert back.view(np.float32).tobytes() == after.tobytes()
-
-
-# ---------------------------------------------------------------------------------------------
 # the kernels together
 
 @pytest.mark.parametrize("modulus", [16, 65536])
@@ -273,17 +169,13 @@ def test_delta_regroup_runs_pipeline(modulus):
     cur = prev.copy()
     moved = rng.random(n) < 0.05
     cur[moved] = rng.integers(0, nlevels, moved.sum())
-    # encoder: delta, regroup by the previous codes, run lengths
+    # encoder: delta, regroup by the previous codes: long runs of zeros for zstd
     d = run_delta(prev, cur, modulus)
     counts = counts_of(prev, nlevels)
     grouped = np.empty(n, np.uint16)
     delta.regroup(prev, d, counts, grouped)
-    run_values = np.empty(n, np.uint16)
-    lengths = np.empty(n, np.uint32)
-    nruns = delta.run_lengths(grouped, run_values, lengths)
-    assert nruns < n // 5
-    # decoder: only prev, the runs and the modulus
-    expanded = np.repeat(run_values[:nruns], lengths[:nruns])
+    assert np.count_nonzero(np.diff(grouped)) + 1 < n // 5
+    # decoder: only prev, the grouped deltas and the modulus
     back = np.empty(n, np.uint16)
-    delta.ungroup(prev, expanded, counts_of(prev, nlevels), back)
+    delta.ungroup(prev, grouped, counts_of(prev, nlevels), back)
     np.testing.assert_array_equal(run_undelta(prev, back, modulus), cur)
