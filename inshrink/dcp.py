@@ -34,7 +34,7 @@ import os
 import pickle
 import re
 import uuid
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import numpy as np
 import torch
@@ -153,26 +153,40 @@ class InkStorageWriter(StorageWriter):
         file_name = plan.storage_data
         if not isinstance(file_name, str) or not _RANK_FILE.fullmatch(file_name):
             raise InvalidArgumentError("the save plan was not prepared by InkStorageWriter")
-        names = _stored_names(plan.items)
-        policy = self._rank_policy(plan.items, names)
+        results, _, _ = self._write_rank_file(plan.items, planner, file_name)
+        return _done(results)
+
+    def _write_rank_file(self, items: list[WriteItem], planner: SavePlanner, file_name: str,
+                         keep_codes: bool = False
+                         ) -> tuple[list[WriteResult], dict | None, dict | None]:
+        """Write this rank's items into ``file_name``; return their write results and, with
+        ``keep_codes``, what a delta against the file needs: its lossless tensors (as
+        stored, by tensor name) and the codes of its quantized ones."""
+        names = _stored_names(items)
+        policy = self._rank_policy(items, names)
         path = os.path.join(self.path, file_name)
         metadata = {"dcp.rank": str(self.rank), "dcp.save_id": file_name[10:22]}
-        with Writer(path, metadata, threads=self.threads, policy=policy) as writer:
-            for item, name in zip(plan.items, names):
+        arrays = {}
+        with Writer(path, metadata, threads=self.threads, policy=policy,
+                    keep_codes=keep_codes) as writer:
+            for item, name in zip(items, names):
                 data = planner.resolve_data(item)
                 if item.type == WriteItemType.BYTE_IO:
                     value = np.frombuffer(data.getvalue(), np.uint8)
                 else:
                     value = to_numpy(data, item.index.fqn)
+                if keep_codes:
+                    arrays[name] = value
                 # encoding overlaps the next items; each array stays referenced until close
                 writer.add(name, value, wait=False)
-            infos = {info.name: info for info in writer.close()}
+            report = writer.close()
+            codes = writer.codes
+        infos = {info.name: info for info in report}
         results = [WriteResult(index=item.index, size_in_bytes=infos[name].stored_bytes,
                                storage_data={"file": file_name, "tensor": name})
-                   for item, name in zip(plan.items, names)]
-        future: Future[list[WriteResult]] = Future()
-        future.set_result(results)
-        return future
+                   for item, name in zip(items, names)]
+        exact = {i.name: arrays[i.name] for i in report if i.lossless} if keep_codes else None
+        return results, exact, codes
 
     def _rank_policy(self, items: list[WriteItem], names: list[str]) -> Policy:
         """The user's policy resolved per shard from its fully-qualified name, as the exact
@@ -221,6 +235,12 @@ class InkStorageWriter(StorageWriter):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
         return isinstance(checkpoint_id, (str, os.PathLike))
+
+
+def _done(value: E) -> Future[E]:
+    future: Future[E] = Future()
+    future.set_result(value)
+    return future
 
 
 def _new_save_id() -> str:
@@ -321,6 +341,17 @@ def read_metadata(path: str | os.PathLike) -> Metadata:
         Not a DCP checkpoint written by :class:`InkStorageWriter`, unreadable metadata, or a
         rank file the metadata names is missing.
     """
+    metadata = _read_metadata(path)
+    marker = os.path.join(os.fspath(path), METADATA_FILE)
+    for name in sorted({entry["file"] for entry in metadata.storage_data.values()}):
+        if not os.path.isfile(os.path.join(path, name)):
+            raise CorruptError(f"{os.path.join(path, name)}: missing (named by {marker})")
+    return metadata
+
+
+def _read_metadata(path: str | os.PathLike) -> Metadata:
+    """:func:`read_metadata` without checking that the rank files exist (a series keeps an
+    older step's files as deltas under other names)."""
     path = _checked_path(path)
     marker = os.path.join(path, METADATA_FILE)
     if not os.path.isdir(path):
@@ -343,9 +374,6 @@ def read_metadata(path: str | os.PathLike) -> Metadata:
     except Exception as exc:  # pickle reports bad data with many exception types
         raise CorruptError(f"{marker}: not DCP metadata ({type(exc).__name__}: {exc})") from None
     _check_metadata(metadata, marker)
-    for name in sorted({entry["file"] for entry in metadata.storage_data.values()}):
-        if not os.path.isfile(os.path.join(path, name)):
-            raise CorruptError(f"{os.path.join(path, name)}: missing (named by {marker})")
     return metadata
 
 
@@ -436,17 +464,20 @@ class InkStorageReader(StorageReader):
                                    f"entry for {item.storage_index.fqn!r}")
             grouped.setdefault(entry["file"], {}).setdefault(entry["tensor"], []).append(item)
         for file_name, tensors in grouped.items():
-            path = os.path.join(self.path, file_name)
-            with _named(path, lambda: File(path, threads=self.threads)) as f:
-                for batch in _batches(path, f, list(tensors)):
-                    # the tensors of a batch share the decoder threads
-                    arrays = _named(path, lambda: f.load(names=batch))
-                    for tensor_name in batch:
-                        self._serve(path, tensor_name, arrays.pop(tensor_name),
-                                    tensors[tensor_name], planner)
-        future: Future[None] = Future()
-        future.set_result(None)
-        return future
+            self._read_file(file_name, tensors, planner)
+        return _done(None)
+
+    def _read_file(self, file_name: str, tensors: dict[str, list[ReadItem]],
+                   planner: LoadPlanner) -> None:
+        """Decode the wanted tensors of one rank file and hand them to their read items."""
+        path = os.path.join(self.path, file_name)
+        with _named(path, lambda: File(path, threads=self.threads)) as f:
+            for batch in _batches(path, f, list(tensors)):
+                # the tensors of a batch share the decoder threads
+                arrays = _named(path, lambda: f.load(names=batch))
+                for tensor_name in batch:
+                    self._serve(path, tensor_name, arrays.pop(tensor_name),
+                                tensors[tensor_name], planner)
 
     def _serve(self, path: str, tensor_name: str, array: np.ndarray, items: list[ReadItem],
                planner: LoadPlanner) -> None:
@@ -550,24 +581,31 @@ def describe(path: str | os.PathLike) -> list[dict]:
         ``stored_bytes``, ``role`` and ``error`` (the error the encoder measured for a lossy
         shard: ``max_abs_error``, ``rel_l2_error``...; None for a lossless one).
     """
-    metadata = read_metadata(path)
-    path = os.fspath(path)
+    return _describe(read_metadata(path), os.fspath(path))
+
+
+def _describe(metadata: Metadata, path: str, stored: Mapping[str, str] | None = None
+              ) -> list[dict]:
+    """:func:`describe` of a checkpoint's metadata; ``stored`` maps a rank file the metadata
+    names to the file that holds it now, if another (a series' delta file)."""
+    stored = stored or {}
     infos: dict[str, dict[str, TensorInfo]] = {}
     for name in sorted({e["file"] for e in metadata.storage_data.values()}):
-        file_path = os.path.join(path, name)
+        file_path = os.path.join(path, stored.get(name, name))
         with _named(file_path, lambda: File(file_path, threads=1)) as f:
             infos[name] = {info.name: info for info in f.infos()}
     rows = []
     for index, sizes in _chunks(metadata):
         entry = metadata.storage_data[index]
         info = infos[entry["file"]].get(entry["tensor"])
+        file_name = stored.get(entry["file"], entry["file"])
         if info is None:
-            raise CorruptError(f"{os.path.join(path, entry['file'])}: no tensor named "
+            raise CorruptError(f"{os.path.join(path, file_name)}: no tensor named "
                                f"{entry['tensor']!r}, which {METADATA_FILE} names")
-        _check_info(os.path.join(path, entry["file"]), info, metadata, index.fqn, sizes)
+        _check_info(os.path.join(path, file_name), info, metadata, index.fqn, sizes)
         rows.append({"fqn": index.fqn,
                      "offsets": None if sizes is None else tuple(int(d) for d in index.offset),
-                     "sizes": sizes, "file": entry["file"], "tensor": entry["tensor"],
+                     "sizes": sizes, "file": file_name, "tensor": entry["tensor"],
                      "dtype": info.dtype, "codec": info.codec, "nbytes": info.nbytes,
                      "stored_bytes": info.stored_bytes, "role": info.role,
                      "error": info.error})

@@ -156,6 +156,32 @@ def file_sha256(path: str) -> str:
     return digest.hexdigest()
 
 
+def decode_link(path: str, exact: dict[str, np.ndarray], codes: dict[str, np.ndarray],
+                previous: str | None, *, whole: bool, with_codes: bool = True,
+                threads: int | None = None) -> tuple[dict, dict, dict]:
+    """Decode one file of a chain against what the file before it (named ``previous``, None
+    for a keyframe) decoded to: its exact tensors and codes. Checks the file's base digest
+    first (BaseMismatchError naming ``path``).
+
+    Returns the decoded tensors (every one if ``whole``, else only the exact ones), the exact
+    (lossless) ones, which with the codes of the quantized ones are what the next link refers
+    to and digests, and those codes (unless ``with_codes`` is false)."""
+    with File(path, threads=threads, base=exact, base_codes=codes) as f:
+        expected = None if previous is None else decode_digest(
+            exact, codes, _digest.version_of(f.base))
+        if (f.base and f.base["sha256"]) != expected:
+            raise BaseMismatchError(
+                f"{path}: made against a base with digest "
+                f"{f.base and f.base['sha256']}, but {previous} decodes to {expected}")
+        lossy = [i.name for i in f.infos() if not i.lossless]
+        decoded = f.load() if whole else f.load(
+            names=[n for n in f.keys() if n not in lossy])
+        new_codes = {i.name: f.codes(i.name) for i in f.infos()
+                     if i.quantized} if with_codes else {}
+    new_exact = {n: a for n, a in decoded.items() if n not in lossy}
+    return decoded, new_exact, new_codes
+
+
 class Series:
     """Checkpoints of one training run in ``directory``.
 
@@ -543,23 +569,10 @@ class Series:
 
         Lossy tensors that are not quantized (e.g. factored) are never part of a base: save
         digests only exact tensors and codes, so load and verify must too."""
-        path = self._path(entry.file)
         self._check_file(entry)
-        with File(path, threads=self.threads, base=exact, base_codes=codes) as f:
-            expected = None if previous is None else decode_digest(
-                exact, codes, _digest.version_of(f.base))
-            if (f.base and f.base["sha256"]) != expected:
-                raise BaseMismatchError(
-                    f"{path}: made against a base with digest "
-                    f"{f.base and f.base['sha256']}, but {previous and previous.file} "
-                    f"decodes to {expected}")
-            lossy = [i.name for i in f.infos() if not i.lossless]
-            decoded = f.load() if whole else f.load(
-                names=[n for n in f.keys() if n not in lossy])
-            new_codes = {i.name: f.codes(i.name) for i in f.infos()
-                         if i.quantized} if with_codes else {}
-        new_exact = {n: a for n, a in decoded.items() if n not in lossy}
-        return decoded, new_exact, new_codes
+        return decode_link(self._path(entry.file), exact, codes,
+                           None if previous is None else previous.file, whole=whole,
+                           with_codes=with_codes, threads=self.threads)
 
     def _check_file(self, entry: Checkpoint, content: bool = True) -> None:
         """The file exists and (``content``) hashes to what the manifest says."""
