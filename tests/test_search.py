@@ -12,6 +12,7 @@ import inshrink
 from inshrink.errors import CorruptError, InvalidArgumentError
 from inshrink.policy import role_of
 from inshrink.search import MAX_SHIFT_BITS, Choice, Evaluator, Search, SearchSpace, allocation
+from inshrink.search.roundtrip import Roundtrip
 
 SPACE = SearchSpace()
 POINTS = list(itertools.product(*(range(len(a)) for a in SPACE.axes())))
@@ -63,16 +64,16 @@ def synthetic_encoding(monkeypatch):
     def roundtrip(self, choice):
         marker = np.frombuffer(json.dumps(choice.to_dict()).encode(), np.uint8)
         point = SPACE.point(choice)
-        return {"cfg": marker}, int(self._size_table()[point]), synthetic_rel_l2(point)
-    monkeypatch.setattr(Evaluator, "_roundtrip", roundtrip)
-    monkeypatch.setattr(Evaluator, "_size_table", lambda self: TABLE)
+        return {"cfg": marker}, int(self.size_table()[point]), synthetic_rel_l2(point)
+    monkeypatch.setattr(Evaluator, "roundtrip", roundtrip)
+    monkeypatch.setattr(Evaluator, "size_table", lambda self: TABLE)
 
 
 @pytest.fixture
 def monotone_sizes(monkeypatch, synthetic_encoding):
     """Sizes growing with precision on every axis (bins weigh most)."""
     sizes = np.tensordot(np.array([1000.0, 100.0, 10.0, 1.0]), np.indices(SHAPE), axes=1)
-    monkeypatch.setattr(Evaluator, "_size_table", lambda self: sizes + 1)
+    monkeypatch.setattr(Evaluator, "size_table", lambda self: sizes + 1)
 
 
 def expected_bits(point):
@@ -435,6 +436,98 @@ def test_expected_sizes_come_from_real_encodings():
     for e in result.report["evaluations"]:
         estimate = table[SPACE.point(Choice.from_dict(e["choice"]))] / 8
         assert 0.7 < e["stored_bytes"] / estimate < 1.3
+
+
+# -- candidates in memory against the file path --------------------------------------------
+
+def _file_roundtrip(self, choice):
+    """How candidates were evaluated before: saved to an .ink file and loaded back."""
+    path = self.search._test_dir / "candidate.ink"
+    infos = inshrink.save(path, self.searched, policy=choice.policy(self.space, self.shifts),
+                          importance=self.importance, threads=1)
+    errors = [(i.error or {}).get("rel_l2_error") for i in infos]
+    worst = max((math.inf if e is None else e for e in errors), default=0.0)
+    return inshrink.load(path), sum(i.stored_bytes for i in infos), worst
+
+
+def _file_sample_bits(self, tensors, config):
+    if not tensors:
+        return 0.0
+    sample, scale = {}, {}
+    for name, a in tensors.items():
+        flat = a.reshape(-1)
+        blocks = flat.size // 64
+        rows = np.unique(np.linspace(0, blocks - 1, min(blocks, 64)).round().astype(np.int64))
+        sample[name] = flat[:blocks * 64].reshape(blocks, 64)[rows]
+        scale[name] = flat.size / sample[name].size
+    infos = inshrink.save(self.search._test_dir / "sample.ink", sample,
+                          policy=inshrink.Policy.uniform(config), threads=1)
+    return sum(8 * i.stored_bytes * scale[i.name] for i in infos)
+
+
+def _checkpoints(seed=0, count=3):
+    """A drifting model state with importance scores, checkpoint after checkpoint."""
+    import ml_dtypes
+    state, loss = _model(seed)
+    state["model.half.weight"] = (state["model.layer.weight"][:, :64] * 0.5).astype(
+        ml_dtypes.bfloat16)
+    rng = np.random.default_rng(seed + 1)
+    importance = {"model.layer.weight": rng.random((128, 96)).astype(np.float32),
+                  "model.half.weight": rng.random((128, 64)).astype(np.float32)}
+    for k in range(count):
+        yield ({n: (v + np.float32(0.02 * k) * v[::-1].reshape(v.shape)).astype(v.dtype)
+                if n.startswith("model.") and v.ndim == 2 else v for n, v in state.items()},
+               importance, loss)
+
+
+def _run(tmp_path, epsilon, **kwargs):
+    search = Search(epsilon, threads=1, **kwargs)
+    search._test_dir = tmp_path
+    reports = []
+    for state, importance, loss in _checkpoints():
+        def quality(s, loss=loss):
+            return loss({k: np.asarray(v, np.float32) for k, v in s.items()})
+        reports.append(search.choose(state, quality, importance).report)
+    return reports
+
+
+@pytest.mark.parametrize("epsilon,kwargs", [(0.01, {"max_evals": 12}),
+                                            (0.05, {"max_rel_l2": 0.05, "max_evals": 12})])
+def test_search_chooses_as_with_candidate_files(tmp_path, monkeypatch, epsilon, kwargs):
+    # the in-memory evaluation is a speed-up only: every decision, size, error and quality
+    # is the one that saving each candidate to a file and loading it back gave
+    fresh = _run(tmp_path, epsilon, **kwargs)
+    monkeypatch.setattr(Evaluator, "roundtrip", _file_roundtrip)
+    monkeypatch.setattr(Evaluator, "sample_bits", _file_sample_bits)
+    with_files = _run(tmp_path, epsilon, **kwargs)
+    assert [r["mode"] for r in fresh] == ["guided", "neighbourhood", "neighbourhood"] or \
+        "fallback" in [r["mode"] for r in fresh]
+    for new, old in zip(fresh, with_files):
+        for key in ("mode", "reason", "chosen", "chosen_result", "evaluations", "baseline"):
+            assert new[key] == old[key]
+
+
+def test_candidates_in_memory_equal_the_saved_file(tmp_path):
+    state, importance, _ = next(_checkpoints())
+    searched = {n: v for n, v in state.items() if n.startswith("model.") and v.ndim == 2}
+    shifts = {"model.layer.weight": ("weight", 1.0)}
+    encode = Roundtrip(searched, importance, threads=2)
+    for choice in (Choice(8, 32, 0.2, 0.005, "sensitivity"), Choice(4, 16, 0.5, 0.0005),
+                   Choice(256, 256, 0.0, 0.01)):
+        policy = choice.policy(SPACE, shifts)
+        decoded, stored, worst = encode(policy)
+        infos = inshrink.save(tmp_path / "c.ink", searched, policy=policy,
+                              importance=importance)
+        loaded = inshrink.load(tmp_path / "c.ink")
+        assert set(decoded) == set(loaded)
+        for name in loaded:
+            assert decoded[name].dtype == loaded[name].dtype
+            assert decoded[name].tobytes() == loaded[name].tobytes()
+        assert stored == sum(i.stored_bytes for i in infos)
+        assert worst == max(i.error["rel_l2_error"] for i in infos)
+    again = encode.encodings
+    encode(Choice(4, 64, 0.5, 0.0005).policy(SPACE, shifts))  # only the embedding changes
+    assert encode.encodings == again + 1
 
 
 def test_search_on_bf16_weights_with_empty_and_scalar_tensors(tmp_path):

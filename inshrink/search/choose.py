@@ -4,7 +4,6 @@ choice into a policy and a report (:class:`SearchResult`)."""
 from __future__ import annotations
 
 import math
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -140,10 +139,11 @@ class Search:
 
         Notes
         -----
-        Each evaluation encodes the weights and embedding tables to a temporary file (in the
-        system's temporary directory) and decodes them, so the search needs the memory of one
-        decoded copy of those tensors besides ``tensors`` itself, and the disk of one
-        compressed copy.
+        Each evaluation encodes the weights and embedding tables in memory, exactly as a
+        save with the candidate's policy would, and decodes them (no file is written). The
+        last two encodings of each tensor are kept, so a candidate that changes only the
+        embedding bins re-encodes only the embeddings: the search needs the memory of up to
+        two decoded copies of those tensors besides ``tensors`` itself.
         """
         started = time.perf_counter()
         if quality is None:
@@ -170,25 +170,23 @@ class Search:
             report.update(mode="none", chosen=None, reason="no tensor to quantize")
             choice = None
         else:
-            with tempfile.TemporaryDirectory(prefix="inshrink-search-") as workdir:
-                ev = Evaluator(self, arrays, searched, quality, importance, shifts, roles,
-                               workdir)
-                if not metrics:
-                    report.update(mode="none", reason="no usable prune metric")
-                    choice = None
-                elif self.previous is None:
-                    ev._bits = None  # a fresh search measures sizes afresh
-                    choice, why = guided(ev, (0,) * 4, self.space.top(), metrics, "guided")
-                    report.update(mode="guided", reason=why)
-                else:
-                    choice, why, mode = neighbourhood(ev, self.previous, metrics)
-                    report.update(mode=mode, reason=why)
-                report.update(baseline=ev.baseline, evaluations=ev.log,
-                              evaluations_used=len(ev.log),
-                              cap_reached=len(ev.log) >= self.max_evals,
-                              raw_bytes=ev.raw_bytes)
-                report["chosen_result"] = None if choice is None else \
-                    ev.results[(self.space.point(choice), choice.prune_metric)]
+            ev = Evaluator(self, arrays, searched, quality, importance, shifts, roles)
+            if not metrics:
+                report.update(mode="none", reason="no usable prune metric")
+                choice = None
+            elif self.previous is None:
+                ev.bits = None  # a fresh search measures sizes afresh
+                choice, why = guided(ev, (0,) * 4, self.space.top(), metrics, "guided")
+                report.update(mode="guided", reason=why)
+            else:
+                choice, why, mode = neighbourhood(ev, self.previous, metrics)
+                report.update(mode=mode, reason=why)
+            report.update(baseline=ev.baseline, evaluations=ev.log,
+                          evaluations_used=len(ev.log),
+                          cap_reached=len(ev.log) >= self.max_evals,
+                          raw_bytes=ev.raw_bytes, tensor_encodings=ev.encode.encodings)
+            report["chosen_result"] = None if choice is None else \
+                ev.results[(self.space.point(choice), choice.prune_metric)]
         report["chosen"] = choice.to_dict() if choice else None
         policy = choice.policy(self.space, shifts) if choice else \
             Policy(dict(self.space.moments()))  # weights lossless, moments as configured

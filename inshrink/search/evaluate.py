@@ -4,7 +4,6 @@ and the expected-size table that orders and bounds candidates."""
 from __future__ import annotations
 
 import math
-import os
 from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
@@ -12,6 +11,7 @@ import numpy as np
 from ..errors import InvalidArgumentError
 from ..policy import Policy, QuantConfig
 from .allocation import Shifts
+from .roundtrip import Roundtrip, encode_tensor
 from .space import Choice, Point, Quality
 
 if TYPE_CHECKING:
@@ -24,15 +24,16 @@ spread evenly over the tensor)."""
 
 class Evaluator:
     """Evaluates configurations on the searched tensors, with a cache, the monotonicity
-    shortcuts and the evaluation cap."""
+    shortcuts and the evaluation cap. Candidates are encoded and decoded in memory
+    (:class:`~inshrink.search.roundtrip.Roundtrip`)."""
 
-    def __init__(self, search: "Search", tensors: dict[str, np.ndarray],
+    def __init__(self, search: Search, tensors: dict[str, np.ndarray],
                  searched: dict[str, np.ndarray], quality: Quality,
-                 importance: dict[str, Any], shifts: Shifts, roles: Mapping[str, str],
-                 workdir: str) -> None:
+                 importance: dict[str, Any], shifts: Shifts,
+                 roles: Mapping[str, str]) -> None:
         self.search, self.space = search, search.space
         self.tensors, self.searched, self.quality = tensors, searched, quality
-        self.importance, self.shifts, self.workdir = importance, shifts, workdir
+        self.importance, self.shifts = importance, shifts
         self.results: dict[tuple[Point, str], dict] = {}
         self.log: list[dict] = []
         self.budget = search.max_evals  # a phase may lower it to share the cap
@@ -42,11 +43,13 @@ class Evaluator:
                                        f"{self.baseline}; the search needs a finite value")
         self.raw_bytes = sum(a.nbytes for a in searched.values())
         self.roles = roles
+        self.encode = Roundtrip(searched, importance, search.threads)
         # the expected size of every point, built when first needed; a neighbourhood search
         # reuses the previous checkpoint's (it only orders a few candidates)
-        self.shapes = tuple(sorted((n, a.shape, a.dtype.str) for n, a in searched.items()))
+        self.key = (tuple(sorted((n, a.shape, a.dtype.str) for n, a in searched.items())),
+                    self.space.axes(), self.space.sigma)
         cached = search._size_table
-        self._bits = cached[1] if cached and cached[0] == self.shapes else None
+        self.bits = cached[1] if cached and cached[0] == self.key else None
 
     def _call(self, state: dict[str, np.ndarray]) -> float:
         value = self.quality(state)
@@ -70,12 +73,12 @@ class Evaluator:
     def expected_bits(self, point: Point) -> float:
         """Expected stored bits of the searched tensors at a configuration, to order and bound
         candidates (the choice itself goes by measured bytes)."""
-        if self._bits is None:
-            self._bits = self._size_table()
-            self.search._size_table = (self.shapes, self._bits)
-        return float(self._bits[point])
+        if self.bits is None:
+            self.bits = self.size_table()
+            self.search._size_table = (self.key, self.bits)
+        return float(self.bits[point])
 
-    def _size_table(self) -> np.ndarray:
+    def size_table(self) -> np.ndarray:
         """Expected bits at every point of the cube: per (bins, prune) the bits per element
         measured by encoding a sample of every searched tensor (pruned zeros are not free:
         they add a code), plus value and position bits per protected element."""
@@ -83,37 +86,35 @@ class Evaluator:
         bins_axis, emb_axis, prune_axis, protect_axis = space.axes()
         weights = {n: a for n, a in self.searched.items() if self.roles[n] != "embedding"}
         embeddings = {n: a for n, a in self.searched.items() if self.roles[n] == "embedding"}
-        weight_bits = np.array([[self._sample_bits(weights, QuantConfig(
+        weight_bits = np.array([[self.sample_bits(weights, QuantConfig(
             bins=b, prune=p, protect=0.0)) for p in prune_axis] for b in bins_axis])
-        emb_bits = np.array([self._sample_bits(embeddings, QuantConfig(bins=b, protect=0.0))
+        emb_bits = np.array([self.sample_bits(embeddings, QuantConfig(bins=b, protect=0.0))
                              for b in emb_axis])
         protect_bits = sum(a.size * (a.dtype.itemsize * 8 + 32)
                            for a in self.searched.values()) * np.array(protect_axis)
         return (weight_bits[:, None, :, None] + emb_bits[None, :, None, None]
                 + protect_bits[None, None, None, :])
 
-    def _sample_bits(self, tensors: dict[str, np.ndarray], config: QuantConfig) -> float:
+    def sample_bits(self, tensors: dict[str, np.ndarray], config: QuantConfig) -> float:
         """Stored bits of ``tensors`` estimated from SAMPLE elements of each."""
         if not tensors:
             return 0.0
-        from ..api import save
-        sample, scale = {}, {}
+        policy = Policy.uniform(config)
+        bits = 0.0
         for name, a in tensors.items():
             flat = a.reshape(-1)
             blocks = flat.size // 64  # searched tensors have >= 4096 elements
             rows = np.unique(np.linspace(0, blocks - 1, min(blocks, SAMPLE // 64)).round()
                              .astype(np.int64))
-            sample[name] = flat[:blocks * 64].reshape(blocks, 64)[rows]  # keeps the role
-            scale[name] = flat.size / sample[name].size
-        path = os.path.join(self.workdir, "sample.ink")
-        infos = save(path, sample, policy=Policy.uniform(config), threads=self.search.threads)
-        os.unlink(path)
-        return sum(8 * i.stored_bytes * scale[i.name] for i in infos)
+            sample = flat[:blocks * 64].reshape(blocks, 64)[rows]  # keeps the role
+            stored = encode_tensor(name, sample, policy, decode=False).stored_bytes
+            bits += 8 * stored * (flat.size / sample.size)
+        return bits
 
     def region_min(self, lo: Point, hi: Point) -> tuple[float, Point]:
         """The smallest expected size in the cube [lo, hi] and the point that has it."""
         self.expected_bits(lo)  # builds the table
-        region = self._bits[tuple(slice(l, h + 1) for l, h in zip(lo, hi))]
+        region = self.bits[tuple(slice(l, h + 1) for l, h in zip(lo, hi))]
         at = np.unravel_index(int(np.argmin(region)), region.shape)
         return float(region[at]), tuple(int(l + i) for l, i in zip(lo, at))
 
@@ -140,7 +141,7 @@ class Evaluator:
         if self.left <= 0:
             return None
         choice = self.space.choice(point, metric)
-        decoded, stored, rel_l2 = self._roundtrip(choice)
+        decoded, stored, rel_l2 = self.roundtrip(choice)
         bound = self.search.max_rel_l2
         if bound is not None and not rel_l2 <= bound:
             # too coarse whatever the quality says: the callback is not called
@@ -161,15 +162,7 @@ class Evaluator:
         self.log.append(result)
         return result
 
-    def _roundtrip(self, choice: Choice) -> tuple[dict[str, np.ndarray], int, float]:
+    def roundtrip(self, choice: Choice) -> tuple[dict[str, np.ndarray], int, float]:
         """The searched tensors encoded at ``choice`` and decoded, their stored bytes and the
         largest relative L2 error among them (inf where the encoder could not measure it)."""
-        from ..api import load, save  # the search sits above the codec
-        path = os.path.join(self.workdir, "candidate.ink")
-        infos = save(path, self.searched, policy=choice.policy(self.space, self.shifts),
-                     importance=self.importance, threads=self.search.threads)
-        decoded = load(path, threads=self.search.threads)
-        os.unlink(path)
-        errors = [(i.error or {}).get("rel_l2_error") for i in infos]
-        worst = max((math.inf if e is None else e for e in errors), default=0.0)
-        return decoded, sum(i.stored_bytes for i in infos), worst
+        return self.encode(choice.policy(self.space, self.shifts))
