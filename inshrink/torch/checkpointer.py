@@ -1,11 +1,14 @@
-"""A :class:`Checkpointer` for training loops: a series of checkpoints of a model and its
-optimizer, each searched within a quality bound when held-out batches are given."""
+"""A :class:`Checkpointer` for training loops: a series of checkpoints of a model, its
+optimizer and the rest of the training state, each searched within a quality bound when
+held-out batches are given; saved in the background if asked, sharded models through DCP."""
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
@@ -17,10 +20,12 @@ from ..policy import Policy, resolve
 from ..search import Quality, Search, SearchSpace
 from ..series import SEARCH_KEY as SEARCH_METADATA, Series
 from .gradients import GradientEMA
+from .convert import to_torch
 from .quality import CRITERIA, quality_from
-from .state import load_state, state_to_numpy
+from .state import MODEL, load_state, state_to_numpy
+from .training import TRAINING, TRAINING_METADATA, capture, check_extra, decode
 
-__all__ = ["Checkpointer", "SEARCH_METADATA", "PEAK_LR_METADATA"]
+__all__ = ["Checkpointer", "SEARCH_METADATA", "PEAK_LR_METADATA", "TRAINING_METADATA"]
 
 PEAK_LR_METADATA = "inshrink.torch.peak_lr"
 EPSILON_FLOOR = 0.1
@@ -126,7 +131,8 @@ class Checkpointer:
     """
 
     def __init__(self, directory: str | os.PathLike, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer | None = None, *,
+                 optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
+                 extra: Mapping[str, Any] | None = None, *,
                  eval_batches: Sequence[tuple[Any, Any]] | None = None,
                  loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
                  metric: Callable[[Any, Any], float] | None = None, criterion: str = "loss",
@@ -136,9 +142,20 @@ class Checkpointer:
                  max_evals: int = 24, keyframe_every: int = 10, grad_ema: bool = True,
                  ema_beta: float = 0.9, ema_window: int | None = 50,
                  max_rel_l2: float | None = None, epsilon_follows_lr: bool | float = 2,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, rng: bool = True, async_: bool = False,
+                 keep_last: int | None = None, sharded: bool | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise InvalidArgumentError("model must be a torch.nn.Module")
+        sharded = self._check_training_args(model, optimizer, scheduler, extra, rng, async_,
+                                            keep_last, sharded, eval_batches)
+        self.scheduler = scheduler
+        self.extra = check_extra(extra)
+        self.rng = rng
+        self.keep_last = keep_last
+        self.policy = policy
+        # the search's quality passes run beside training in async mode: on a copy
+        self._evaluated = copy.deepcopy(model) if async_ and eval_batches is not None \
+            else model
         if not (isinstance(epsilon_follows_lr, (bool, int, float))
                 and 0 <= epsilon_follows_lr < math.inf):
             raise InvalidArgumentError("epsilon_follows_lr must be a bool or a non-negative "
@@ -156,16 +173,25 @@ class Checkpointer:
         self.search = None
         self.quality: Quality | None = None
         if eval_batches is not None:
-            self.quality = quality_from(model, eval_batches, loss_fn, metric, criterion)
+            self.quality = quality_from(self._evaluated, eval_batches, loss_fn, metric,
+                                        criterion)
             self.search = Search(epsilon / restores, higher_is_better=metric is not None,
                                  space=space, max_evals=max_evals, max_rel_l2=max_rel_l2,
                                  two_sided=True, threads=threads)
-        self.series = Series(directory, policy, keyframe_every=keyframe_every, threads=threads,
-                             search=self.search)
+        self.series: Series | None = None
+        self._sharded = None
+        if sharded:
+            from .sharded import ShardedCheckpoints
+            self._sharded = ShardedCheckpoints(directory, model, optimizer, scheduler,
+                                               self.extra, rng, policy, keep_last, threads,
+                                               background=async_)
+        else:
+            self.series = Series(directory, policy, keyframe_every=keyframe_every,
+                                 threads=threads, search=self.search)
         squares = self.search is not None and self.search.space.per_tensor_bins
         self._space = self.search.space if self.search is not None else None
         self.ema = GradientEMA(model, ema_beta, window=ema_window, squares=squares) \
-            if grad_ema else None
+            if grad_ema and not sharded else None
         self.epsilon = epsilon
         self.restores = restores
         self.max_rel_l2 = max_rel_l2
@@ -175,13 +201,48 @@ class Checkpointer:
         self._last_step: int | None = None
         self._announced = False
         self.seconds = 0.0
+        self.last_report: dict[str, Any] | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="inshrink-checkpointer") \
+            if async_ else None
+        self._pending: tuple[int, Future] | None = None
+        self._closed = False
+
+    @staticmethod
+    def _check_training_args(model: torch.nn.Module, optimizer: Any, scheduler: Any,
+                             extra: Any, rng: Any, async_: Any, keep_last: Any, sharded: Any,
+                             eval_batches: Any) -> bool:
+        """Check the arguments of the training state, async and sharded modes; return
+        whether the sharded mode applies."""
+        if scheduler is not None and not (callable(getattr(scheduler, "state_dict", None))
+                                          and callable(getattr(scheduler, "load_state_dict",
+                                                               None))):
+            raise InvalidArgumentError("scheduler must have state_dict() and "
+                                       "load_state_dict()")
+        check_extra(extra)
+        for name, value in (("rng", rng), ("async_", async_)):
+            if type(value) is not bool:
+                raise InvalidArgumentError(f"{name} must be True or False")
+        if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
+            raise InvalidArgumentError("keep_last must be a positive integer or None")
+        if sharded is None:
+            sharded = False
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                from .sharded import is_sharded
+                sharded = is_sharded(model)
+        elif type(sharded) is not bool:
+            raise InvalidArgumentError("sharded must be True, False or None (automatic)")
+        if sharded and eval_batches is not None:
+            raise InvalidArgumentError(
+                "the sharded mode stores what the policy says and runs no configuration "
+                "search: eval_batches is not supported with a sharded model")
+        return sharded
 
     def mode(self) -> str:
         """What the checkpoints hold, in words (logged once at the first save)."""
         if self.search is not None:
             return (f"lossy: configuration search, final quality within epsilon="
                     f"{self.epsilon:g} after up to {self.restores} restores")
-        policy = self.series.policy
+        policy = self.policy
         if isinstance(policy, str):
             return "lossless" if policy == "lossless" else f"lossy: the {policy!r} preset"
         if policy is None or not any(c is not None for c in resolve(policy).roles.values()) \
@@ -207,20 +268,48 @@ class Checkpointer:
         self.peak_lr = max(self.peak_lr or 0.0, lr)
         return lr / self.peak_lr if self.peak_lr > 0 else 1.0
 
+    @property
+    def directory(self) -> str:
+        """Where the checkpoints are."""
+        return self.series.directory if self.series is not None else self._sharded.directory
+
+    def steps(self) -> list[int]:
+        """The saved (committed) steps, ascending."""
+        return self.series.steps() if self.series is not None else self._sharded.steps()
+
     def save(self, step: int) -> dict[str, Any]:
-        """Checkpoint the model and optimizer as ``step`` (after every saved step).
+        """Checkpoint the training state as ``step`` (after every saved step): the model, the
+        optimizer, the scheduler, the random generators and the extras, in one checkpoint.
+
+        Waits for the previous save first; a failure of that one (in async mode) is raised
+        here, and this step is not saved. With ``async_``, returns once the state is copied.
 
         Returns
         -------
         dict
-            ``step``, ``bytes`` (of the new file), ``search`` (the search's report, or None)
-            and ``seconds`` (this save).
+            ``step``, ``bytes`` (of the new file; in sharded mode, of the step's directory),
+            ``search`` (the search's report, or None) and ``seconds`` (this call: in async
+            mode, the time training was blocked; ``bytes`` and ``search`` are then None and
+            :meth:`wait` returns them).
         """
+        self.wait()
+        if self._closed:
+            raise InvalidArgumentError("save after close(): this Checkpointer is closed")
         started = time.perf_counter()
         if not self._announced:
-            _LOG.info("Checkpointer(%s): %s", self.series.directory, self.mode())
+            _LOG.info("Checkpointer(%s): %s", self.directory, self.mode())
             self._announced = True
+        if self._sharded is not None:
+            job = self._sharded.stage(step, copy=self._executor is not None)
+            self._last_step = step
+            return self._run(step, job, started)
+        latest = self.series.latest()
+        if type(step) is int and latest is not None and step <= latest:
+            raise InvalidArgumentError(f"step {step} is not after the latest step {latest} "
+                                       f"of {self.series.directory}")
         state, metadata = state_to_numpy(self.model, self.optimizer)
+        training, metadata[TRAINING_METADATA] = capture(self.scheduler, self.extra, self.rng)
+        state.update(training)
         if self.search is not None and self.optimizer is not None:
             ratio = self._lr_ratio()
             # late in the schedule a restarted first moment is not recovered from
@@ -233,33 +322,121 @@ class Checkpointer:
                 if self.max_rel_l2 is not None:
                     self.search.max_rel_l2 = self.max_rel_l2 * math.sqrt(scale)
             metadata[PEAK_LR_METADATA] = repr(self.peak_lr)
-        if hasattr(self.quality, "reset"):
-            self.quality.reset()  # the model trained since the last save
-        self.series.save(step, state, metadata=metadata, importance=self._importance(state),
-                         quality=self.quality, curvature=self._curvature(state))
-        report = self.series.last_search.report if self.quality is not None else None
+        importance, curvature = self._importance(state), self._curvature(state)
+        if self._executor is not None:  # the staging copy: training goes on meanwhile
+            state = {name: np.array(array, copy=True) for name, array in state.items()}
         if self.ema is not None:  # the next checkpoint is expected as far ahead as this one
             gap = None if self._last_step is None else step - self._last_step
             self.ema.start_interval(gap)
         self._last_step = step
+        return self._run(step, lambda: self._write(step, state, metadata, importance,
+                                                   curvature), started)
+
+    def _write(self, step: int, state: dict[str, np.ndarray], metadata: dict[str, str],
+               importance: dict | None, curvature: dict | None) -> dict[str, Any]:
+        """Search, quantize and write one staged checkpoint (in the background if async)."""
+        started = time.perf_counter()
+        if self._evaluated is not self.model:  # the copy the search evaluates: as staged
+            self._evaluated.load_state_dict({name[len(MODEL):]: to_torch(array)
+                                             for name, array in state.items()
+                                             if name.startswith(MODEL)})
+        if hasattr(self.quality, "reset"):
+            self.quality.reset()  # the model trained since the last save
+        self.series.save(step, state, metadata=metadata, importance=importance,
+                         quality=self.quality, curvature=curvature)
+        report = self.series.last_search.report if self.quality is not None else None
+        size = self.series.checkpoints()[-1].bytes
+        if self.keep_last is not None:
+            self.series.retain(self.keep_last)
+        return {"step": step, "bytes": size, "search": report,
+                "seconds": time.perf_counter() - started}
+
+    def _run(self, step: int, job: Callable[[], dict[str, Any]],
+             started: float) -> dict[str, Any]:
+        """Run a save's job now, or hand it to the background thread."""
+        if self._executor is None:
+            report = job()
+            self.last_report = report
+        else:
+            self._pending = (step, self._executor.submit(job))
+            report = {"step": step, "bytes": None, "search": None}
         seconds = time.perf_counter() - started
         self.seconds += seconds
-        return {"step": step, "bytes": self.series.checkpoints()[-1].bytes, "search": report,
-                "seconds": seconds}
+        return {**report, "seconds": seconds}
+
+    def wait(self) -> dict[str, Any] | None:
+        """Wait for the save in the background, if any; return its report (as :meth:`save`
+        returns in sync mode, ``seconds`` being the background time), None if none was
+        pending. Raises what that save raised: the step was then not saved."""
+        if self._pending is None:
+            return None
+        step, future = self._pending
+        error = future.exception()  # an interrupt while waiting leaves the save pending
+        self._pending = None
+        if error is not None:
+            if hasattr(error, "add_note"):
+                error.add_note(f"raised by the background save of step {step}, which was not "
+                               f"saved")
+            raise error
+        self.last_report = future.result()
+        return self.last_report
+
+    def close(self) -> None:
+        """Finish the save in the background (raising its failure) and stop the thread.
+        Saving afterwards is an error; restoring is not."""
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # the body's exception goes on; a failed save must still be seen
+            self.close()
+        except Exception:
+            _LOG.exception("Checkpointer(%s): the last save failed", self.directory)
 
     def restore(self, step: int | None = None) -> int:
-        """Load ``step`` (default: the latest) into the model and optimizer; return the step.
+        """Load ``step`` (default: the latest) into the model, the optimizer, the scheduler,
+        the extras and (``rng``) the random generators; return the step.
 
-        The search continues from the restored checkpoint's choice, and the gradient average
-        starts afresh (captured again in the last ``ema_window`` steps before the next save).
+        Waits for a save in the background first (raising its failure). Everything is read
+        and checked before anything is modified. The search continues from the restored
+        checkpoint's choice, and the gradient average starts afresh (captured again in the
+        last ``ema_window`` steps before the next save).
+
+        Raises
+        ------
+        InvalidArgumentError
+            No checkpoint; or the checkpoint does not match: names or shapes, a scheduler or
+            an extra it lacks, an extra it holds that was not given (a checkpoint saved
+            before the training state was stored restores the model and optimizer only).
         """
+        self.wait()
+        if self._sharded is not None:
+            step = self._sharded.restore(step)
+            self._last_step = step
+            return step
         if step is None:
             step = self.series.latest()
             if step is None:
                 raise InvalidArgumentError(f"no checkpoint in {self.series.directory}")
         tensors = self.series.load(step)
         metadata = self.series.metadata(step)
+        training = decode(metadata.get(TRAINING_METADATA),
+                          {n: a for n, a in tensors.items() if n.startswith(TRAINING)},
+                          scheduler=self.scheduler is not None, extra=self.extra, rng=self.rng,
+                          where=f"{self.series.directory}, step {step}")
+        tensors = {n: a for n, a in tensors.items() if not n.startswith(TRAINING)}
         load_state(tensors, metadata, self.model, self.optimizer)
+        training.apply(self.scheduler, self.extra, self.rng)
         if self.search is not None:
             self.search.previous = self.series.search_choice(step)
         self.peak_lr = _peak_lr(metadata) or self.peak_lr

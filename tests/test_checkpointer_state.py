@@ -1,0 +1,217 @@
+"""Checkpointer: the whole training state (scheduler, random generators, extras) saved in the
+same checkpoint as the model and optimizer, and an interrupted run that resumes exactly."""
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import inshrink
+from inshrink import errors
+from inshrink.torch import Checkpointer
+from inshrink.torch.checkpointer import TRAINING_METADATA
+
+torch.set_num_threads(1)
+
+
+def make(seed=0):
+    """A model with dropout (so the random generators matter), AdamW and a schedule."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(64, 80), nn.ReLU(), nn.Dropout(0.3), nn.Linear(80, 4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+    return model, optimizer, scheduler
+
+
+class Loader:
+    """A data source whose position is training state (a Stateful): batches drawn from
+    numpy's and Python's global generators, so that they matter too."""
+
+    def __init__(self):
+        self.position = 0
+        self.history = []
+
+    def batch(self):
+        self.position += 1
+        x = torch.from_numpy(np.random.standard_normal((8, 64)).astype(np.float32))
+        x = x * (1 + random.random())
+        return x, (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long()
+
+    def state_dict(self):
+        return {"position": self.position, "history": list(self.history),
+                "last": torch.tensor([self.position], dtype=torch.float32)}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
+        self.history = state["history"]
+        assert state["last"].dtype == torch.float32
+
+
+def train(model, optimizer, scheduler, loader, steps):
+    losses = []
+    model.train()
+    for _ in range(steps):
+        x, y = loader.batch()
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        loader.history.append(round(loss.item(), 3))
+        losses.append(loss.item())
+    return losses
+
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@pytest.mark.parametrize("policy", [None, "balanced"])
+def test_an_interrupted_run_resumes_exactly(tmp_path, policy):
+    seed_everything(1)
+    model, optimizer, scheduler = make()
+    loader = Loader()
+    ckpt = Checkpointer(tmp_path / "c", model, optimizer, scheduler,
+                        extra={"loader": loader}, policy=policy, grad_ema=False)
+    train(model, optimizer, scheduler, loader, 4)
+    ckpt.save(4)
+    uninterrupted = train(model, optimizer, scheduler, loader, 5)
+
+    # a new process, in effect: other weights, other generator states, a fresh schedule
+    seed_everything(99)
+    resumed, resumed_optimizer, resumed_scheduler = make(seed=7)
+    resumed_loader = Loader()
+    again = Checkpointer(tmp_path / "c", resumed, resumed_optimizer, resumed_scheduler,
+                         extra={"loader": resumed_loader}, policy=policy)
+    assert again.restore() == 4
+    assert resumed_scheduler.last_epoch == 4 and resumed_loader.position == 4
+    assert resumed_optimizer.param_groups[0]["lr"] == scheduler.base_lrs[0] * 0.5
+    losses = train(resumed, resumed_optimizer, resumed_scheduler, resumed_loader, 5)
+    if policy is None:  # lossless: bit for bit
+        assert losses == uninterrupted
+        assert resumed_loader.history == loader.history
+    else:  # lossy weights, but the same batches and the same dropout masks
+        assert resumed_loader.position == loader.position
+        assert np.allclose(losses, uninterrupted, rtol=0.1, atol=0.02)
+
+
+def test_saving_does_not_consume_the_random_streams(tmp_path):
+    seed_everything(3)
+    model, optimizer, scheduler = make()
+    ckpt = Checkpointer(tmp_path / "c", model, optimizer, scheduler, policy="balanced",
+                        grad_ema=False)
+    state = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+    ckpt.save(1)
+    ckpt.save(2)
+    assert torch.equal(torch.get_rng_state(), state[0])
+    assert np.array_equal(np.random.get_state()[1], state[1])
+    assert random.getstate() == state[2]
+
+
+def test_the_state_is_in_the_checkpoint_file_and_never_quantized(tmp_path):
+    model, optimizer, scheduler = make()
+
+    class Big:  # a float matrix large enough to be a "weight" to any policy
+        def __init__(self):
+            self.table = torch.randn(64, 128)
+
+        def state_dict(self):
+            return {"table": self.table}
+
+        def load_state_dict(self, state):
+            self.table = state["table"]
+
+    big = Big()
+    ckpt = Checkpointer(tmp_path / "c", model, optimizer, scheduler, extra={"big": big},
+                        policy="compact", grad_ema=False)
+    ckpt.save(1)
+    with inshrink.open(tmp_path / "c" / "step_000000000001.ink") as f:
+        doc = json.loads(f.metadata[TRAINING_METADATA])
+        assert doc["scheduler"]["last_epoch"] == 0 and "loader" not in doc["extra"]
+        assert f.info("training.extra.big.table").lossless
+        assert f.info("training.rng.torch").lossless
+        assert not f.info("model.0.weight").lossless  # the policy did apply to the model
+    restored = Big()
+    restored.table = torch.zeros(1)
+    Checkpointer(tmp_path / "c", model, optimizer, scheduler, extra={"big": restored},
+                 policy="compact").restore()
+    assert torch.equal(restored.table, big.table)
+
+
+def test_values_json_cannot_hold_are_refused_by_name_before_anything_is_written(tmp_path):
+    model, optimizer, scheduler = make()
+
+    class Odd:
+        def state_dict(self):
+            return {"ok": 1, "callback": object()}
+
+        def load_state_dict(self, state):
+            pass
+
+    ckpt = Checkpointer(tmp_path / "c", model, optimizer, scheduler, extra={"odd": Odd()},
+                        grad_ema=False)
+    with pytest.raises(errors.InvalidArgumentError, match=r"training\.extra\.odd\.callback"):
+        ckpt.save(1)
+    assert ckpt.steps() == []
+
+
+def test_restore_checks_the_training_state_before_changing_anything(tmp_path):
+    model, optimizer, scheduler = make()
+    Checkpointer(tmp_path / "c", model, optimizer, grad_ema=False).save(1)  # no scheduler
+    fresh, fresh_optimizer, fresh_scheduler = make(seed=5)
+    before = fresh[0].weight.detach().clone()
+    with pytest.raises(errors.InvalidArgumentError, match="missing scheduler"):
+        Checkpointer(tmp_path / "c", fresh, fresh_optimizer, fresh_scheduler).restore()
+    with pytest.raises(errors.InvalidArgumentError, match=r"missing extra\['loader'\]"):
+        Checkpointer(tmp_path / "c", fresh, fresh_optimizer,
+                     extra={"loader": Loader()}).restore()
+    assert torch.equal(fresh[0].weight, before)
+
+    Checkpointer(tmp_path / "d", model, optimizer, extra={"loader": Loader()},
+                 grad_ema=False).save(1)
+    with pytest.raises(errors.InvalidArgumentError, match=r"unexpected extra\['loader'\]"):
+        Checkpointer(tmp_path / "d", fresh, fresh_optimizer).restore()
+    assert torch.equal(fresh[0].weight, before)
+
+
+def test_rng_false_leaves_the_generators_alone(tmp_path):
+    model, optimizer, _ = make()
+    Checkpointer(tmp_path / "c", model, optimizer, rng=False, grad_ema=False).save(1)
+    with inshrink.open(tmp_path / "c" / "step_000000000001.ink") as f:
+        assert not any(name.startswith("training.rng.") for name in f.keys())
+    # a checkpoint with generator states, restored with rng=False: left alone
+    Checkpointer(tmp_path / "d", model, optimizer, grad_ema=False).save(1)
+    torch.manual_seed(42)
+    state = torch.get_rng_state()
+    Checkpointer(tmp_path / "d", model, optimizer, rng=False).restore()
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"scheduler": object()}, "scheduler must have"),
+    ({"extra": {"x": object()}}, r"extra\['x'\]"),
+    ({"extra": {"a.b": Loader()}}, "without '.'"),
+    ({"extra": [Loader()]}, "extra must be a mapping"),
+    ({"rng": 1}, "rng must be"),
+    ({"keep_last": 0}, "keep_last"),
+    ({"sharded": "yes"}, "sharded must be"),
+])
+def test_bad_training_state_arguments(tmp_path, kwargs, match):
+    model, optimizer, _ = make()
+    with pytest.raises(errors.InvalidArgumentError, match=match):
+        Checkpointer(tmp_path / "c", model, optimizer, **kwargs)
+
+
+def test_keep_last_retains_the_newest_steps(tmp_path):
+    model, optimizer, scheduler = make()
+    ckpt = Checkpointer(tmp_path / "c", model, optimizer, scheduler, keep_last=2,
+                        grad_ema=False)
+    for step in range(1, 5):
+        train(model, optimizer, scheduler, Loader(), 1)
+        ckpt.save(step)
+    assert ckpt.steps() == [3, 4]
+    assert ckpt.restore(3) == 3 and scheduler.last_epoch == 3
