@@ -1,0 +1,373 @@
+"""inshrink.dcp_series: series of sharded DCP checkpoints stored as per-rank deltas.
+
+The multi-process tests run this file as a script (a fresh interpreter) that forks the ranks
+of each process group (FSDP2 on CPU with gloo), as tests/test_dcp_distributed.py does; the
+test then checks what the ranks left on disk. The others run DCP in this process (one rank).
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+import test_dcp_distributed as base
+from inshrink import errors
+from inshrink.dcp_series import MANIFEST, InkSeries
+
+HERE = os.path.abspath(__file__)
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def run_scenario(name, directory, timeout=120):
+    result = subprocess.run([sys.executable, HERE, name, str(directory)], capture_output=True,
+                            text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+def blank(state):
+    """A destination for dcp.load shaped like ``state``: tensors zeroed, other leaves kept
+    (DCP replaces them)."""
+    if isinstance(state, dict):
+        return {k: blank(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [blank(v) for v in state]
+    return torch.zeros_like(state) if isinstance(state, torch.Tensor) else state
+
+
+def load_one_rank(series, step, like):
+    """Step ``step`` loaded into this single process: a different world size (resharding)."""
+    state = blank(like)
+    dcp.load(state, storage_reader=series.reader(step), no_dist=True)
+    return state
+
+
+def within_reported_error(reference, restored, rows):
+    """Every tensor of ``restored`` equals ``reference`` where its chunks are lossless, and is
+    within the worst max_abs_error its chunks reported where they are not."""
+    errors_of = {}
+    for row in rows:
+        errors_of.setdefault(row["fqn"], []).append(row["error"])
+    reference, restored = base.flat(reference), base.flat(restored)
+    lossy = 0
+    for key, value in reference.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        fqn = f"model.{key[6:]}" if key.startswith("model.") else key
+        reported = errors_of.get(fqn.replace("optim.state.", "optim.state.", 1), [None])
+        if all(e is None for e in reported):
+            assert torch.equal(restored[key], value), key
+            continue
+        bound = max(e["max_abs_error"] for e in reported if e is not None)
+        assert (restored[key].double() - value.double()).abs().max().item() <= bound, key
+        lossy += 1
+    return lossy
+
+
+def test_2_ranks_series_restores_every_step_and_a_new_world_size_starts_a_keyframe(tmp_path):
+    run_scenario("series", tmp_path)
+    lossless = InkSeries(tmp_path / "lossless", threads=1)
+    entries = {s.step: s for s in lossless.checkpoints()}
+    assert sorted(entries) == [1, 2, 3, 4, 5, 6, 7]
+    # keyframe_every=4: 1, 2, 3 chain to 4; 5 to 6; 6 stays whole: 7 was saved by 3 ranks
+    assert {s: e.base for s, e in entries.items()} == {1: 2, 2: 3, 3: 4, 4: None, 5: 6,
+                                                       6: None, 7: None}
+    assert [entries[s].world_size for s in range(1, 8)] == [2] * 6 + [3]
+    assert all(f.file.endswith(".d.ink") for s in (1, 2, 3, 5) for f in entries[s].files)
+    assert len(entries[1].files) == 2 and len(entries[7].files) == 3
+    assert lossless.verify() == []
+    # every step restored on 2 ranks (7 of them resharded from 3) bit for bit
+    for step in range(1, 8):
+        reference = torch.load(tmp_path / f"ref_{step}.pt", weights_only=False)
+        assert reference["extra"]["step"] == step
+        base.assert_bit_equal(reference, torch.load(tmp_path / f"lossless_{step}.pt",
+                                                    weights_only=False))
+    # and into this one process, from a delta chain and from the 3-rank step
+    for step in (1, 7):
+        reference = torch.load(tmp_path / f"ref_{step}.pt", weights_only=False)
+        base.assert_bit_equal(reference, load_one_rank(lossless, step, reference))
+    # the deltas are smaller than the whole files they replaced
+    rows = {s: lossless.describe(s) for s in (3, 4)}
+    assert {r["codec"].split("+")[0] for r in rows[3]} >= {"xor"}
+    assert sum(r["stored_bytes"] for r in rows[3]) < sum(r["stored_bytes"] for r in rows[4])
+
+    lossy = InkSeries(tmp_path / "lossy", threads=1)
+    assert lossy.steps() == [2, 3, 4, 5, 6]  # keep=5
+    assert not os.path.exists(tmp_path / "lossy" / f"step_{1:012d}")
+    codecs = {r["codec"] for r in lossy.describe(2)}
+    assert any(c.startswith("codedelta") for c in codecs), codecs
+    assert lossy.verify() == []
+    for step in lossy.steps():
+        reference = torch.load(tmp_path / f"ref_{step}.pt", weights_only=False)
+        restored = torch.load(tmp_path / f"lossy_{step}.pt", weights_only=False)
+        assert within_reported_error(reference, restored, lossy.describe(step)) >= 3
+        base.assert_bit_equal(reference["extra"], restored["extra"])
+
+
+def test_a_rank_killed_mid_save_leaves_the_series_as_it_was(tmp_path):
+    run_scenario("series_killed", tmp_path)
+    assert (tmp_path / "killed").read_text() == str(-signal.SIGKILL)
+    series = InkSeries(tmp_path / "run", threads=1)
+    assert series.steps() == [1, 2]
+    assert series.entry(2).keyframe and series.entry(1).base == 2
+    # what the killed save wrote is reported as debris, and nothing else is wrong
+    problems = series.verify()
+    assert problems and all("left by an interrupted save" in p for p in problems), problems
+    assert any("step_000000000003" in p for p in problems)
+    base.assert_bit_equal(torch.load(tmp_path / "ref_2.pt", weights_only=False),
+                          torch.load(tmp_path / "loaded_2.pt", weights_only=False))
+    for step in (1, 2):
+        reference = torch.load(tmp_path / f"ref_{step}.pt", weights_only=False)
+        base.assert_bit_equal(reference, load_one_rank(series, step, reference))
+    # a missing rank file: every rank of the load fails at once, naming it (no hang)
+    for rank in (0, 1):
+        outcome = json.loads((tmp_path / f"outcome_{rank}.json").read_text())
+        assert outcome["error"] == "CheckpointException", outcome
+        assert outcome["missing"] in outcome["message"], outcome  # DCP keeps the message only
+    # the next save, by one rank: a keyframe (another world size), and the debris goes
+    reference = torch.load(tmp_path / "ref_2.pt", weights_only=False)
+    dcp.save(reference, storage_writer=series.writer(3), no_dist=True)
+    assert series.entry(2).keyframe and series.entry(3).world_size == 1
+    assert series.verify() == []
+    assert sorted(n for n in os.listdir(tmp_path / "run") if n.startswith("step_")) == [
+        f"step_{s:012d}" for s in (1, 2, 3)]
+
+
+# -- one rank, in this process ---------------------------------------------------------------
+
+def _state(step, gen):
+    return {"model": {"w": torch.randn(64, 64, generator=gen), "b": torch.full((8,), step * 1.)},
+            "optim": {"state": {"w": {"exp_avg": torch.randn(64, 64, generator=gen)}}},
+            "step": step}
+
+
+def _saved_series(tmp_path, steps=3, **kwargs):
+    gen = torch.Generator().manual_seed(0)
+    series = InkSeries(tmp_path / "run", threads=1, **kwargs)
+    states = {}
+    for step in range(1, steps + 1):
+        states[step] = _state(step, gen)
+        dcp.save(states[step], storage_writer=series.writer(step), no_dist=True)
+    return series, states
+
+
+def test_one_rank_series_keep_and_keyframes(tmp_path):
+    series, states = _saved_series(tmp_path, steps=6, keyframe_every=2, keep=4)
+    assert series.steps() == [3, 4, 5, 6]
+    assert [series.entry(s).base for s in series.steps()] == [4, None, 6, None]
+    assert sorted(n for n in os.listdir(tmp_path / "run") if n != MANIFEST) == [
+        f"step_{s:012d}" for s in (3, 4, 5, 6)]
+    for step in series.steps():
+        base.assert_bit_equal(states[step], load_one_rank(series, step, states[step]))
+    with pytest.raises(errors.InvalidArgumentError, match="not after the latest step 6"):
+        series.writer(6)
+
+
+def test_one_rank_lossy_series_restores_what_each_step_stored(tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    series = InkSeries(tmp_path / "run", policy="balanced", threads=1)
+    w, m = torch.randn(128, 128, generator=gen), torch.zeros(128, 128)
+    states, fresh = {}, {}
+    for step in range(1, 6):  # small steps, as training takes: the codes persist
+        w = w + 1e-3 * torch.randn(128, 128, generator=gen)
+        m = 0.9 * m + 1e-2 * torch.randn(128, 128, generator=gen)
+        states[step] = {"model": {"w": w.clone()}, "optim": {"state": {"w": {"exp_avg": m.clone()}}},
+                        "step": step}
+        dcp.save(states[step], storage_writer=series.writer(step), no_dist=True)
+        fresh[step] = load_one_rank(series, step, states[step])  # while it is whole
+    assert [series.entry(s).base for s in series.steps()] == [2, 3, 4, 5, None]
+    assert {r["codec"] for r in series.describe(1)} >= {"codedelta+quant+zstd"}
+    for step in series.steps():
+        restored = load_one_rank(series, step, states[step])
+        base.assert_bit_equal(fresh[step], restored)
+        assert within_reported_error(states[step], restored, series.describe(step)) == 2
+    older = sum(f.bytes for s in (1, 2, 3, 4) for f in series.entry(s).files)
+    assert older < 4 * series.entry(5).files[0].bytes
+
+
+def test_bad_series_input_is_a_typed_error_naming_the_file(tmp_path):
+    series, states = _saved_series(tmp_path)
+    entry = series.entry(1)
+    delta = tmp_path / "run" / entry.dir / entry.files[0].file
+    # a file whose bytes differ from the manifest's hash
+    original = delta.read_bytes()
+    delta.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
+    with pytest.raises(errors.BaseMismatchError, match=str(delta)):
+        series.decode(1, 0)
+    with pytest.raises(CheckpointException, match="BaseMismatchError"):
+        load_one_rank(series, 1, states[1])
+    delta.write_bytes(original)
+    # a missing rank file, found before any rank reads
+    whole = tmp_path / "run" / series.entry(3).dir / series.entry(3).files[0].file
+    whole.rename(tmp_path / "aside")
+    with pytest.raises(errors.CorruptError, match=str(whole)):
+        series.reader(1).read_metadata()
+    (tmp_path / "aside").rename(whole)
+    # .metadata and the manifest naming different rank files
+    doc = json.loads((tmp_path / "run" / MANIFEST).read_text())
+    good = json.dumps(doc)
+    step_2 = tmp_path / "run" / series.entry(2).dir
+    renamed = step_2 / "rank00000-000000000000.d.ink"
+    (step_2 / series.entry(2).files[0].file).rename(renamed)
+    doc["checkpoints"][1]["files"][0]["name"] = "rank00000-000000000000.ink"
+    doc["checkpoints"][1]["files"][0]["file"] = renamed.name
+    (tmp_path / "run" / MANIFEST).write_text(json.dumps(doc))
+    with pytest.raises(errors.CorruptError, match="disagree on the step's rank files"):
+        series.reader(2).read_metadata()
+    # a delta whose base was saved by another world size
+    doc = json.loads(good)
+    doc["checkpoints"][2]["world_size"] = 3
+    (tmp_path / "run" / MANIFEST).write_text(json.dumps(doc))
+    with pytest.raises(errors.BaseMismatchError, match=r"rank00000-[0-9a-f]{12}\.d\.ink.*3 ranks"):
+        series.checkpoints()
+    (tmp_path / "run" / MANIFEST).write_text("{")
+    with pytest.raises(errors.CorruptError, match=MANIFEST):
+        series.writer(4)
+
+
+def test_a_failed_rewrite_keeps_the_previous_manifest(tmp_path, monkeypatch):
+    series, states = _saved_series(tmp_path, steps=2)
+    before = (tmp_path / "run" / MANIFEST).read_bytes()
+    import inshrink.dcp_series as module
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "no space left")
+    monkeypatch.setattr(module, "write_delta", fail)
+    with pytest.raises(CheckpointException, match="no space left"):
+        dcp.save(_state(3, torch.Generator()), storage_writer=series.writer(3), no_dist=True)
+    assert (tmp_path / "run" / MANIFEST).read_bytes() == before
+    for step in (1, 2):
+        base.assert_bit_equal(states[step], load_one_rank(series, step, states[step]))
+    monkeypatch.undo()
+    states[3] = _state(3, torch.Generator().manual_seed(3))
+    dcp.save(states[3], storage_writer=series.writer(3), no_dist=True)
+    assert series.verify() == [] and series.entry(2).base == 3
+    for step in (1, 2, 3):
+        base.assert_bit_equal(states[step], load_one_rank(series, step, states[step]))
+
+
+# -- the ranks (run as a script) -------------------------------------------------------------
+
+def _save_step(rank, world, directory, model, optim, sched, step, series):
+    state = base._state(model, optim, sched, step)
+    for s in series:
+        dcp.save(state, storage_writer=s.writer(step))
+    full = base._full(model, optim, state)
+    if rank == 0:
+        torch.save(full, os.path.join(directory, f"ref_{step}.pt"))
+
+
+def _load_step(rank, world, series, step, out):
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+    model, optim, sched = base._sharded(world, seed=123)  # other values, all overwritten
+    state = base._state(model, optim, sched, 0)
+    state["extra"]["rng"] = torch.zeros_like(state["extra"]["rng"])
+    dcp.load(state, storage_reader=series.reader(step))
+    set_state_dict(model, optim, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+    full = base._full(model, optim, state)
+    if rank == 0:
+        torch.save(full, out)
+
+
+def _series_2(rank, world, directory):
+    lossless = InkSeries(os.path.join(directory, "lossless"), keyframe_every=4, threads=1)
+    lossy = InkSeries(os.path.join(directory, "lossy"), policy="balanced", keep=5, threads=1)
+    model, optim, sched = base._sharded(world, seed=0)
+    for step in range(1, 7):
+        base._train(model, optim, sched, 1, seed=step)
+        _save_step(rank, world, directory, model, optim, sched, step, (lossless, lossy))
+
+
+def _series_3(rank, world, directory):
+    lossless = InkSeries(os.path.join(directory, "lossless"), keyframe_every=4, threads=1)
+    model, optim, sched = base._sharded(world, seed=7)
+    base._train(model, optim, sched, 1)
+    _save_step(rank, world, directory, model, optim, sched, 7, (lossless,))
+
+
+def _series_load(rank, world, directory):
+    for kind in ("lossless", "lossy"):
+        series = InkSeries(os.path.join(directory, kind), threads=1)
+        for step in series.steps():
+            _load_step(rank, world, series, step, os.path.join(directory, f"{kind}_{step}.pt"))
+
+
+def _killed(rank, world, directory):
+    series = InkSeries(os.path.join(directory, "run"), threads=1)
+    model, optim, sched = base._sharded(world, seed=0)
+    for step in (1, 2):
+        base._train(model, optim, sched, 1, seed=step)
+        _save_step(rank, world, directory, model, optim, sched, step, (series,))
+    if rank == 1:  # dies while rewriting its file of step 2, its file of step 3 written
+        import inshrink.dcp_series as module
+
+        def die(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGKILL)
+        module.write_delta = die
+    base._train(model, optim, sched, 1, seed=3)
+    _save_step(rank, world, directory, model, optim, sched, 3, (series,))
+
+
+def _break_a_copy(directory):
+    """A copy of the series with rank 1's delta file of step 1 gone."""
+    shutil.copytree(os.path.join(directory, "run"), os.path.join(directory, "broken"))
+    series = InkSeries(os.path.join(directory, "broken"))
+    missing = os.path.join(series.directory, series.entry(1).dir,
+                           series.entry(1).file_of(1).file)
+    os.unlink(missing)
+    with open(os.path.join(directory, "missing"), "w") as f:
+        f.write(missing)
+
+
+def _load_after_kill(rank, world, directory):
+    _load_step(rank, world, InkSeries(os.path.join(directory, "run"), threads=1), 2,
+               os.path.join(directory, "loaded_2.pt"))
+    with open(os.path.join(directory, "missing")) as f:
+        outcome = {"missing": f.read()}
+    try:
+        _load_step(rank, world, InkSeries(os.path.join(directory, "broken"), threads=1), 1,
+                   os.path.join(directory, "never.pt"))
+        outcome["error"] = None
+    except CheckpointException as exc:
+        outcome.update(error=type(exc).__name__, message=str(exc))
+    with open(os.path.join(directory, f"outcome_{rank}.json"), "w") as f:
+        json.dump(outcome, f)
+
+
+SCENARIOS = {  # name: ((world size, rank function) or (None, function of the directory), ...)
+    "series": ((2, _series_2), (3, _series_3), (2, _series_load)),
+    "series_killed": ((2, _killed), (None, _break_a_copy), (2, _load_after_kill)),
+}
+
+
+def _main(name, directory):
+    import warnings
+
+    import torch.multiprocessing as mp
+    warnings.simplefilter("ignore")
+    base._main.__globals__["SCENARIOS"][name] = ()  # its warm-up and imports, no group
+    base._main(name, directory)
+    for group, (world, fn) in enumerate(SCENARIOS[name]):
+        if world is None:
+            fn(directory)
+            continue
+        init = f"file://{os.path.join(directory, f'.init-{group}')}"
+        try:
+            mp.start_processes(base._rank_main, args=(world, init, fn, directory),
+                               nprocs=world, start_method="fork")
+        except mp.ProcessExitedException as exc:
+            if fn is not _killed:
+                raise
+            # rank 1 killed itself; start_processes then ended the other rank
+            with open(os.path.join(directory, "killed"), "w") as f:
+                f.write(str(exc.exit_code))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1], sys.argv[2])
