@@ -200,7 +200,7 @@ def _chunks(entry: TensorEntry, read: Read):
         raw = np.frombuffer(read(start * itemsize, stop * itemsize), np.uint8)
         if raw.size != (stop - start) * itemsize:
             raise InvalidArgumentError(f"tensor {entry.name!r}: source returned too few bytes")
-        yield start, stop, raw, raw.view(entry.dtype.numpy).astype(work)
+        yield start, stop, raw, raw.view(entry.dtype.numpy).astype(work, copy=False)
 
 
 def _force(importance: Any, config: QuantConfig, numel: int) -> np.ndarray | None:
@@ -257,6 +257,5 @@ def _measure(entry: TensorEntry, read: Read, tensor: LossyTensor) -> ChunkStats:
     total = ChunkStats()
     for start, stop, _, x in _chunks(entry, read):
         force = None if tensor.force is None else tensor.force[start:stop]
-        codes = tensor.encoder.assign(x, force)
-        total.merge(tensor.encoder.stats(x, codes))
+        total.merge(tensor.encoder.measure(x, force))
     return total

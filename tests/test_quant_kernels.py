@@ -34,11 +34,14 @@ def sketch_args(float_type, shift):
     return word, abs_mask, inf_bits, size
 
 
-def run_sketch(x, shift, counts=None):
+def run_sketch(x, shift, counts=None, span=None):
     word, abs_mask, inf_bits, size = sketch_args(x.dtype.type, shift)
     pos, neg, totals = counts or (np.zeros(size, np.int64), np.zeros(size, np.int64),
                                   np.zeros(3))
-    quant.sketch_words(x, x.view(word), abs_mask, inf_bits, np.uint64(shift), pos, neg, totals)
+    both = np.stack([pos, neg])
+    span = np.array([size, -1], np.int64) if span is None else span
+    quant.sketch_words(x, x.view(word), abs_mask, inf_bits, np.uint64(shift), both, totals, span)
+    pos[:], neg[:] = both
     return pos, neg, totals
 
 
@@ -68,6 +71,23 @@ def test_sketch_matches_oracle(float_type, kept_bits, data):
     np.testing.assert_array_equal(neg, want_neg)
     assert totals[:2].tolist() == want_totals[:2]
     assert math.isclose(totals[2], want_totals[2], rel_tol=1e-9) or totals[2] == want_totals[2]
+
+
+@pytest.mark.parametrize("float_type", FLOAT_TYPES)
+@given(data=st.data())
+def test_sketch_span_covers_exactly_the_counted_buckets(float_type, data):
+    x = data.draw(float_arrays(float_type))
+    cut = data.draw(st.integers(0, x.size))
+    shift = BITS[float_type][1] - 7
+    size = sketch_args(float_type, shift)[3]
+    span = np.array([size, -1], np.int64)
+    counts = run_sketch(x[:cut], shift, span=span)
+    pos, neg, _ = run_sketch(x[cut:], shift, counts, span)
+    used = np.flatnonzero(pos + neg)
+    if used.size:
+        assert span.tolist() == [used[0], used[-1]]
+    else:
+        assert span.tolist() == [size, -1]
 
 
 @pytest.mark.parametrize("float_type", FLOAT_TYPES)
@@ -382,6 +402,74 @@ def test_assign_precedence_and_single_level(float_type):
     empty = np.empty(0, np.uint16)
     assert quant.assign_codes(np.empty(0, float_type), np.array([0.0]), -INF, INF, 0.0, 0.0, 0,
                               2, NO_FORCE, empty) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# quantize_chunk: assign_codes, the escapes' nearest codes and error_stats in one pass
+
+def oracle_quantize(x, boundaries, table, protect_lo, protect_hi, prune_below, zero_code, escape,
+                    force):
+    codes, _ = oracle_assign(x, boundaries, protect_lo, protect_hi, -prune_below, prune_below,
+                             zero_code, escape, force)
+    stats = oracle_error_stats(x, codes, table, escape, prune_below)
+    positions = np.flatnonzero(codes == escape)
+    v = x[positions].astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        nearest = np.searchsorted(boundaries, v, side="left")
+    codes[positions] = np.where(np.isfinite(v), nearest, 0)
+    return codes, positions, stats
+
+
+def run_quantize(x, boundaries, table, protect, prune_below, zero_code, escape, force):
+    codes = np.full(x.size, 0xBEEF, np.uint16)
+    positions = np.full(x.size, -7, np.int64)
+    out = np.zeros(7)
+    n = quant.quantize_chunk(x, boundaries, table, protect[0], protect[1], prune_below,
+                             zero_code, escape, force, codes, positions, out)
+    return codes, positions[:n], out
+
+
+@pytest.mark.parametrize("float_type", FLOAT_TYPES)
+@given(data=st.data())
+def test_quantize_chunk_matches_oracle(float_type, data):
+    x, boundaries, protect, prune, force, levels = data.draw(assign_case(float_type))
+    prune_below = abs(prune[1])
+    table = np.sort(np.array(data.draw(st.lists(
+        st.floats(-1e3, 1e3, width=32), min_size=levels, max_size=levels)), np.float64))
+    zero_code = data.draw(st.sampled_from([levels // 2, levels]))
+    args = (x, boundaries, table, protect, prune_below, zero_code, levels, force)
+    codes, positions, out = run_quantize(*args)
+    with np.errstate(over="ignore"):
+        want_codes, want_positions, want = oracle_quantize(x, boundaries, table, *protect,
+                                                           prune_below, zero_code, levels, force)
+    np.testing.assert_array_equal(codes, want_codes)
+    np.testing.assert_array_equal(positions, want_positions)
+    np.testing.assert_allclose(out[0], want[0], rtol=1e-9)  # the oracle sums pairwise
+    np.testing.assert_array_equal(out[1:], want[1:])
+
+
+@pytest.mark.parametrize("float_type", FLOAT_TYPES)
+@pytest.mark.parametrize("n_boundaries", [0, 1, 15, 256, 257, 1000])
+def test_quantize_chunk_is_assign_then_error_stats(float_type, n_boundaries):
+    rng = np.random.default_rng(n_boundaries)
+    table = np.sort(rng.standard_normal(n_boundaries + 1))
+    boundaries = (table[1:] + table[:-1]) / 2
+    x = np.concatenate([rng.standard_normal(1500) * 1.5, boundaries, [np.nan, np.inf, -np.inf,
+                                                                      0.0, -0.0, 1e30]])
+    x = x.astype(float_type)
+    args = (boundaries, -2.5, 2.5, -0.01, 0.01, 0, n_boundaries + 1, NO_FORCE)
+    codes, positions, out = run_quantize(x, boundaries, table, (-2.5, 2.5), 0.01, 0,
+                                         n_boundaries + 1, NO_FORCE)
+    assigned = np.empty(x.size, np.uint16)
+    escapes = quant.assign_codes(x, *args, assigned)
+    stats = np.zeros(7)
+    quant.error_stats(x, assigned, table, n_boundaries + 1, 0.01, stats)
+    assert positions.size == escapes
+    np.testing.assert_array_equal(positions, np.flatnonzero(assigned == n_boundaries + 1))
+    kept = np.ones(x.size, bool)
+    kept[positions] = False
+    np.testing.assert_array_equal(codes[kept], assigned[kept])
+    np.testing.assert_array_equal(out, stats)
 
 
 # ---------------------------------------------------------------------------------------------

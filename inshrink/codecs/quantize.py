@@ -46,9 +46,23 @@ class Sketch:
 
     work: np.dtype
     shift: int
-    pos: np.ndarray
-    neg: np.ndarray
+    counts: np.ndarray  # int64, 2 rows (positive, negative) of one count per bucket
     totals: np.ndarray  # zeros, non-finite, sum of squares of the finite elements
+    span: np.ndarray    # int64 [lowest, highest] bucket counted: the fit scans only these
+
+    @property
+    def pos(self) -> np.ndarray:
+        return self.counts[0]
+
+    @property
+    def neg(self) -> np.ndarray:
+        return self.counts[1]
+
+    @property
+    def occupied(self) -> tuple[int, int]:
+        """``(first, stop)``: every counted bucket lies in ``[first, stop)`` (empty: 0, 0)."""
+        first, last = int(self.span[0]), int(self.span[1])
+        return (first, last + 1) if last >= first else (0, 0)
 
     @classmethod
     def for_dtype(cls, dtype: DType, alpha: float, bins: int = 1) -> "Sketch":
@@ -61,8 +75,8 @@ class Sketch:
         kept = min(mantissa, 20 - exponent, max(1, kept))  # at most 2^20 buckets per sign
         shift = mantissa - kept
         size = int(cls._inf_bits(work) >> np.uint64(shift)) + 1
-        return cls(work, shift, np.zeros(size, np.int64), np.zeros(size, np.int64),
-                   np.zeros(3, np.float64))
+        return cls(work, shift, np.zeros((2, size), np.int64), np.zeros(3, np.float64),
+                   np.array([size, -1], np.int64))
 
     @staticmethod
     def _inf_bits(work: np.dtype) -> np.uint64:
@@ -73,7 +87,7 @@ class Sketch:
         word = _FLOAT_BITS[self.work.itemsize][0]
         abs_mask = np.uint64((1 << (8 * self.work.itemsize - 1)) - 1)
         kernels.sketch_words(x, x.view(word), abs_mask, self._inf_bits(self.work),
-                             np.uint64(self.shift), self.pos, self.neg, self.totals)
+                             np.uint64(self.shift), self.counts, self.totals, self.span)
 
     @property
     def zeros(self) -> int:
@@ -89,7 +103,8 @@ class Sketch:
 
     @property
     def count(self) -> int:
-        return int(self.pos.sum() + self.neg.sum()) + self.zeros + self.nonfinite
+        first, stop = self.occupied
+        return int(self.counts[:, first:stop].sum()) + self.zeros + self.nonfinite
 
     def _edge(self, index) -> np.ndarray:
         word = _FLOAT_BITS[self.work.itemsize][0]
@@ -132,34 +147,53 @@ class QuantEncoder:
     def stats(self, x: np.ndarray, codes: np.ndarray) -> "ChunkStats":
         """The error the codes make on ``x`` (escaped elements are exact)."""
         out = np.zeros(7, np.float64)
-        kernels.error_stats(x, codes, self.stage.levels.astype(np.float64), self.stage.escape,
-                            self.prune_below, out)
-        sse, worst, escaped, pruned, zeroed, flipped, nonzero = out
-        return ChunkStats(x.size, float(sse), float(worst), int(escaped), int(pruned),
-                          int(zeroed), int(flipped), int(nonzero))
+        kernels.error_stats(x, codes, self._table, self.stage.escape, self.prune_below, out)
+        return _stats(x.size, out)
+
+    def _encode(self, x: np.ndarray, force: np.ndarray | None
+                ) -> tuple[np.ndarray, np.ndarray, "ChunkStats"]:
+        """(codes, escaped positions, error) of one chunk in one pass (``x`` in the work
+        dtype); escaped elements keep their nearest level's code: smoother streams."""
+        stage = self.stage
+        codes = np.empty(x.size, np.uint16)
+        positions = np.empty(x.size, np.int64)
+        out = np.zeros(7, np.float64)
+        escaped = kernels.quantize_chunk(x, self.boundaries, self._table, -self.protect_at,
+                                         self.protect_at, self.prune_below, stage.zero_code,
+                                         stage.escape, _NO_FORCE if force is None else force,
+                                         codes, positions, out)
+        return codes, positions[:escaped].copy(), _stats(x.size, out)
+
+    def measure(self, x: np.ndarray, force: np.ndarray | None = None) -> "ChunkStats":
+        """The error the codes of one chunk make (``x`` in the work dtype)."""
+        return self._encode(x, force)[2]
 
     def quantize(self, raw: np.ndarray, force: np.ndarray | None = None
                  ) -> tuple[QuantChunk, "ChunkStats"]:
         """One chunk (uint8 view of whole elements) as the stage stores it, and its error."""
         stage = self.stage
-        x = raw.view(stage.dtype.numpy).astype(work_dtype(stage.dtype))
-        codes = self.assign(x, force)
-        stats = self.stats(x, codes)
-        positions = np.flatnonzero(codes == stage.escape)
-        if positions.size:  # escaped elements keep their nearest level's code: smoother streams
-            nearest = np.searchsorted(self.boundaries, x[positions], side="left")
-            codes[positions] = np.where(np.isfinite(x[positions]), nearest, 0)
-            if stage.levels.size == 0:
-                codes[positions] = 0
+        x = raw.view(stage.dtype.numpy).astype(work_dtype(stage.dtype), copy=False)
+        codes, positions, stats = self._encode(x, force)
         values = raw.view(WORDS[stage.dtype.itemsize])[positions].view(np.uint8)
         return QuantChunk(codes, positions, values), stats
+
+    @property
+    def _table(self) -> np.ndarray:
+        """The levels as float64, what the error is measured against."""
+        table = self.__dict__.get("_table_cache")
+        if table is None:
+            table = self.stage.levels.astype(np.float64)
+            object.__setattr__(self, "_table_cache", table)  # frozen: cached once
+        return table
 
     def estimate_rel_l2(self, sketch: Sketch) -> float:
         """Relative L2 error predicted from the histogram alone (bucket centers stand in for
         the values): cheap, used to skip bin counts that cannot meet a bound."""
         if sketch.sumsq <= 0:
             return 0.0
-        pos, neg = np.flatnonzero(sketch.pos), np.flatnonzero(sketch.neg)
+        first, stop = sketch.occupied
+        pos = np.flatnonzero(sketch.pos[first:stop]) + first
+        neg = np.flatnonzero(sketch.neg[first:stop]) + first
         values = np.concatenate([sketch.center(pos), -sketch.center(neg)])
         counts = np.concatenate([sketch.pos[pos], sketch.neg[neg]]).astype(np.float64)
         table = self.stage.levels.astype(np.float64)
@@ -175,25 +209,36 @@ class QuantEncoder:
 _NO_FORCE = np.empty(0, np.int8)
 
 
+def _stats(count: int, out: np.ndarray) -> "ChunkStats":
+    """ChunkStats of ``count`` elements from a kernel's 7 accumulators."""
+    sse, worst, escaped, pruned, zeroed, flipped, nonzero = out
+    return ChunkStats(count, float(sse), float(worst), int(escaped), int(pruned), int(zeroed),
+                      int(flipped), int(nonzero))
+
+
 def _thresholds(sketch: Sketch, prune: float, protect: float) -> tuple[int, int, float, float]:
     """Buckets to fit levels on (indices strictly between lo and hi) and the prune/protect
     magnitudes: the smallest ``prune`` and the largest ``protect`` fraction of the finite
     elements, rounded outward to whole buckets."""
-    counts = sketch.pos + sketch.neg
-    occupied = np.flatnonzero(counts)  # cumulative counts only change at occupied buckets
-    cumulative = np.cumsum(counts[occupied])
-    finite = sketch.count - sketch.nonfinite
+    first, stop = sketch.occupied  # no bucket outside counts
+    size = sketch.pos.size
+    window = sketch.pos[first:stop] + sketch.neg[first:stop]
+    occupied = np.flatnonzero(window)  # cumulative counts only change at occupied buckets
+    counts = window[occupied]
+    occupied += first
+    cumulative = np.cumsum(counts)
+    finite = int(cumulative[-1]) + sketch.zeros if occupied.size else sketch.zeros
     lo, prune_below = -1, 0.0
     target = prune * finite - sketch.zeros
     if prune > 0 and target > 0:
         at = int(np.searchsorted(cumulative, target, side="left"))
-        lo = int(occupied[at]) if at < occupied.size else len(counts)
+        lo = int(occupied[at]) if at < occupied.size else size
         prune_below = float(sketch.upper(lo))
-    hi, protect_at = len(counts) - 1, math.inf  # the last bucket starts at inf: always empty
+    hi, protect_at = size - 1, math.inf  # the last bucket starts at inf: always empty
     target = protect * finite
     if protect > 0 and target > 0:
         total = cumulative[-1] if occupied.size else 0
-        from_top = total - cumulative + counts[occupied]  # elements in this bucket and above
+        from_top = total - cumulative + counts  # elements in this bucket and above
         reached = np.flatnonzero(from_top >= target)
         hi = int(occupied[reached[-1]]) if reached.size else 0
         protect_at = float(sketch.lower(hi))
@@ -215,9 +260,12 @@ def _kmeans(points: np.ndarray, weights: np.ndarray, k: int, seed: int) -> np.nd
 def _fit_centroids(sketch: Sketch, lo: int, hi: int, bins: int, domain: str | None,
                    sigma: float, seed: int) -> np.ndarray:
     """Centroids (value domain, float64) of the buckets strictly between lo and hi."""
-    pos, neg = sketch.pos[lo + 1:hi], sketch.neg[lo + 1:hi]
-    occupied = np.flatnonzero(pos | neg)  # a fine sketch has ~10^5 buckets, few occupied
-    centers = sketch.center(occupied + (lo + 1)).astype(np.float64)
+    first, stop = sketch.occupied  # a fine sketch has ~10^5 buckets, few occupied
+    first = max(first, lo + 1)
+    stop = max(min(stop, hi), first)
+    pos, neg = sketch.pos[first:stop], sketch.neg[first:stop]
+    occupied = np.flatnonzero(pos | neg)
+    centers = sketch.center(occupied + first).astype(np.float64)
     pos, neg = pos[occupied], neg[occupied]
     if domain == "linear":
         points = np.concatenate([-centers[::-1][neg[::-1] > 0], centers[pos > 0]])
@@ -261,9 +309,11 @@ def fit(sketch: Sketch, dtype: DType, *, bins: int, domain: str | None, prune: f
     ``prune`` and ``protect`` fractions, k-means ``sigma`` and ``seed``); ``zero_level``
     forces an exact zero level, for pruning decided outside the sketch.
     """
-    if domain == "log" and sketch.neg.any():
+    first, stop = sketch.occupied
+    positive, negative = sketch.pos[first:stop].any(), sketch.neg[first:stop].any()
+    if domain == "log" and negative:
         domain = "signed_log"
-    if domain != "linear" and bins == 1 and sketch.pos.any() and sketch.neg.any():
+    if domain != "linear" and bins == 1 and positive and negative:
         # one log-domain level keeps one sign only (every value pushed one way); the single
         # linear level, a weighted mean, is the better single value for signed data
         domain = "linear"

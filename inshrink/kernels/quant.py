@@ -3,17 +3,24 @@ bit packing of codes.
 
 Callers guarantee, for each kernel:
 
-``sketch_words(x, words, abs_mask, inf_bits, shift, counts_pos, counts_neg, totals)``
+``sketch_words(x, words, abs_mask, inf_bits, shift, counts, totals, span)``
     ``x`` is 1-D float32 or float64 and ``words`` the same array viewed as uint32 / uint64;
     ``abs_mask`` (all bits but the sign) and ``inf_bits`` (the pattern of +inf) are uint64 for
-    that float width; ``0 <= shift`` < mantissa bits; ``counts_pos``/``counts_neg`` are int64
-    of one length ``>= 1`` (``inf_bits >> shift`` entries hold every index; larger indices are
-    clamped); ``totals`` is float64 of length 3. Counts accumulate, so adding the counts of
-    several chunks sketches their concatenation.
+    that float width; ``0 <= shift`` < mantissa bits; ``counts`` is int64 of shape ``(2, m)``,
+    ``m >= 1`` (``inf_bits >> shift`` entries hold every index; larger indices are clamped);
+    ``totals`` is float64 of length 3; ``span`` is int64 of length 2 (``[m, -1]`` before the
+    first chunk). Counts accumulate, so adding the counts of several chunks sketches their
+    concatenation.
 
 ``error_stats(x, codes, table, escape, prune_below, out)``
     ``x`` is 1-D float32 or float64; ``codes`` uint16 of ``len(x)``, each ``< len(table)`` or
     ``== escape``; ``table`` float64; ``out`` float64 of length 7, accumulated.
+
+``quantize_chunk(x, boundaries, table, protect_lo, protect_hi, prune_below, zero_code, escape,
+force, codes, positions, out)``
+    As ``assign_codes`` (``prune_below >= 0``); ``table`` is float64 with an entry for every
+    code below ``escape`` that the assignment can produce; ``positions`` is int64 of
+    ``len(x)``; ``out`` float64 of length 7, accumulated.
 
 ``kmeans_pp_seed(points, weights, k, uniforms, out)``
     ``points`` and ``weights`` are float64 of one length ``n >= 1``, weights finite and
@@ -57,39 +64,42 @@ _LINEAR_RANK_MAX = 256  # longest boundary table ranked by counting, not binary 
 
 
 @kernel
-def sketch_words(x, words, abs_mask, inf_bits, shift, counts_pos, counts_neg, totals):
+def sketch_words(x, words, abs_mask, inf_bits, shift, counts, totals, span):
     """Add one chunk to a log-linear magnitude histogram, per sign.
 
     The bucket of a finite non-zero element is its magnitude's bit pattern shifted right by
     ``shift`` (exponent plus the top mantissa bits: a log-bucket grid with relative width
-    2^-(mantissa bits - shift)). ``totals`` accumulates [zeros, non-finite, sum of squares of
-    the finite elements].
+    2^-(mantissa bits - shift)); row 0 of ``counts`` counts the positive elements, row 1 the
+    negative ones. ``totals`` accumulates [zeros, non-finite, sum of squares of the finite
+    elements]; ``span`` [lowest, highest] bucket index counted (either sign), so that the fit
+    scans only the occupied part of the table.
     """
-    last = counts_pos.shape[0] - 1
+    last = counts.shape[1] - 1
     zeros = 0.0
     nonfinite = 0.0
     sumsq = 0.0
+    lowest = span[0]
+    highest = span[1]
     for i in range(x.shape[0]):
         w = np.uint64(words[i])
         a = w & abs_mask
-        if a == _ZERO:
-            zeros += 1.0
-            continue
-        if a >= inf_bits:
-            nonfinite += 1.0
+        if a == _ZERO or a >= inf_bits:  # rare: one predictable branch for both
+            if a == _ZERO:
+                zeros += 1.0
+            else:
+                nonfinite += 1.0
             continue
         v = np.float64(x[i])  # float() of a float32 stays float32 in numba
         sumsq += v * v
-        index = np.int64(a >> shift)  # int64 on purpose: uint64 mixed with int64 is float64
-        if index > last:
-            index = last
-        if a == w:
-            counts_pos[index] += 1
-        else:
-            counts_neg[index] += 1
+        index = min(np.int64(a >> shift), last)  # int64: uint64 mixed with int64 is float64
+        lowest = min(lowest, index)
+        highest = max(highest, index)
+        counts[np.int64(a != w), index] += 1  # the sign picks the row: no branch on it
     totals[0] += zeros
     totals[1] += nonfinite
     totals[2] += sumsq
+    span[0] = lowest
+    span[1] = highest
 
 
 @kernel
@@ -327,6 +337,107 @@ def assign_codes(x, boundaries, protect_lo, protect_hi, prune_lo, prune_hi, zero
     return escapes
 
 
+_BLOCK = 512  # elements ranked together: the count over a short table runs across a block
+
+
+@kernel
+def quantize_chunk(x, boundaries, table, protect_lo, protect_hi, prune_below, zero_code, escape,
+                   force, codes, positions, out):
+    """Assign codes, list the escapes and measure the error in one pass over ``x``.
+
+    Codes as :func:`assign_codes` with ``prune_lo = -prune_below`` and
+    ``prune_hi = prune_below``, except that an escaped element keeps its nearest level's code
+    (the number of boundaries strictly below it; 0 if non-finite) instead of ``escape``; the
+    position of each escaped element goes to ``positions``, in order; ``out`` accumulates what
+    :func:`error_stats` would of the codes :func:`assign_codes` gives (the squared errors are
+    summed in element order, so the result is the same to the bit).
+
+    Returns
+    -------
+    int
+        The number of escaped elements (the leading entries of ``positions`` written).
+    """
+    forced = force.shape[0] > 0
+    n = x.shape[0]
+    nb = boundaries.shape[0]
+    counted = nb <= _LINEAR_RANK_MAX
+    prune_lo = -prune_below
+    escapes = 0
+    sse = 0.0
+    worst = out[1]
+    pruned = 0
+    zeroed = 0
+    flipped = 0
+    nonzero = 0
+    values = np.empty(_BLOCK)
+    ranks = np.empty(_BLOCK, np.int64)
+    for start in range(0, n, _BLOCK):
+        m = min(_BLOCK, n - start)
+        for j in range(m):
+            values[j] = x[start + j]
+        if counted:  # boundary by boundary over the block: vectorised compares
+            for j in range(m):
+                ranks[j] = 0
+            for k in range(nb):
+                b = boundaries[k]
+                for j in range(m):
+                    ranks[j] += np.int64(b < values[j])
+        else:
+            for j in range(m):
+                ranks[j] = _search_below(boundaries, values[j])
+        for j in range(m):
+            i = start + j
+            v = values[j]
+            rank = ranks[j]
+            f = force[i] if forced else 0
+            if f == 0 and not (prune_lo < v and v < prune_below) and protect_lo < v and (
+                    v < protect_hi):
+                # the common case, a finite element coded by its level: no branch on the stats
+                d = table[rank]
+                codes[i] = rank
+                e = abs(v - d)
+                sse += e * e
+                worst = max(worst, e)
+                nz = v != 0.0
+                nonzero += nz
+                zeroed += nz and d == 0.0
+                flipped += nz and d != 0.0 and ((v < 0.0) != (d < 0.0))
+                continue
+            finite = math.isfinite(v)
+            code = rank
+            if f == 2 or (prune_lo < v and v < prune_below):
+                code = zero_code
+            if f == 1 or not finite or v <= protect_lo or v >= protect_hi:
+                code = escape
+            if finite and v != 0.0:
+                nonzero += 1
+            if code == escape:
+                positions[escapes] = i
+                escapes += 1
+                codes[i] = rank if finite else 0
+                continue
+            codes[i] = code
+            d = table[code]
+            e = abs(v - d)
+            sse += e * e
+            worst = max(worst, e)
+            if finite and v != 0.0:
+                if abs(v) < prune_below:
+                    pruned += 1
+                if d == 0.0:
+                    zeroed += 1
+                elif (v < 0.0) != (d < 0.0):
+                    flipped += 1
+    out[0] += sse
+    out[1] = worst
+    out[2] += escapes
+    out[3] += pruned
+    out[4] += zeroed
+    out[5] += flipped
+    out[6] += nonzero
+    return escapes
+
+
 @kernel
 def lookup_decode(codes, levels, escape, values, out):
     """Replace each code by its level word, or each escape by the next of ``values``.
@@ -355,6 +466,13 @@ def lookup_decode(codes, levels, escape, values, out):
 @kernel
 def pack_bits(codes, bits, out):
     """Pack ``bits``-wide codes into a little-endian bit stream."""
+    if bits == 4:  # two codes a byte, the usual width: a loop that vectorises
+        half = codes.shape[0] >> 1
+        for o in range(half):
+            out[o] = (codes[2 * o] & 15) | ((codes[2 * o + 1] & 15) << 4)
+        if codes.shape[0] & 1:
+            out[half] = codes[2 * half] & 15
+        return
     width = np.uint64(bits)
     mask = (_ONE << width) - _ONE
     buffer = _ZERO
@@ -375,6 +493,15 @@ def pack_bits(codes, bits, out):
 @kernel
 def unpack_bits(packed, bits, n, out):
     """Read ``n`` codes of ``bits`` bits from a little-endian bit stream."""
+    if bits == 4:
+        half = n >> 1
+        for o in range(half):
+            b = packed[o]
+            out[2 * o] = b & 15
+            out[2 * o + 1] = b >> 4
+        if n & 1:
+            out[2 * half] = packed[half] & 15
+        return
     width = np.uint64(bits)
     mask = (_ONE << width) - _ONE
     buffer = _ZERO
