@@ -472,6 +472,15 @@ def test_quantize_chunk_is_assign_then_error_stats(float_type, n_boundaries):
     np.testing.assert_array_equal(out, stats)
 
 
+@pytest.mark.parametrize("float_type", FLOAT_TYPES)
+def test_quantize_chunk_without_levels_escapes_everything(float_type):
+    x = np.array([1.5, -2.0, 0.0, np.nan], float_type)
+    codes, positions, out = run_quantize(x, np.empty(0), np.empty(0), (-INF, INF), 0.0, 0, 0,
+                                         NO_FORCE)
+    assert codes.tolist() == [0, 0, 0, 0] and positions.tolist() == [0, 1, 2, 3]
+    assert out.tolist() == [0.0, 0.0, 4, 0, 0, 0, 2]
+
+
 # ---------------------------------------------------------------------------------------------
 # lookup_decode
 

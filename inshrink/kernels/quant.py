@@ -19,7 +19,8 @@ Callers guarantee, for each kernel:
 ``quantize_chunk(x, boundaries, table, protect_lo, protect_hi, prune_below, zero_code, escape,
 force, codes, positions, out)``
     As ``assign_codes`` (``prune_below >= 0``); ``table`` is float64 with an entry for every
-    code below ``escape`` that the assignment can produce; ``positions`` is int64 of
+    code other than ``escape`` that the assignment can produce (``len(boundaries) + 1``
+    entries, or none when ``escape == 0`` and there are no boundaries: all escaped); ``positions`` is int64 of
     ``len(x)``; ``out`` float64 of length 7, accumulated.
 
 ``kmeans_pp_seed(points, weights, k, uniforms, out)``
@@ -390,8 +391,8 @@ def quantize_chunk(x, boundaries, table, protect_lo, protect_hi, prune_below, ze
             v = values[j]
             rank = ranks[j]
             f = force[i] if forced else 0
-            if f == 0 and not (prune_lo < v and v < prune_below) and protect_lo < v and (
-                    v < protect_hi):
+            if f == 0 and rank != escape and not (prune_lo < v and v < prune_below) and (
+                    protect_lo < v and v < protect_hi):
                 # the common case, a finite element coded by its level: no branch on the stats
                 d = table[rank]
                 codes[i] = rank
