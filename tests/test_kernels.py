@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from inshrink.codecs.lossless import ByteGroup
 from inshrink.kernels import bytegroup
 
 KERNELS = {2: (np.uint16, bytegroup.split_u16, bytegroup.join_u16),
@@ -31,7 +32,7 @@ def test_split_and_join_match_oracle(width, rotate, data):
     split(words, rotate, planes)
     np.testing.assert_array_equal(planes, oracle_split(words, rotate))
     back = np.empty_like(words)
-    join(planes, rotate, back)
+    join(*planes, rotate, back)
     np.testing.assert_array_equal(back, words)
 
 
@@ -47,3 +48,27 @@ def test_rotation_puts_float_exponent_in_plane_zero(width):
     assert (planes[:-1, 0] == planes[:-1, 1]).all() and planes[-1, 0] ^ planes[-1, 1] == 1
     assert planes[0, 0] == planes[0, 1] != planes[0, 2]
     assert planes[:, 3].tolist() == [0] * (width - 1) + [1]
+
+
+@pytest.mark.parametrize("width", [2, 4, 8])
+def test_byte_grouping_of_unaligned_buffers_round_trips(width):
+    """The kernels take aligned words only: the stage copies misaligned chunks and output."""
+    stage = ByteGroup(width, True)
+    data = np.arange(1 + 64 * width, dtype=np.uint8)[1:]  # starts one byte past an aligned one
+    assert not data.view(KERNELS[width][0]).flags.aligned
+    planes = stage.encode(data)
+    out = np.zeros(data.size + 1, np.uint8)[1:]
+    stage.decode([p.tobytes() for p in planes], out)
+    np.testing.assert_array_equal(out, data)
+
+
+@pytest.mark.parametrize("width", [2, 4, 8])
+def test_join_takes_read_only_and_writable_planes(width):
+    word_type, split, join = KERNELS[width]
+    words = np.arange(100, dtype=word_type) * 977
+    planes = np.empty((width, words.size), np.uint8)
+    split(words, True, planes)
+    read_only = [np.frombuffer(p.tobytes(), np.uint8) for p in planes]
+    back = np.empty_like(words)
+    join(*read_only[:1], *planes[1:], True, back)
+    np.testing.assert_array_equal(back, words)

@@ -68,6 +68,8 @@ class ByteGroup(ArrayStage):
         if self.word == 1:
             return [chunk]
         words = chunk.view(_WORD_TYPES[self.word])
+        if not words.flags.aligned:  # the kernels are compiled for aligned words only
+            words = words.copy()
         planes = np.empty((self.word, words.size), np.uint8)
         _SPLIT[self.word](words, self.rotate, planes)
         return list(planes)
@@ -75,20 +77,17 @@ class ByteGroup(ArrayStage):
     def decode(self, streams: list, out: np.ndarray, undo: Undo | None = None) -> None:
         """Join one chunk's decoded planes into ``out`` (uint8, ``word`` × plane size bytes);
         ``undo`` (an XOR delta) then applies to the joined bytes."""
-        planes = tuple(_readonly(np.frombuffer(plane, np.uint8)) for plane in streams)
         if self.word == 1:
-            out[:] = planes[0]
+            out[:] = np.frombuffer(streams[0], np.uint8)
         else:
-            _JOIN[self.word](planes, self.rotate, out.view(_WORD_TYPES[self.word]))
+            words = out.view(_WORD_TYPES[self.word])
+            target = words if words.flags.aligned else np.empty_like(words)
+            _JOIN[self.word](*[np.frombuffer(plane, np.uint8) for plane in streams],
+                             self.rotate, target)
+            if target is not words:
+                words[:] = target
         if undo is not None:
             undo(out)
-
-
-def _readonly(plane: np.ndarray) -> np.ndarray:
-    # Raw planes are views of a read buffer, decoded ones of immutable bytes: marking all
-    # read-only gives the join kernel one type signature instead of one per mixture.
-    plane.flags.writeable = False
-    return plane
 
 
 # The chunk functions of earlier releases, which benchmarks/bench_series.py and the fuzzer call.

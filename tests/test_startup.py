@@ -1,0 +1,102 @@
+"""Start-up: importing inshrink and asking for help stay cheap (no Numba, whose CPU target
+imports scipy); kernels compile on first use, one specialisation each."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from inshrink.kernels import Kernel, kernel
+
+HEAVY = ("numba", "llvmlite", "scipy")
+
+
+def run_python(args, tmp_path, **env):
+    environment = dict(os.environ, **env)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          env=environment, cwd=tmp_path, timeout=300)
+
+
+def imported_modules(importtime_stderr: str) -> set[str]:
+    """Module names from ``python -X importtime`` output."""
+    return {line.rsplit("|", 1)[1].strip() for line in importtime_stderr.splitlines()
+            if line.startswith("import time:") and "|" in line}
+
+
+def test_import_inshrink_does_not_import_numba(tmp_path):
+    r = run_python(["-c", "import sys, inshrink; inshrink.save, inshrink.load; "
+                    "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+                    f"{HEAVY!r}))"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("args", [["--help"], ["compress", "--help"]])
+def test_cli_help_does_not_import_numba(tmp_path, args):
+    r = run_python(["-X", "importtime", "-m", "inshrink", *args], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "usage" in r.stdout
+    modules = imported_modules(r.stderr)
+    assert "inshrink" in modules
+    assert not {m for m in modules if m.split(".")[0] in HEAVY}
+
+
+def test_lossless_round_trip_compiles_one_specialisation_per_kernel(tmp_path):
+    # read-only and writable, f16/f32/f64/int64 sources: still one signature per kernel
+    script = """
+import numpy as np, inshrink
+from inshrink.kernels import bytegroup
+rng = np.random.default_rng(0)
+state = {"a": rng.standard_normal(5000).astype(np.float32),
+         "b": rng.standard_normal(5000).astype(np.float16),
+         "c": np.arange(5000, dtype=np.int64), "d": rng.standard_normal(5000)}
+frozen = {k + "_ro": np.frombuffer(v.tobytes(), v.dtype) for k, v in state.items()}
+inshrink.save("x.ink", {**state, **frozen}, threads=1)
+back = inshrink.load("x.ink", threads=1)
+assert all(np.array_equal(back[k], v) for k, v in {**state, **frozen}.items())
+names = [n for n in dir(bytegroup) if n.startswith(("split_", "join_"))]
+print({n: len(getattr(bytegroup, n).compiled().signatures) for n in names})
+"""
+    r = run_python(["-c", script], tmp_path, NUMBA_DISABLE_JIT="0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    counts = eval(r.stdout)
+    assert len(counts) == 6 and set(counts.values()) == {1}, counts
+
+
+def test_kernel_is_compiled_on_first_call_and_keeps_the_function():
+    @kernel
+    def add_one(x, out):
+        for i in range(x.shape[0]):
+            out[i] = x[i] + 1
+
+    assert isinstance(add_one, Kernel) and add_one.__name__ == "add_one"
+    assert add_one._compiled is None  # nothing compiled at decoration
+    out = np.empty(3)
+    add_one(np.arange(3.0), out)
+    assert out.tolist() == [1.0, 2.0, 3.0]
+    assert add_one.py_func.__name__ == "add_one"
+
+
+def test_kernel_with_signatures_rejects_other_argument_types(tmp_path):
+    script = """
+import numpy as np
+from inshrink.kernels import kernel
+
+@kernel(signatures=["void(Array(float64, 1, 'C', readonly=True), float64[::1])"])
+def copy(x, out):
+    for i in range(x.shape[0]):
+        out[i] = x[i]
+
+out = np.empty(2)
+copy(np.ones(2), out)                                  # writable converts to read-only
+copy(np.frombuffer(np.ones(2).tobytes()), out)
+try:
+    copy(np.ones(2, np.float32), out)
+except TypeError:
+    print("refused", len(copy.compiled().signatures))
+"""
+    (tmp_path / "sig.py").write_text(script)  # Numba caches functions of files only
+    r = run_python(["sig.py"], tmp_path, NUMBA_DISABLE_JIT="0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["refused", "1"]
