@@ -247,25 +247,26 @@ class ShardedCheckpoints:
         except InshrinkError as exc:
             error = str(exc)
         self._agree(error)
-        state = self._state()
         key, rng = _training_key(self.rank), self.rng
-        items = metadata.state_dict_metadata
-        if f"{key}.document" not in items:  # saved by fewer ranks: rank 0's, without its RNG
+        if f"{key}.document" not in metadata.state_dict_metadata:
+            # saved by fewer ranks: rank 0's scheduler and extras; the generators as they are
             key, rng = _training_key(0), False
             if self.rng:
                 _LOG.warning("%s: saved by fewer ranks than %d; rank %d keeps its random "
                              "generators' states", path, self.world, self.rank)
-        state[key] = self._training_buffers(metadata, key)
+        # the training state first, checked on every rank before the model is touched
+        # (DCP loads the model's and optimizer's state into their tensors in place)
+        stored, error = None, None
         try:
-            dcp.load(state, storage_reader=InkStorageReader(path, threads=self.threads),
-                     planner=_SafeLoadPlanner())
-        except dcp.api.CheckpointException as exc:
-            raise _first_failure(exc) from exc
-        error, training = None, None
+            stored = {key: self._training_buffers(metadata, key, path)}
+        except InshrinkError as exc:
+            error = str(exc)
+        self._agree(error)
+        self._load(path, stored)
+        training, error = None, None
         try:
-            stored = state.pop(key)
-            document = bytes(stored["document"].numpy()).decode("utf-8", "strict")
-            arrays = {n: t.numpy() for n, t in stored["arrays"].items()}
+            document = bytes(stored[key]["document"].numpy()).decode("utf-8", "strict")
+            arrays = {n: t.numpy() for n, t in stored[key]["arrays"].items()}
             training = decode(document, arrays, scheduler=self.scheduler is not None,
                               extra=self.extra, rng=rng, where=f"{path} (rank {self.rank})")
         except UnicodeDecodeError:
@@ -273,6 +274,8 @@ class ShardedCheckpoints:
         except InshrinkError as exc:
             error = str(exc)
         self._agree(error)
+        state = self._state()
+        self._load(path, state)
         if self.optimizer is None:
             set_model_state_dict(self.model, state["model"])
         else:
@@ -281,7 +284,15 @@ class ShardedCheckpoints:
         training.apply(self.scheduler, self.extra, rng)
         return step
 
-    def _training_buffers(self, metadata: Any, key: str) -> dict[str, Any]:
+    def _load(self, path: str, state: dict[str, Any]) -> None:
+        """``dcp.load``, a failure as the typed error of the first failing rank."""
+        try:
+            dcp.load(state, storage_reader=InkStorageReader(path, threads=self.threads),
+                     planner=_SafeLoadPlanner())
+        except dcp.api.CheckpointException as exc:
+            raise _first_failure(exc) from exc
+
+    def _training_buffers(self, metadata: Any, key: str, path: str) -> dict[str, Any]:
         """Tensors of the stored shapes and dtypes for the training state under ``key``."""
         prefix = f"{key}.arrays."
         arrays = {}
@@ -289,8 +300,9 @@ class ShardedCheckpoints:
             if fqn.startswith(prefix) and isinstance(item, TensorStorageMetadata):
                 arrays[fqn[len(prefix):]] = torch.empty(tuple(item.size),
                                                         dtype=item.properties.dtype)
-        document = metadata.state_dict_metadata[f"{key}.document"]
-        if not isinstance(document, TensorStorageMetadata):
-            raise CorruptError(f"{key}.document: not a tensor")
+        document = metadata.state_dict_metadata.get(f"{key}.document")
+        if not isinstance(document, TensorStorageMetadata) or len(document.size) != 1:
+            raise CorruptError(f"{path}: no training state ({key}.document) in the "
+                               f"checkpoint")
         return {"document": torch.empty(tuple(document.size), dtype=torch.uint8),
                 "arrays": arrays}

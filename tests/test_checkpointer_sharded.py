@@ -1,0 +1,249 @@
+"""Checkpointer with a sharded model (FSDP2 fully_shard, gloo, CPU): the same API as for a
+plain model, one DCP checkpoint per step with retention, the whole training state per rank,
+async saves overlapping real steps, exact resume, failures raised on every rank.
+
+Each test runs this file as a script (a fresh interpreter), which forks the ranks of each
+process group it needs; the test then checks what the ranks left on disk.
+"""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+
+from inshrink import errors
+from inshrink.dcp import describe
+from inshrink.torch import Checkpointer
+
+HERE = os.path.abspath(__file__)
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def run_scenario(name, directory, timeout=90):
+    result = subprocess.run([sys.executable, HERE, name, str(directory)], capture_output=True,
+                            text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def read(directory, name):
+    return json.loads((directory / name).read_text())
+
+
+def test_sharded_async_saves_resume_exactly_on_the_same_ranks(tmp_path):
+    run_scenario("resume", tmp_path)
+    for rank in (0, 1):
+        first = read(tmp_path, f"first_{rank}.json")
+        second = read(tmp_path, f"second_{rank}.json")
+        # the async save returned at once; two steps ran while its write was held
+        assert first["blocked"] < 0.4 and first["pending_while_training"], first
+        # resumed from step 5 on fresh processes: the same losses, bit for bit
+        assert second["restored"] == 5
+        assert second["losses"] == first["losses"], rank
+        # a rank whose state does not match fails, and the other rank with it (no hang)
+        assert second["mismatch"]["type"] == "InvalidArgumentError"
+        assert "extra['other']" in second["mismatch"]["message"]
+        assert (rank == 1) != second["mismatch"]["message"].startswith("rank 1:")
+    assert read(tmp_path, "first_0.json")["losses"] != read(tmp_path, "first_1.json")["losses"]
+    # one directory per step, the two newest kept; each a committed DCP checkpoint
+    names = sorted(n for n in os.listdir(tmp_path / "ckpt") if not n.startswith("."))
+    assert names == ["step_000000000005", "step_000000000006"]
+    rows = describe(tmp_path / "ckpt" / "step_000000000006")
+    assert len({row["file"] for row in rows}) == 2
+    fqns = {row["fqn"] for row in rows}
+    assert {"training_rank00000.document", "training_rank00001.document",
+            "training_rank00000.arrays.training.rng.torch"} <= fqns
+    # step 6 was saved with policy="balanced": per shard, with the error of each
+    moment = [row for row in rows if row["fqn"] == "optim.state.0.weight.exp_avg"]
+    assert len(moment) == 2 and all(row["error"] is not None for row in moment)
+    assert all(row["error"]["max_abs_error"] == 0 for row in rows
+               if row["fqn"].startswith("training_"))
+    # three ranks (another world size) restore the newest step; rank 2, which did not
+    # save, takes rank 0's scheduler and extras and keeps its own random generators
+    for rank in (0, 1, 2):
+        loaded = read(tmp_path, f"three_{rank}.json")
+        assert loaded["restored"] == 6 and loaded["last_epoch"] == 6
+        assert loaded["counter"] == 6 and loaded["rng_kept"] == (rank == 2)
+
+
+def test_sharded_mode_checks_its_arguments(tmp_path):
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(errors.InvalidArgumentError, match="no configuration search"):
+        Checkpointer(tmp_path / "c", model, sharded=True, eval_batches=[(torch.ones(1, 4),
+                                                                         torch.zeros(1))])
+    with pytest.raises(errors.InvalidArgumentError, match="initialized process group"):
+        Checkpointer(tmp_path / "c", model, sharded=True)
+
+
+# -- the ranks (run as a script) -----------------------------------------------------------
+
+class Counter:
+    """A Stateful extra: the number of steps taken."""
+
+    def __init__(self):
+        self.count = 0
+
+    def state_dict(self):
+        return {"count": self.count}
+
+    def load_state_dict(self, state):
+        self.count = state["count"]
+
+
+def _sharded(world, seed):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 100), torch.nn.ReLU(),
+                                torch.nn.Dropout(0.3), torch.nn.Linear(100, 4))
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(optim, step_size=2, gamma=0.5)
+    return model, optim, sched
+
+
+def _train(model, optim, sched, counter, steps):
+    """Steps on batches drawn from the global generator (each rank's own), with dropout."""
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(8, 64)
+        loss = torch.nn.functional.cross_entropy(model(x), (x[:, 0] > 0).long())
+        loss.backward()
+        optim.step()
+        optim.zero_grad()
+        sched.step()
+        counter.count += 1
+        losses.append(loss.item())
+    return losses
+
+
+def _write(directory, name, rank, doc):
+    with open(os.path.join(directory, f"{name}_{rank}.json"), "w") as f:
+        json.dump(doc, f)
+
+
+def _first(rank, world, directory):
+    """Train with async saves (the writer slowed down), then go on uninterrupted."""
+    from inshrink.dcp import InkStorageWriter
+    model, optim, sched = _sharded(world, seed=0)
+    torch.manual_seed(100 + rank)  # each rank its own batches and dropout
+    counter = Counter()
+    ckpt = Checkpointer(os.path.join(directory, "ckpt"), model, optim, sched,
+                        extra={"counter": counter}, async_=True, keep_last=2)
+    _train(model, optim, sched, counter, 2)
+    original, release = InkStorageWriter.write_data, threading.Event()
+
+    def held(self, plan, planner):  # the write waits until training has taken two steps
+        assert release.wait(30)
+        return original(self, plan, planner)
+    InkStorageWriter.write_data = held
+    began = time.perf_counter()
+    ckpt.save(2)
+    blocked = time.perf_counter() - began
+    _train(model, optim, sched, counter, 2)
+    pending = not ckpt._pending[1].done()
+    release.set()
+    InkStorageWriter.write_data = original
+    ckpt.save(4)  # waits for step 2 first
+    _train(model, optim, sched, counter, 1)
+    ckpt.save(5)
+    ckpt.wait()
+    losses = _train(model, optim, sched, counter, 3)
+    ckpt.close()
+    _write(directory, "first", rank, {"blocked": blocked, "pending_while_training": pending,
+                                      "losses": losses})
+
+
+def _second(rank, world, directory):
+    """Fresh processes: a mismatching restore fails everywhere; then resume from step 5."""
+    torch.manual_seed(7)
+    model, optim, sched = _sharded(world, seed=3)
+    counter = Counter()
+    extra = {"counter": counter, **({"other": Counter()} if rank == 1 else {})}
+    mismatch = None
+    try:
+        Checkpointer(os.path.join(directory, "ckpt"), model, optim, sched,
+                     extra=extra, keep_last=2).restore()
+    except errors.InshrinkError as exc:
+        mismatch = {"type": type(exc).__name__, "message": str(exc)}
+    ckpt = Checkpointer(os.path.join(directory, "ckpt"), model, optim, sched,
+                        extra={"counter": counter}, keep_last=2, policy="balanced")
+    restored = ckpt.restore()
+    losses = _train(model, optim, sched, counter, 1)
+    ckpt.save(6)  # synchronous; retention keeps steps 5 and 6
+    losses += _train(model, optim, sched, counter, 2)
+    _write(directory, "second", rank, {"restored": restored, "losses": losses,
+                                       "mismatch": mismatch})
+
+
+def _three(rank, world, directory):
+    model, optim, sched = _sharded(world, seed=5)
+    counter = Counter()
+    torch.manual_seed(11)
+    state = torch.get_rng_state()
+    ckpt = Checkpointer(os.path.join(directory, "ckpt"), model, optim, sched,
+                        extra={"counter": counter})
+    restored = ckpt.restore()
+    _write(directory, "three", rank, {"restored": restored, "last_epoch": sched.last_epoch,
+                                       "counter": counter.count,
+                                       "rng_kept": bool(torch.equal(torch.get_rng_state(),
+                                                                    state))})
+
+
+SCENARIOS = {  # name: ((world size, rank function), ...)
+    "resume": ((2, _first), (2, _second), (3, _three)),
+}
+
+
+def _rank_main(rank, world, init, fn, directory):
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=30))
+    try:
+        fn(rank, world, directory)
+    finally:
+        dist.destroy_process_group()
+
+
+def _main(name, directory):
+    import warnings
+
+    import torch.multiprocessing as mp
+    warnings.simplefilter("ignore")
+    # imported (and inshrink's kernels loaded) before forking, not again in every rank
+    import numpy as np
+    import torch._dynamo  # noqa: F401  (fully_shard imports it on first use)
+    import torch.distributed.checkpoint  # noqa: F401
+    import torch.distributed.checkpoint.state_dict  # noqa: F401
+    import torch.distributed.fsdp  # noqa: F401
+
+    import inshrink
+    import inshrink.torch.sharded  # noqa: F401
+    warm = os.path.join(directory, ".warm.ink")
+    gen = np.random.default_rng(0)
+    inshrink.save(warm, {"w.weight": gen.standard_normal((64, 64), np.float32),
+                         "s.exp_avg": gen.standard_normal(512, np.float32),
+                         "s.exp_avg_sq": gen.random(512, np.float32)},
+                  policy="balanced", threads=1)
+    inshrink.load(warm)
+    os.unlink(warm)
+    for group, (world, fn) in enumerate(SCENARIOS[name]):
+        init = f"file://{os.path.join(directory, f'.init-{group}')}"
+        began = time.perf_counter()
+        mp.start_processes(_rank_main, args=(world, init, fn, directory), nprocs=world,
+                           start_method="fork")
+        print(f"{fn.__name__}: {time.perf_counter() - began:.1f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1], sys.argv[2])
