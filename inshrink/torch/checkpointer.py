@@ -47,9 +47,18 @@ def _peak_lr(metadata: Mapping[str, str]) -> float | None:
 
 
 class Checkpointer:
-    """Compressed checkpoints of a model and its optimizer in a training loop.
+    """Compressed checkpoints of a training run's whole state in a training loop.
 
-    Each :meth:`save` adds a step to an :class:`inshrink.Series` in ``directory``. With
+    Each :meth:`save` stores the model, the optimizer, the learning-rate ``scheduler``, the
+    random generators (``rng``) and every ``extra`` object in one checkpoint, atomically, and
+    :meth:`restore` loads them all back: a lossless run interrupted and restored goes on
+    exactly as if it had not been (bit for bit, on a deterministic model).
+
+    A plain model's checkpoints are an :class:`inshrink.Series` in ``directory`` (one .ink
+    file per step, older steps as deltas, keyframes). A sharded one (FSDP2 ``fully_shard``,
+    DTensor, or any model once a process group of several ranks is initialized) takes the
+    same calls on every rank and is stored through ``torch.distributed.checkpoint``: see
+    Notes. With
     ``eval_batches``, an :class:`inshrink.search.Search` chooses per checkpoint the most
     compressive weight configuration whose quality on those batches stays within
     ``epsilon / restores`` of the uncompressed model's (less late in a decaying schedule, see
@@ -62,6 +71,16 @@ class Checkpointer:
         The series' directory (an existing series is resumed).
     model : torch.nn.Module
     optimizer : torch.optim.Optimizer, optional
+    scheduler : optional
+        A learning-rate scheduler (anything with ``state_dict()`` / ``load_state_dict()``).
+    extra : mapping of str to object, optional
+        Further state by name (a data loader's position, an EMA of the weights, a step
+        counter...): objects with ``state_dict()`` and ``load_state_dict()``, DCP's
+        ``Stateful`` protocol. The scheduler's and the extras' states are stored as tensors
+        plus JSON (:func:`inshrink.torch.encode_nested`), never pickled: a value that is
+        neither a tensor nor JSON-able (a dict with non-string keys included) makes
+        :meth:`save` raise InvalidArgumentError naming it, before anything is written.
+        Their tensors are stored bit for bit, whatever the policy or search.
     eval_batches : sequence of (inputs, targets), optional
         Held-out batches for the quality callback (see :func:`quality_from`).
     loss_fn, metric, criterion : optional
@@ -119,15 +138,61 @@ class Checkpointer:
         factor (the loss a perturbation adds grows with the square of its size).
     threads : int, optional
         Encoder/decoder threads.
+    rng : bool
+        Save the random generators' states (Python's ``random``, numpy's global generator,
+        torch's CPU generator and every CUDA device's) and set them on :meth:`restore`.
+        Saving never draws from them.
+    async_ : bool
+        :meth:`save` returns once it has copied the state to CPU memory (the staging copy);
+        the search, quantization and writing run in one background thread while training
+        goes on. The next :meth:`save` waits for the previous one; :meth:`wait`,
+        :meth:`close` and leaving a ``with`` block finish it. A failure in the background is
+        raised by the next call of :meth:`save`, :meth:`wait`, :meth:`close` or
+        :meth:`restore` (that step was not saved). With ``eval_batches`` the search
+        evaluates a copy of the model (``copy.deepcopy``, made here: the model's memory
+        twice), loaded with the staged weights, so that training is never disturbed.
+    keep_last : int, optional
+        After each save, keep only this many newest steps (and the files they need).
+    sharded : bool or None
+        Use the sharded mode (Notes). None: when a process group of more than one rank is
+        initialized or a parameter is a DTensor.
 
     Attributes
     ----------
-    series : inshrink.Series
+    series : inshrink.Series or None
+        None in the sharded mode.
     search : inshrink.search.Search or None
         None without ``eval_batches``.
     ema : GradientEMA or None
+        None in the sharded mode.
     seconds : float
-        Time spent in :meth:`save` so far (the checkpointing overhead).
+        Time spent in :meth:`save` so far (the checkpointing overhead; with ``async_``, the
+        time training was blocked).
+    last_report : dict or None
+        What the latest finished save reported (see :meth:`save`).
+
+    Notes
+    -----
+    **Sharded mode.** Every rank calls every method, in the same order. Each step is one
+    DCP checkpoint, ``directory/step_<12 digits>/``, written by
+    ``dcp.save(..., storage_writer=inshrink.dcp.InkStorageWriter(...))`` from
+    ``get_state_dict(model, optimizer)`` (every rank writes its own shards, the coordinator
+    commits) and read by ``dcp.load`` with :class:`inshrink.dcp.InkStorageReader` and
+    ``set_state_dict``; a checkpoint saved by N ranks restores into any number. Each rank
+    stores its own scheduler, generator and extra states as tensors of that rank only
+    (``training_rank<r>.*``); a rank that did not save (more ranks than saved) restores rank
+    0's scheduler and extras and keeps its generators. The optimizer's hyperparameters,
+    which DCP stores pickled, are read with torch's ``weights_only`` unpickler. A failure of
+    one rank (a mismatch, a bad step) is raised on every rank. ``keep_last`` is applied by
+    rank 0 after each commit, which also removes older saves that never committed. Async
+    saves run ``dcp.save`` in the background thread on a gloo process group of their own,
+    created by the constructor.
+
+    The sharded mode runs **no configuration search**: the ``policy`` applies per shard
+    (lossless by default) and ``eval_batches`` is refused. A collective search would need
+    every rank to quantize its shards with each candidate, every rank to take part in the
+    quality forward passes of the sharded model, and rank 0 to decide and broadcast each
+    step of the walk; it is not implemented. The gradient average (``grad_ema``) is off.
     """
 
     def __init__(self, directory: str | os.PathLike, model: torch.nn.Module,
