@@ -610,6 +610,8 @@ def cmd_decompress(args, started: float) -> int:
 def cmd_info(args, started: float) -> int:
     from .convert import check_ink
     args.source = args.input
+    if _is_dcp_series(args.input):
+        return _dcp_series_info(args, started)
     if _is_dcp(args.input):
         return _dcp_info(args, started)
     paths = _files_in(args.input, ".ink")
@@ -693,10 +695,17 @@ def cmd_verify(args, started: float) -> int:
     from .errors import InshrinkError
     from .tensorfile import File
     paths = [p for target in args.input
-             for p in ([target] if _is_dcp(target) else _files_in(target, ".ink"))]
+             for p in ([target] if _is_dcp(target) or _is_dcp_series(target)
+                       else _files_in(target, ".ink"))]
     args.source = args.input[0]
     files = []
+    problems = []
     for path in paths:
+        if _is_dcp_series(path):
+            found, entries = _dcp_series_verify(path)
+            problems += found
+            files += entries
+            continue
         if _is_dcp(path):
             files += _dcp_verify(path, args)
             continue
@@ -713,14 +722,23 @@ def cmd_verify(args, started: float) -> int:
                                error=f"{type(exc).__name__}: {message}"))
     report = _report("verify", started, list(args.input), [], files,
                      sum(t.nbytes for f in files for t in f["tensors"]),
-                     sum(f["bytes_in"] for f in files))
+                     sum(f["bytes_in"] for f in files), problems=problems)
     if args.json:
         _print_json(report)
     else:
         shown = set()
+        for problem in problems:
+            print(_clean(f"FAIL  {problem}"))
         for f in files:
             checkpoint = f.get("checkpoint")
-            if checkpoint is None:
+            if f.get("series") is not None:
+                if f["series"] not in shown and not problems:
+                    shown.add(f["series"])
+                    mine = [g for g in files if g.get("series") == f["series"]]
+                    print(_clean(f"OK    {f['series']} (DCP series: "
+                                 f"{_count(len({g['step'] for g in mine}), 'step')}, "
+                                 f"{_count(len(mine), 'rank file')})"))
+            elif checkpoint is None:
                 print(_clean(f"OK    {f['input']} ({len(f['tensors'])} tensors)" if f["ok"]
                              else f"FAIL  {f['input']}: {f['error']}"))
             elif checkpoint not in shown:  # a verified checkpoint: one line for its files
@@ -736,7 +754,24 @@ def cmd_verify(args, started: float) -> int:
 # Recognised here by name, so that only the commands that read one import torch.
 
 DCP_METADATA = ".metadata"
-_DCP_RANK_FILE = re.compile(r"\.?rank(\d{5})-[0-9a-f]{12}\.ink(?:\..*\.tmp)?")
+_DCP_RANK_FILE = re.compile(r"\.?rank(\d{5})-[0-9a-f]{12}(?:\.d)?\.ink(?:\..*\.tmp)?")
+DCP_SERIES_MANIFEST = "series.json"
+_DCP_SERIES_STEP = re.compile(r"step_(\d{12})")
+
+
+def _is_dcp_series(path: str) -> bool:
+    """A directory of an inshrink.dcp_series series (its manifest, ``series.json``)."""
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, DCP_SERIES_MANIFEST))
+
+
+def _dcp_series_step(path: str):
+    """(InkSeries, step) when ``path`` is a step directory of a DCP series, else None."""
+    parent, name = os.path.split(os.path.normpath(path))
+    match = _DCP_SERIES_STEP.fullmatch(name)
+    if match is None or not _is_dcp_series(parent or "."):
+        return None
+    from .dcp_series import InkSeries
+    return InkSeries(parent or ".", threads=1), int(match.group(1))
 
 
 def _is_dcp(path: str) -> bool:
@@ -765,9 +800,18 @@ def _dcp_details(path: str, threads: int | None = None, verify: bool = False):
     checked against each file's index (decoded in full with ``verify``)."""
     from . import dcp
     from .tensorfile import File
-    rows = _dcp_call(path, lambda: (dcp.verify(path, threads=threads) if verify
-                                    else dcp.describe(path)))
-    metadata = dcp.read_metadata(path)
+    in_series = _dcp_series_step(path)
+    if in_series is not None:  # an older step's files are deltas: read through the series
+        series, step = in_series
+        rows = series.describe(step)
+        if verify:
+            for file in series.entry(step).files:
+                series.decode(step, file.rank)
+        metadata = dcp._read_metadata(path)
+    else:
+        rows = _dcp_call(path, lambda: (dcp.verify(path, threads=threads) if verify
+                                        else dcp.describe(path)))
+        metadata = dcp.read_metadata(path)
     infos = {}
     for name in sorted({r["file"] for r in rows}):
         with File(os.path.join(path, name), threads=1) as f:
@@ -858,6 +902,63 @@ def _dcp_verify(path: str, args) -> list[dict]:
         return [_file(path, None, sum(_size(os.path.join(path, n)) for n in _listdir(path)), 0,
                       error=f"{type(exc).__name__}: {message}")]
     return _dcp_files(path, infos)
+
+
+def _dcp_series_files(path: str):
+    """(InkSeries, one report entry per rank file of every step, each with its step, rank
+    and base step), from each file's index."""
+    from .dcp_series import InkSeries
+    series = InkSeries(path, threads=1)
+    files = []
+    for entry in series.checkpoints():
+        for file in entry.files:
+            full = os.path.join(path, entry.dir, file.file)
+            files.append(_file(full, None, file.bytes, 0, step=entry.step, rank=file.rank,
+                               world_size=entry.world_size, base=entry.base, series=path,
+                               **_ink_details(full)))
+    return series, files
+
+
+def _dcp_series_info(args, started: float) -> int:
+    path = args.input
+    _, files = _dcp_series_files(path)
+    report = _report("info", started, [path], [], files,
+                     sum(t.nbytes for f in files for t in f["tensors"]),
+                     sum(f["bytes_in"] for f in files))
+    if args.json:
+        _print_json(report)
+        return EXIT_OK
+    steps: dict[int, list[dict]] = {}
+    for f in files:
+        steps.setdefault(f["step"], []).append(f)
+    print(_clean(f"{path}: series of DCP checkpoints, {_count(len(steps), 'step')}, "
+                 f"{report['bytes_in']:,} bytes"))
+    print(f"{'step':>12}  {'ranks':>5}  {'kind':<16} {'bytes':>14} {'ratio':>8}")
+    for step, mine in steps.items():
+        base = mine[0]["base"]
+        nbytes = sum(t.nbytes for f in mine for t in f["tensors"])
+        stored = sum(f["bytes_in"] for f in mine)
+        kind = "whole" if base is None else f"delta -> {base}"
+        print(f"{step:>12}  {mine[0]['world_size']:>5}  {kind:<16} {stored:>14,} "
+              f"{nbytes / stored if stored else float('inf'):>8.3f}")
+    ratio = f" ({report['ratio']:.3f}x)" if report["ratio"] else ""
+    print(f"{report['tensor_bytes']:,} tensor bytes in {report['bytes_in']:,} file bytes"
+          f"{ratio}{_lossy_text(_all_tensors(report))}")
+    return EXIT_OK
+
+
+def _dcp_series_verify(path: str) -> tuple[list[str], list[dict]]:
+    """verify's problems and entries for a DCP series: every step restored through its
+    chain, every file checked against the manifest."""
+    from .dcp_series import InkSeries
+    from .errors import InshrinkError
+    try:
+        problems = InkSeries(path, threads=1).verify()
+        if problems:
+            return [f"{path}: {p}" for p in problems], []
+        return [], _dcp_series_files(path)[1]
+    except (InshrinkError, OSError) as exc:
+        return [f"{path}: {type(exc).__name__}: {exc}"], []
 
 
 def _count(n: int, what: str) -> str:

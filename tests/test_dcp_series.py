@@ -176,8 +176,8 @@ def test_one_rank_lossy_series_restores_what_each_step_stored(tmp_path):
     for step in range(1, 6):  # small steps, as training takes: the codes persist
         w = w + 1e-3 * torch.randn(128, 128, generator=gen)
         m = 0.9 * m + 1e-2 * torch.randn(128, 128, generator=gen)
-        states[step] = {"model": {"w": w.clone()}, "optim": {"state": {"w": {"exp_avg": m.clone()}}},
-                        "step": step}
+        states[step] = {"model": {"w": w.clone()},
+                        "optim": {"state": {"w": {"exp_avg": m.clone()}}}, "step": step}
         dcp.save(states[step], storage_writer=series.writer(step), no_dist=True)
         fresh[step] = load_one_rank(series, step, states[step])  # while it is whole
     assert [series.entry(s).base for s in series.steps()] == [2, 3, 4, 5, None]
@@ -249,6 +249,35 @@ def test_a_failed_rewrite_keeps_the_previous_manifest(tmp_path, monkeypatch):
     assert series.verify() == [] and series.entry(2).base == 3
     for step in (1, 2, 3):
         base.assert_bit_equal(states[step], load_one_rank(series, step, states[step]))
+
+
+def test_cli_info_and_verify_understand_a_series(tmp_path):
+    series, _ = _saved_series(tmp_path, steps=3, policy="balanced")
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "inshrink", *args], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=60)
+    r = cli("info", "run")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("run: series of DCP checkpoints, 3 steps")
+    assert [line.split()[:5] for line in lines[2:5]] == [
+        ["1", "1", "delta", "->", "2"], ["2", "1", "delta", "->", "3"],
+        ["3", "1", "whole", lines[4].split()[3], lines[4].split()[4]]]
+    assert "LOSSY" in lines[-1]
+    # an older step's directory: its chunks, read through the series
+    r = cli("info", f"run/{series.entry(1).dir}")
+    assert r.returncode == 0, r.stderr
+    assert ".d.ink" in r.stdout and "LOSSY" in r.stdout
+    r = cli("verify", "run")
+    assert (r.returncode, r.stdout) == (0, "OK    run (DCP series: 3 steps, 3 rank files)\n")
+    missing = tmp_path / "run" / series.entry(2).dir / series.entry(2).files[0].file
+    missing.unlink()
+    r = cli("verify", "--json", "run")
+    assert r.returncode == 1
+    report = json.loads(r.stdout)
+    assert not report["ok"] and len(report["problems"]) == 2  # steps 1 and 2 need the file
+    assert all(f"{missing.relative_to(tmp_path)}: missing" in p for p in report["problems"])
 
 
 # -- the ranks (run as a script) -------------------------------------------------------------
