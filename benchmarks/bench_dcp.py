@@ -74,11 +74,11 @@ def sharded(world: int, args) -> tuple:
     return model, optim
 
 
-def train(model, optim, args) -> float:
+def train(model, optim, args, steps: int | None = None, seed: int | None = None) -> float:
     data = torch.frombuffer(bytearray(stdlib_corpus(2_000_000)[0]), dtype=torch.uint8).long()
-    gen = torch.Generator().manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed if seed is None else seed)
     loss = float("nan")
-    for _ in range(args.steps):
+    for _ in range(args.steps if steps is None else steps):
         starts = torch.randint(0, data.numel() - args.ctx - 1, (args.batch,), generator=gen)
         x = torch.stack([data[s:s + args.ctx] for s in starts])
         y = torch.stack([data[s + 1:s + args.ctx + 1] for s in starts])
@@ -106,7 +106,9 @@ def timed(fn) -> float:
 
 
 def dir_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
+    """Bytes of every file under ``path``."""
+    return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(path)
+               for n in names)
 
 
 def save_phase(rank: int, world: int, root: str, args) -> None:
@@ -151,9 +153,49 @@ def save_phase(rank: int, world: int, root: str, args) -> None:
                 "async_blocking_s": statistics.median(blocking),
                 "async_total_s": statistics.median(async_total),
                 "load_s": statistics.median(load)}
+    if args.series:
+        results["series"] = series_run(rank, world, root, model, optim, args)
     if rank == 0:
         with open(os.path.join(root, "save.json"), "w") as f:
             json.dump(results, f)
+
+
+def series_run(rank: int, world: int, root: str, model, optim, args) -> dict:
+    """Go on training, saving every ``--series-every`` steps ``--series`` times: each step
+    with FileSystemWriter (one directory per step) and into an InkSeries per policy (older
+    steps rewritten as deltas); then restore each series' newest and oldest step."""
+    import torch.distributed.checkpoint as dcp
+    from inshrink.dcp_series import InkSeries
+    policies = [None] + [p for p in args.series_policies.split(",") if p]
+    series = {"ink-series" if p is None else f"ink-series-{p}": InkSeries(
+        os.path.join(root, "series", "ink" if p is None else p), policy=p,
+        keyframe_every=args.keyframe_every, threads=1) for p in policies}
+    save_s: dict[str, list[float]] = {"fs": [], **{name: [] for name in series}}
+    for k in range(args.series):
+        train(model, optim, args, steps=args.series_every, seed=args.seed + 1 + k)
+        step = args.steps + (k + 1) * args.series_every
+        state = dcp_state(model, optim, step)
+        path = os.path.join(root, "series", "fs", f"step_{step}")
+        save_s["fs"].append(timed(lambda: dcp.save(state,
+                                                   storage_writer=dcp.FileSystemWriter(path))))
+        for name, s in series.items():
+            save_s[name].append(timed(lambda: dcp.save(state, storage_writer=s.writer(step))))
+    dest = dcp_state(*sharded(world, args), 0)
+    newest = dcp.FileSystemReader(path)
+    out = {"fs": {"bytes": dir_bytes(os.path.join(root, "series", "fs")),
+                  "save_s": statistics.median(save_s["fs"]),
+                  "load_newest_s": timed(lambda: dcp.load(dest, storage_reader=newest))}}
+    for name, s in series.items():
+        steps = s.steps()
+        row = {"bytes": dir_bytes(s.directory), "save_s": statistics.median(save_s[name]),
+               "load_newest_s": timed(lambda: dcp.load(dest, storage_reader=s.reader())),
+               "load_oldest_s": timed(lambda: dcp.load(dest, storage_reader=s.reader(steps[0]))),
+               "keyframes": sum(e.keyframe for e in s.checkpoints())}
+        errors = [r["error"]["rel_l2_error"] for r in s.describe(steps[0])
+                  if r["error"] and r["error"].get("rel_l2_error")]
+        row["worst_rel_l2_error"] = max(errors) if errors else 0.0
+        out[name] = row
+    return {"checkpoints": args.series, "every": args.series_every, "methods": out}
 
 
 def _tensors(state):
@@ -216,6 +258,13 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--series", type=int, default=8,
+                    help="checkpoints in the series comparison (0: none)")
+    ap.add_argument("--series-every", type=int, default=10,
+                    help="training steps between two checkpoints of the series")
+    ap.add_argument("--series-policies", default="balanced,compact",
+                    help="lossy policies of the series rows (comma-separated presets)")
+    ap.add_argument("--keyframe-every", type=int, default=10)
     ap.add_argument("--json", help="write the numbers here")
     args = ap.parse_args(argv)
 
@@ -251,10 +300,27 @@ def main(argv=None) -> int:
               f"{results['state_bytes'] / row['bytes']:>7.2f}{row['save_s']:>9.3f}"
               f"{row['async_blocking_s']:>13.3f}{row['async_total_s']:>13.3f}"
               f"{row['load_s']:>9.3f}{row[f'load_into_{args.load_ranks}_s']:>12.3f}")
+    if "series" in results:
+        print_series(results["series"], results["state_bytes"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     return 0
+
+
+def print_series(series: dict, state_bytes: int) -> None:
+    rows = series["methods"]
+    plain = rows["fs"]["bytes"]
+    print(f"\nseries: {series['checkpoints']} checkpoints, {series['every']} training steps "
+          f"apart (plain DCP: {series['checkpoints']} directories)")
+    print(f"{'method':<22}{'MB':>9}{'vs DCP':>8}{'save s':>9}{'newest s':>10}{'oldest s':>10}"
+          f"{'keyframes':>10}{'rel L2 (oldest)':>17}")
+    for name, row in rows.items():
+        print(f"{name:<22}{row['bytes'] / 1e6:>9.2f}{plain / row['bytes']:>8.2f}"
+              f"{row['save_s']:>9.3f}{row['load_newest_s']:>10.3f}"
+              f"{row.get('load_oldest_s', row['load_newest_s']):>10.3f}"
+              f"{row.get('keyframes', series['checkpoints']):>10}"
+              f"{row.get('worst_rel_l2_error', 0.0):>17.4f}")
 
 
 if __name__ == "__main__":
