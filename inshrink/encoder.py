@@ -118,11 +118,13 @@ TensorEncoder = LosslessTensor | LossyTensor | FactoredTensor
 
 
 def for_tensor(entry: TensorEntry, read: Read, role: str | None, config: QuantConfig | None,
-               importance: Any = None, *, entropy: Entropy, report: bool,
-               tiny_bytes: int) -> TensorEncoder:
+               importance: Any = None, *, entropy: Entropy, report: bool, tiny_bytes: int,
+               force: np.ndarray | None = None) -> TensorEncoder:
     """Decide how one tensor is stored (see the module docstring) and return its encoder.
 
     ``config``: the policy's quantization config for the tensor, ``None`` for lossless;
+    ``importance``: sensitivity scores, or ``force``: the overrides :func:`overrides` made of
+    them already (a caller checks them first so that bad scores fail where they are given);
     ``entropy``: the entropy stage of every stream; ``report``: record the role of a lossless
     tensor in the index; ``tiny_bytes``: the size up to which one plane is tried. May set
     ``entry.chunk_elements`` (a factored tensor's chunks hold whole rows).
@@ -133,7 +135,7 @@ def for_tensor(entry: TensorEntry, read: Read, role: str | None, config: QuantCo
                                   layout.MAX_CHUNK_BYTES // entry.dtype.itemsize)
         config = replace(config, domain="log")  # for a tensor that does not qualify
     if tensor is None and config is not None and entry.numel:
-        tensor = prepare(entry, read, role, config, importance)
+        tensor = prepare(entry, read, role, config, importance, force)
     if tensor is not None:
         tensor.pipeline = replace(tensor.pipeline, entropy=entropy)
         return tensor
@@ -203,8 +205,15 @@ def _chunks(entry: TensorEntry, read: Read):
         yield start, stop, raw, raw.view(entry.dtype.numpy).astype(work, copy=False)
 
 
-def _force(importance: Any, config: QuantConfig, numel: int) -> np.ndarray | None:
-    """Per-element overrides from sensitivity scores: 1 = protect, 2 = prune."""
+def overrides(importance: Any, config: QuantConfig, numel: int) -> np.ndarray | None:
+    """Per-element overrides from sensitivity scores: 1 = protect, 2 = prune (None: none).
+
+    Raises
+    ------
+    InvalidArgumentError
+        Scores that are not numbers, of the wrong size, or missing where the config prunes by
+        sensitivity.
+    """
     if importance is None:
         if config.prune_metric == "sensitivity" and config.prune > 0:
             raise InvalidArgumentError("prune_metric='sensitivity' needs importance scores")
@@ -228,10 +237,12 @@ def _force(importance: Any, config: QuantConfig, numel: int) -> np.ndarray | Non
 
 
 def prepare(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
-            importance: Any = None) -> LossyTensor | None:
+            importance: Any = None, force: np.ndarray | None = None) -> LossyTensor | None:
     """Sketch the tensor and fit its quantizer; ``None`` if no bin count meets the error
-    bound (the caller then stores the tensor losslessly)."""
-    force = _force(importance, config, entry.numel)
+    bound (the caller then stores the tensor losslessly). ``force``: the overrides of
+    ``importance`` when the caller made them already (:func:`overrides`)."""
+    if force is None:
+        force = overrides(importance, config, entry.numel)
     sketch = quantize.Sketch.for_dtype(entry.dtype, config.alpha, config.bins)
     for _, _, _, x in _chunks(entry, read):
         sketch.add(x)

@@ -216,6 +216,7 @@ class Writer:
         policy = self._policy
         self._reports = bool(policy.roles or policy.overrides or policy.tensors)
         self._pending: collections.deque = collections.deque()
+        self._preparing: collections.deque = collections.deque()  # tensors being prepared
         self.safetensors_header: str | None = None
         self._staging = None
         if self._delta is not None:  # the whole file goes first beside the destination
@@ -240,14 +241,15 @@ class Writer:
 
         With ``wait=True`` this returns once the tensor is encoded, so the caller may then
         modify the array. ``wait=False`` lets encoding overlap the next tensors (faster with
-        many small tensors); the array must then stay unmodified until :meth:`close`.
+        many small tensors, and a lossy tensor's sketch and fit run beside the others'); the
+        array must then stay unmodified until :meth:`close`.
         """
         arr = dtypes.as_numpy(array)
         flat = arr.reshape(-1).view(np.uint8)
         self.add_source(name, dtypes.of_numpy(arr.dtype), arr.shape,
                         lambda start, stop: flat[start:stop], importance=importance)
-        while wait and self._pending:  # the chunks are views of the caller's array
-            self._write_oldest()
+        if wait:  # the chunks are views of the caller's array
+            self._drain()
 
     def add_source(self, name: str, dtype: dtypes.DType, shape: tuple[int, ...],
                    read: Callable[[int, int], Any], importance: Any = None) -> None:
@@ -273,17 +275,52 @@ class Writer:
         per_chunk = max(1, self._chunk_bytes // dtype.itemsize)
         entry = TensorEntry(name, dtype, tuple(shape), [], per_chunk)
         role, config = self._policy.config_for(name, dtype.name, entry.shape)
-        tensor = encoder.for_tensor(entry, read, role, config, importance,
-                                    entropy=self._entropy, report=self._reports,
-                                    tiny_bytes=TINY_TENSOR_BYTES)
+        force = (encoder.overrides(importance, config, entry.numel)
+                 if config is not None and entry.numel else None)
+        prepare = (encoder.for_tensor, entry, read, role, config)
+        options = {"entropy": self._entropy, "report": self._reports,
+                   "tiny_bytes": TINY_TENSOR_BYTES, "force": force}
+        if self._pool is None:
+            self._start(entry, read, encoder.for_tensor(*prepare[1:], **options))
+            return
+        # the sketch and fit run on the pool too, beside other tensors' (chunks wait for them)
+        self._tensors[name] = None
+        self._container.tensors.append(entry)
+        self._preparing.append((entry, read, self._pool.submit(*prepare, **options)))
+        while self._preparing and (self._preparing[0][2].done()
+                                   or len(self._preparing) > self._threads):
+            self._start_oldest()
+
+    def _start_oldest(self) -> None:
+        """Wait for the oldest tensor being prepared and submit its chunks."""
+        entry, read, future = self._preparing.popleft()
+        try:
+            tensor = future.result()
+        except BaseException:  # as if the tensor had never been added: the writer stays usable
+            self._container.tensors.remove(entry)
+            del self._tensors[entry.name]
+            raise
+        self._start(entry, read, tensor, appended=True)
+
+    def _start(self, entry: TensorEntry, read: Callable[[int, int], Any],
+               tensor: encoder.TensorEncoder, appended: bool = False) -> None:
+        """Record how a prepared tensor is stored and submit its chunks."""
         if self._codes is not None and isinstance(tensor, encoder.LossyTensor):
-            self._codes[name] = np.empty(entry.numel, np.uint16)
+            self._codes[entry.name] = np.empty(entry.numel, np.uint16)
         entry.codec = tensor.pipeline.chain()
         entry.streams = [[] for _ in range(tensor.pipeline.streams)]
-        self._tensors[name] = tensor
-        self._container.tensors.append(entry)
+        self._tensors[entry.name] = tensor
+        if not appended:
+            self._container.tensors.append(entry)
         for c in range(entry.chunk_count):
             self._submit(entry, tensor.encode, read, c)
+
+    def _drain(self) -> None:
+        """Encode and write everything added so far."""
+        while self._preparing:
+            self._start_oldest()
+        while self._pending:
+            self._write_oldest()
 
     def _encode(self, entry: TensorEntry, encoder: Callable, read: Callable[[int, int], Any],
                 c: int) -> tuple:
@@ -331,8 +368,7 @@ class Writer:
         """Finish the file and move it into place; return a report per tensor."""
         self._check_open()
         try:
-            while self._pending:
-                self._write_oldest()
+            self._drain()
             for entry in self._container.tensors:
                 entry.report = self._tensors[entry.name].report()
             self._container.commit(self.metadata, self.safetensors_header, None, file_minor(
@@ -364,7 +400,10 @@ class Writer:
             return
         for _, future in self._pending:
             future.cancel()
+        for _, _, future in self._preparing:
+            future.cancel()
         self._pending.clear()
+        self._preparing.clear()
         self._shutdown()
         self._container.abort()
 
