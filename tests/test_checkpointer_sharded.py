@@ -80,6 +80,32 @@ def test_sharded_mode_checks_its_arguments(tmp_path):
         Checkpointer(tmp_path / "c", model, sharded=True)
 
 
+class _Runs:
+    """Unpickling it would call print: what a hostile checkpoint would do."""
+
+    def __reduce__(self):
+        return print, ("unpickled",)
+
+
+def test_stored_values_are_unpickled_as_plain_data_only(capsys):
+    import io
+    import pickle
+    from types import SimpleNamespace
+
+    from inshrink.torch.sharded import _SafeLoadPlanner
+    planner = _SafeLoadPlanner(flatten_state_dict=False)
+    planner.state_dict = {}
+    item = SimpleNamespace(dest_index=SimpleNamespace(fqn="optim.param_groups.0.lr"))
+    with pytest.raises(errors.CorruptError, match="optim.param_groups.0.lr"):
+        planner.load_bytes(item, io.BytesIO(pickle.dumps(_Runs(), protocol=2)))
+    assert "unpickled" not in capsys.readouterr().out
+    buffer = io.BytesIO()
+    torch.save({"lr": 0.5, "betas": (0.9, 0.99)}, buffer)
+    buffer.seek(0)
+    planner.load_bytes(item, buffer)
+    assert planner.state_dict["optim.param_groups.0.lr"] == {"lr": 0.5, "betas": (0.9, 0.99)}
+
+
 # -- the ranks (run as a script) -----------------------------------------------------------
 
 class Counter:

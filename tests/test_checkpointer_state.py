@@ -6,12 +6,16 @@ import random
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import inshrink
 from inshrink import errors
-from inshrink.torch import Checkpointer
+from inshrink.torch import Checkpointer, to_numpy
+from inshrink.series import Series
 from inshrink.torch.checkpointer import TRAINING_METADATA
+from inshrink.torch.training import capture, decode
 
 torch.set_num_threads(1)
 
@@ -215,3 +219,77 @@ def test_keep_last_retains_the_newest_steps(tmp_path):
         ckpt.save(step)
     assert ckpt.steps() == [3, 4]
     assert ckpt.restore(3) == 3 and scheduler.last_epoch == 3
+
+
+# -- the stored form ---------------------------------------------------------------------
+
+_leaves = (st.none() | st.booleans() | st.integers(-2 ** 63, 2 ** 64)
+           | st.floats(allow_nan=False) | st.text(max_size=8)
+           | st.builds(lambda n, d: torch.arange(n, dtype=d) / 3 if d.is_floating_point
+                       else torch.arange(n, dtype=d),
+                       st.integers(0, 5), st.sampled_from([torch.float32, torch.bfloat16,
+                                                          torch.float64, torch.int64,
+                                                          torch.uint8])))
+_nested = st.recursive(_leaves, lambda inner: st.lists(inner, max_size=3)
+                       | st.tuples(inner, inner)
+                       | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                       max_leaves=12)
+
+
+class Holder:
+    def __init__(self, value=None):
+        self.value = value
+
+    def state_dict(self):
+        return {"value": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["value"]
+
+
+def same(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape \
+            and to_numpy(a).tobytes() == to_numpy(b).tobytes()
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, dict):
+        return type(b) is dict and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+@settings(max_examples=60, deadline=None)
+@given(_nested)
+def test_any_json_and_tensor_state_round_trips_bit_for_bit(value):
+    arrays, document = capture(extra={"h": Holder(value)}, rng=False)
+    assert all(a.dtype.kind in "uib" for a in arrays.values())  # raw bits only
+    restored = Holder()
+    decode(document, arrays, scheduler=False, extra={"h": restored}, rng=False,
+           where="here").apply(extra={"h": restored}, rng=False)
+    assert same(value, restored.value)
+
+
+def test_a_malformed_stored_training_state_is_refused_before_anything_changes(tmp_path):
+    model, optimizer, scheduler = make()
+    ckpt = Checkpointer(tmp_path / "c", model, optimizer, scheduler, grad_ema=False)
+    ckpt.save(1)
+    tensors, metadata = ckpt.series.load(1), ckpt.series.metadata(1)
+    doc = json.loads(metadata[TRAINING_METADATA])
+    bad_python = dict(doc, rng=dict(doc["rng"], python={"__tuple__": [3, [1, 2], None]}))
+    cases = {2: ("not json", "unreadable training state"),
+             3: (json.dumps(bad_python), "Python random state is malformed"),
+             4: (json.dumps(dict(doc, format=9)), "unknown format")}
+    series = Series(tmp_path / "c")
+    for step, (document, _) in cases.items():
+        series.save(step, tensors, metadata={**metadata, TRAINING_METADATA: document})
+    series.save(5, {**tensors, "training.rng.torch": np.zeros(7, np.uint8)}, metadata=metadata)
+    cases[5] = (None, "malformed random generator state")
+    fresh, fresh_optimizer, fresh_scheduler = make(seed=5)
+    before = fresh[0].weight.detach().clone()
+    state = torch.get_rng_state()
+    again = Checkpointer(tmp_path / "c", fresh, fresh_optimizer, fresh_scheduler)
+    for step, (_, match) in cases.items():
+        with pytest.raises(errors.InvalidArgumentError, match=match):
+            again.restore(step)
+        assert torch.equal(fresh[0].weight, before) and fresh_scheduler.last_epoch == 0
+        assert torch.equal(torch.get_rng_state(), state)
