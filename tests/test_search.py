@@ -481,7 +481,7 @@ def _checkpoints(seed=0, count=3):
 
 
 def _run(tmp_path, epsilon, **kwargs):
-    search = Search(epsilon, threads=1, **kwargs)
+    search = Search(epsilon, **{"threads": 1, **kwargs})
     search._test_dir = tmp_path
     reports = []
     for state, importance, loss in _checkpoints():
@@ -491,7 +491,7 @@ def _run(tmp_path, epsilon, **kwargs):
     return reports
 
 
-@pytest.mark.parametrize("epsilon,kwargs", [(0.01, {"max_evals": 12}),
+@pytest.mark.parametrize("epsilon,kwargs", [(0.01, {"max_evals": 12, "threads": 2}),
                                             (0.05, {"max_rel_l2": 0.05, "max_evals": 12})])
 def test_search_chooses_as_with_candidate_files(tmp_path, monkeypatch, epsilon, kwargs):
     # the in-memory evaluation is a speed-up only: every decision, size, error and quality
@@ -505,6 +505,24 @@ def test_search_chooses_as_with_candidate_files(tmp_path, monkeypatch, epsilon, 
     for new, old in zip(fresh, with_files):
         for key in ("mode", "reason", "chosen", "chosen_result", "evaluations", "baseline"):
             assert new[key] == old[key]
+
+
+def test_size_table_is_reused_until_the_tensors_or_the_axes_change(monkeypatch):
+    built = []
+    size_table = Evaluator.size_table
+
+    def counted(self):
+        built.append(self.space.bins)
+        return size_table(self)
+    monkeypatch.setattr(Evaluator, "size_table", counted)
+    state, loss = _model()
+    search = Search(0.05, threads=1)
+    search.choose(state, loss)
+    search.choose({k: v * np.float32(0.99) for k, v in state.items()}, loss)
+    assert built == [SPACE.bins]  # the next checkpoint orders its candidates with it
+    search.space = SearchSpace(bins=(4, 8, 16))
+    search.choose(state, loss)
+    assert built == [SPACE.bins, (4, 8, 16)]
 
 
 def test_candidates_in_memory_equal_the_saved_file(tmp_path):

@@ -4,6 +4,7 @@ and the expected-size table that orders and bounds candidates."""
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
@@ -86,10 +87,17 @@ class Evaluator:
         bins_axis, emb_axis, prune_axis, protect_axis = space.axes()
         weights = {n: a for n, a in self.searched.items() if self.roles[n] != "embedding"}
         embeddings = {n: a for n, a in self.searched.items() if self.roles[n] == "embedding"}
-        weight_bits = np.array([[self.sample_bits(weights, QuantConfig(
-            bins=b, prune=p, protect=0.0)) for p in prune_axis] for b in bins_axis])
-        emb_bits = np.array([self.sample_bits(embeddings, QuantConfig(bins=b, protect=0.0))
-                             for b in emb_axis])
+        jobs = [(weights, QuantConfig(bins=b, prune=p, protect=0.0))
+                for b in bins_axis for p in prune_axis]
+        jobs += [(embeddings, QuantConfig(bins=b, protect=0.0)) for b in emb_axis]
+        if self.encode.threads > 1:  # the kernels release the GIL
+            with ThreadPoolExecutor(self.encode.threads) as pool:
+                bits = list(pool.map(lambda job: self.sample_bits(*job), jobs))
+        else:
+            bits = [self.sample_bits(*job) for job in jobs]
+        weight_bits = np.array(bits[:len(bins_axis) * len(prune_axis)]).reshape(
+            len(bins_axis), len(prune_axis))
+        emb_bits = np.array(bits[len(bins_axis) * len(prune_axis):])
         protect_bits = sum(a.size * (a.dtype.itemsize * 8 + 32)
                            for a in self.searched.values()) * np.array(protect_axis)
         return (weight_bits[:, None, :, None] + emb_bits[None, :, None, None]

@@ -1,0 +1,163 @@
+"""Time the configuration search over the checkpoints of one training run.
+
+    python benchmarks/bench_search.py record     # train the lm task once, keep its checkpoints
+    python benchmarks/bench_search.py replay     # time Search.choose (and a plain save) on each
+    PYTHONPATH=/other/checkout python benchmarks/bench_search.py replay --label before
+
+``record`` trains the fault-tolerance benchmark's lm task (``ft_models.py``, 1200 steps, a
+checkpoint every 60: 20 per run) with ``inshrink.torch.Checkpointer`` as ``bench_fault.py
+--only eps0.05`` sets it up (epsilon 0.05 shared by 5 restores, the task's search settings,
+one thread), and keeps what every checkpoint's search was given: the state, the importance
+scores, epsilon and whether the late first-moment configuration applied; plus the training
+time (steps only). No failure is injected: the search sees one undisturbed run.
+
+``replay`` runs one fresh ``Search`` over those checkpoints in order, as the Checkpointer does
+(the model set to each checkpoint's weights, the KL quality callback reset), and per
+checkpoint times ``Search.choose``, counts the quality calls, and times a plain
+``inshrink.save`` of the state with the chosen policy. The inshrink it imports is the one on
+``PYTHONPATH``, so two revisions replay the same recorded inputs. The JSON lines it prints
+(and ``--out``) carry the choices, so two revisions can be checked for identical decisions.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import ft_models as fm  # noqa: E402
+
+DEFAULT_DIR = os.path.join(HERE, "data", "search_lm")
+EPSILON, RESTORES = 0.05, 5
+
+
+def record(directory: str, seed: int) -> None:
+    from inshrink.torch import Checkpointer
+    torch.set_num_threads(1)
+    os.makedirs(directory, exist_ok=True)
+    task = fm.make_task("lm", seed=seed)
+    ck = Checkpointer(tempfile.mkdtemp(prefix="bench_search_"), task.model, task.optimizer,
+                      eval_batches=task.calib_batches, loss_fn=task.loss_fn, epsilon=EPSILON,
+                      restores=RESTORES, threads=1, **task.search_settings)
+    choose, steps = ck.search.choose, []
+
+    def recording(tensors, quality, importance=None, curvature=None):
+        step = len(steps) + 1
+        np.savez(os.path.join(directory, f"ckpt_{step:03d}.npz"), **tensors)
+        np.savez(os.path.join(directory, f"importance_{step:03d}.npz"), **(importance or {}))
+        steps.append({"epsilon": ck.search.epsilon,
+                      "late": ck.search.space.exp_avg == ck.search.space.late_exp_avg})
+        return choose(tensors, quality, importance, curvature)
+    ck.search.choose = recording
+    train_s = 0.0
+    for step in range(1, task.steps + 1):
+        started = time.perf_counter()
+        task.train_step(step)
+        train_s += time.perf_counter() - started
+        if step % task.ckpt_every == 0:
+            ck.save(step)
+    with open(os.path.join(directory, "run.json"), "w") as f:
+        json.dump({"seed": seed, "train_seconds": train_s, "checkpoints": steps,
+                   "checkpointer_seconds": ck.seconds}, f, indent=1)
+    print(f"recorded {len(steps)} checkpoints, training {train_s:.1f} s, "
+          f"checkpointer {ck.seconds:.1f} s")
+
+
+def replay(directory: str, label: str, out: str | None, limit: int | None) -> None:
+    import inshrink
+    from inshrink.search import Search, SearchSpace
+    from inshrink.torch.quality import quality_from
+    torch.set_num_threads(1)
+    with open(os.path.join(directory, "run.json")) as f:
+        run = json.load(f)
+    task = fm.make_task("lm", seed=run["seed"])
+    settings = task.search_settings
+    criterion = settings.get("criterion", "loss")
+    space = SearchSpace()
+    search = Search(EPSILON / RESTORES, space=space, max_evals=24, two_sided=True, threads=1)
+    lines = []
+    checkpoints = run["checkpoints"][:limit]
+    for i, meta in enumerate(checkpoints, 1):
+        state = dict(np.load(os.path.join(directory, f"ckpt_{i:03d}.npz")))
+        importance = dict(np.load(os.path.join(directory, f"importance_{i:03d}.npz")))
+        live = task.model.state_dict()
+        task.model.load_state_dict({n: torch.from_numpy(state["model." + n].copy())
+                                    for n in live})
+        base = quality_from(task.model, task.calib_batches, task.loss_fn, criterion=criterion)
+        calls = []
+
+        def quality(s, base=base, calls=calls):
+            calls.append(1)
+            return base(s)
+        search.epsilon = meta["epsilon"]
+        search.space = space if not meta["late"] else \
+            SearchSpace(exp_avg=space.late_exp_avg)
+        started = time.perf_counter()
+        result = search.choose(state, quality, importance or None)
+        search_s = time.perf_counter() - started
+        with tempfile.TemporaryDirectory() as tmp:
+            started = time.perf_counter()
+            infos = inshrink.save(os.path.join(tmp, "c.ink"), state, policy=result.policy,
+                                  threads=1)
+            save_s = time.perf_counter() - started
+        report = result.report
+        line = {"label": label, "checkpoint": i, "mode": report.get("mode"),
+                "search_seconds": search_s, "save_seconds": save_s,
+                "quality_calls": len(calls), "evaluations": report.get("evaluations_used"),
+                "tensor_encodings": report.get("tensor_encodings"),
+                "chosen": report.get("chosen"),
+                "chosen_bytes": (report.get("chosen_result") or {}).get("stored_bytes"),
+                "chosen_quality": (report.get("chosen_result") or {}).get("quality"),
+                "file_bytes": sum(x.stored_bytes for x in infos),
+                "walk": [[e["phase"], [e["choice"][k] for k in ("bins", "embedding_bins", "prune",
+                                                                "protect")],
+                          e["feasible"], e["stored_bytes"]]
+                         for e in report.get("evaluations", [])]}
+        lines.append(line)
+        print(json.dumps(line), flush=True)
+    later = lines[1:] or lines
+    search_total = sum(x["search_seconds"] for x in lines)
+    save_total = sum(x["save_seconds"] for x in lines)
+    summary = {
+        "label": label, "checkpoints": len(lines),
+        "first_search_s": lines[0]["search_seconds"], "first_save_s": lines[0]["save_seconds"],
+        "first_search_over_save": lines[0]["search_seconds"] / lines[0]["save_seconds"],
+        "later_search_s_mean": sum(x["search_seconds"] for x in later) / len(later),
+        "later_evaluations_mean": sum(x["evaluations"] for x in later) / len(later),
+        "later_quality_calls_mean": sum(x["quality_calls"] for x in later) / len(later),
+        "search_s_total": search_total, "save_s_total": save_total,
+        "train_s_recorded": run["train_seconds"],
+        "share_of_training": (search_total + save_total) / run["train_seconds"],
+        "load_average": os.getloadavg()}
+    print(json.dumps(summary), flush=True)
+    if out:
+        with open(out, "w") as f:
+            json.dump({"summary": summary, "checkpoints": lines}, f, indent=1)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("action", choices=("record", "replay"))
+    ap.add_argument("--dir", default=DEFAULT_DIR, help="recorded checkpoints")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--label", default="current")
+    ap.add_argument("--out", help="JSON of the replay")
+    ap.add_argument("--limit", type=int, help="replay only the first N checkpoints")
+    args = ap.parse_args(argv)
+    if args.action == "record":
+        record(args.dir, args.seed)
+    else:
+        replay(args.dir, args.label, args.out, args.limit)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
