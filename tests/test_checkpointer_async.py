@@ -117,7 +117,7 @@ def test_the_context_manager_flushes_and_a_closed_checkpointer_refuses_saves(tmp
     model, optimizer, scheduler = make()
     with Checkpointer(tmp_path / "c", model, optimizer, scheduler, async_=True,
                       grad_ema=False) as ckpt:
-        started, release = held_writer(ckpt)
+        _, release = held_writer(ckpt)
         ckpt.save(1)
         threading.Timer(0.2, release.set).start()
     assert ckpt.steps() == [1] and ckpt.last_report["step"] == 1

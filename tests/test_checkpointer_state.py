@@ -12,8 +12,8 @@ from torch import nn
 
 import inshrink
 from inshrink import errors
-from inshrink.torch import Checkpointer, to_numpy
 from inshrink.series import Series
+from inshrink.torch import Checkpointer, to_numpy
 from inshrink.torch.checkpointer import TRAINING_METADATA
 from inshrink.torch.training import capture, decode
 
@@ -164,7 +164,7 @@ def test_values_json_cannot_hold_are_refused_by_name_before_anything_is_written(
 
 
 def test_restore_checks_the_training_state_before_changing_anything(tmp_path):
-    model, optimizer, scheduler = make()
+    model, optimizer, _ = make()
     Checkpointer(tmp_path / "c", model, optimizer, grad_ema=False).save(1)  # no scheduler
     fresh, fresh_optimizer, fresh_scheduler = make(seed=5)
     before = fresh[0].weight.detach().clone()

@@ -18,9 +18,9 @@ import torch
 from ..errors import InvalidArgumentError
 from ..policy import Policy, resolve
 from ..search import Quality, Search, SearchSpace
-from ..series import SEARCH_KEY as SEARCH_METADATA, Series
-from .gradients import GradientEMA
+from ..series import MAX_STEP, SEARCH_KEY as SEARCH_METADATA, Series
 from .convert import to_torch
+from .gradients import GradientEMA
 from .quality import CRITERIA, quality_from
 from .state import MODEL, load_state, state_to_numpy
 from .training import TRAINING, TRAINING_METADATA, capture, check_extra, decode
@@ -368,8 +368,10 @@ class Checkpointer:
             job = self._sharded.stage(step, copy=self._executor is not None)
             self._last_step = step
             return self._run(step, job, started)
+        if type(step) is not int or not 0 <= step <= MAX_STEP:  # here, not in the background
+            raise InvalidArgumentError(f"step must be an integer in [0, {MAX_STEP}]")
         latest = self.series.latest()
-        if type(step) is int and latest is not None and step <= latest:
+        if latest is not None and step <= latest:
             raise InvalidArgumentError(f"step {step} is not after the latest step {latest} "
                                        f"of {self.series.directory}")
         state, metadata = state_to_numpy(self.model, self.optimizer)

@@ -26,7 +26,6 @@ import shutil
 import time
 from typing import Any, Callable, Mapping
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -37,9 +36,9 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_state_dict)
 
+from ..dcp import METADATA_FILE, InkStorageReader, InkStorageWriter, read_metadata
 from ..errors import CorruptError, InshrinkError, InvalidArgumentError
 from ..policy import Policy
-from ..dcp import METADATA_FILE, InkStorageReader, InkStorageWriter, read_metadata
 from .training import capture, decode
 
 __all__ = ["ShardedCheckpoints", "step_directory", "is_sharded"]
