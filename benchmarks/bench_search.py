@@ -112,6 +112,8 @@ def replay(directory: str, label: str, out: str | None, limit: int | None) -> No
                 "search_seconds": search_s, "save_seconds": save_s,
                 "quality_calls": len(calls), "evaluations": report.get("evaluations_used"),
                 "tensor_encodings": report.get("tensor_encodings"),
+                **{k: report.get(k) for k in ("quality_seconds", "encode_seconds",
+                                              "size_table_seconds")},
                 "chosen": report.get("chosen"),
                 "chosen_bytes": (report.get("chosen_result") or {}).get("stored_bytes"),
                 "chosen_quality": (report.get("chosen_result") or {}).get("quality"),
@@ -132,6 +134,9 @@ def replay(directory: str, label: str, out: str | None, limit: int | None) -> No
         "later_search_s_mean": sum(x["search_seconds"] for x in later) / len(later),
         "later_evaluations_mean": sum(x["evaluations"] for x in later) / len(later),
         "later_quality_calls_mean": sum(x["quality_calls"] for x in later) / len(later),
+        **{f"later_{k}_mean": sum(x[k] for x in later) / len(later)
+           for k in ("quality_seconds", "encode_seconds") if later[0].get(k) is not None},
+        "later_save_s_mean": sum(x["save_seconds"] for x in later) / len(later),
         "search_s_total": search_total, "save_s_total": save_total,
         "train_s_recorded": run["train_seconds"],
         "share_of_training": (search_total + save_total) / run["train_seconds"],

@@ -34,7 +34,11 @@ class SearchResult:
         in proxy mode.
     report : dict
         JSON-serialisable: the mode, the baseline quality, every evaluation (configuration,
-        quality, relative drop, feasibility, stored bytes, phase) and why the choice was made.
+        quality, relative drop, feasibility, stored bytes, phase), why the choice was made,
+        and where the time went: ``quality_seconds`` (the callback, baseline included),
+        ``encode_seconds`` (candidate encodings), ``size_table_seconds`` (the expected sizes,
+        measured at a guided search) and ``tensor_encodings`` (tensors encoded; a tensor whose
+        configuration a previous candidate had is not encoded again).
     """
 
     policy: Policy
@@ -184,7 +188,8 @@ class Search:
             report.update(baseline=ev.baseline, evaluations=ev.log,
                           evaluations_used=len(ev.log),
                           cap_reached=len(ev.log) >= self.max_evals,
-                          raw_bytes=ev.raw_bytes, tensor_encodings=ev.encode.encodings)
+                          raw_bytes=ev.raw_bytes, tensor_encodings=ev.encode.encodings,
+                          **{f"{part}_seconds": t for part, t in ev.seconds.items()})
             report["chosen_result"] = None if choice is None else \
                 ev.results[(self.space.point(choice), choice.prune_metric)]
         report["chosen"] = choice.to_dict() if choice else None

@@ -4,6 +4,7 @@ and the expected-size table that orders and bounds candidates."""
 from __future__ import annotations
 
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -38,6 +39,8 @@ class Evaluator:
         self.results: dict[tuple[Point, str], dict] = {}
         self.log: list[dict] = []
         self.budget = search.max_evals  # a phase may lower it to share the cap
+        # where the time goes, for the report: the callback, candidate encodings, size table
+        self.seconds = {"quality": 0.0, "encode": 0.0, "size_table": 0.0}
         self.baseline = self._call(tensors)
         if not math.isfinite(self.baseline):
             raise InvalidArgumentError(f"the quality of the uncompressed state is "
@@ -53,7 +56,9 @@ class Evaluator:
         self.bits = cached[1] if cached and cached[0] == self.key else None
 
     def _call(self, state: dict[str, np.ndarray]) -> float:
+        started = time.perf_counter()
         value = self.quality(state)
+        self.seconds["quality"] += time.perf_counter() - started
         try:
             return float(value)
         except (TypeError, ValueError):
@@ -75,7 +80,9 @@ class Evaluator:
         """Expected stored bits of the searched tensors at a configuration, to order and bound
         candidates (the choice itself goes by measured bytes)."""
         if self.bits is None:
+            started = time.perf_counter()
             self.bits = self.size_table()
+            self.seconds["size_table"] += time.perf_counter() - started
             self.search._size_table = (self.key, self.bits)
         return float(self.bits[point])
 
@@ -149,7 +156,9 @@ class Evaluator:
         if self.left <= 0:
             return None
         choice = self.space.choice(point, metric)
+        started = time.perf_counter()
         decoded, stored, rel_l2 = self.roundtrip(choice)
+        self.seconds["encode"] += time.perf_counter() - started
         bound = self.search.max_rel_l2
         if bound is not None and not rel_l2 <= bound:
             # too coarse whatever the quality says: the callback is not called
