@@ -140,8 +140,8 @@ class Checkpointer:
         Encoder/decoder threads.
     rng : bool
         Save the random generators' states (Python's ``random``, numpy's global generator,
-        torch's CPU generator and every CUDA device's) and set them on :meth:`restore`.
-        Saving never draws from them.
+        torch's CPU generator and, once CUDA is in use, every CUDA device's) and set them on
+        :meth:`restore`. Saving never draws from them.
     async_ : bool
         :meth:`save` returns once it has copied the state to CPU memory (the staging copy);
         the search, quantization and writing run in one background thread while training

@@ -52,7 +52,8 @@ def check_extra(extra: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def _rng(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Python's, numpy's global, torch's CPU and (if available) CUDA generators' states."""
+    """Python's, numpy's global, torch's CPU and (once CUDA is in use) every CUDA device's
+    generator state; saving does not initialize CUDA."""
     kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     arrays[TRAINING + "rng.numpy"] = np.array(keys, np.uint32)
     doc = {"python": encode_nested(random.getstate(), TRAINING + "rng.python", arrays),
@@ -60,7 +61,7 @@ def _rng(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
                      "cached_gaussian": float(cached)},
            "cuda": 0}
     arrays[TRAINING + "rng.torch"] = torch.get_rng_state().numpy().copy()
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # else never drawn from
         states = torch.cuda.get_rng_state_all()
         for i, state in enumerate(states):
             arrays[f"{TRAINING}rng.cuda.{i}"] = state.cpu().numpy().copy()
