@@ -240,13 +240,25 @@ def kmeans_1d(points, weights, centroids, max_iter, tol):
         for c in range(m):
             sum_w[c] = 0.0
             sum_wp[c] = 0.0
+        # points are sorted, so each centroid's points are consecutive: its sums run in
+        # registers and are stored once (the same additions in the same order)
         c = 0
+        w_total = 0.0
+        wp_total = 0.0
+        mid = 0.5 * (centroids[0] + centroids[1]) if m > 1 else math.inf
         for j in range(n):
             p = points[j]
-            while c < m - 1 and p > 0.5 * (centroids[c] + centroids[c + 1]):
+            while c < m - 1 and p > mid:
+                sum_w[c] = w_total
+                sum_wp[c] = wp_total
+                w_total = 0.0
+                wp_total = 0.0
                 c += 1
-            sum_w[c] += weights[j]
-            sum_wp[c] += weights[j] * p
+                mid = 0.5 * (centroids[c] + centroids[c + 1]) if c < m - 1 else math.inf
+            w_total += weights[j]
+            wp_total += weights[j] * p
+        sum_w[c] = w_total
+        sum_wp[c] = wp_total
         largest_move = 0.0
         for c in range(m):
             if sum_w[c] > 0.0:
