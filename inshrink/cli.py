@@ -764,14 +764,14 @@ def _is_dcp_series(path: str) -> bool:
     return os.path.isdir(path) and os.path.isfile(os.path.join(path, DCP_SERIES_MANIFEST))
 
 
-def _dcp_series_step(path: str):
+def _dcp_series_step(path: str, threads: int | None = 1):
     """(InkSeries, step) when ``path`` is a step directory of a DCP series, else None."""
     parent, name = os.path.split(os.path.normpath(path))
     match = _DCP_SERIES_STEP.fullmatch(name)
     if match is None or not _is_dcp_series(parent or "."):
         return None
     from .dcp_series import InkSeries
-    return InkSeries(parent or ".", threads=1), int(match.group(1))
+    return InkSeries(parent or ".", threads=threads), int(match.group(1))
 
 
 def _is_dcp(path: str) -> bool:
@@ -800,7 +800,7 @@ def _dcp_details(path: str, threads: int | None = None, verify: bool = False):
     checked against each file's index (decoded in full with ``verify``)."""
     from . import dcp
     from .tensorfile import File
-    in_series = _dcp_series_step(path)
+    in_series = _dcp_series_step(path, threads)
     if in_series is not None:  # an older step's files are deltas: read through the series
         series, step = in_series
         rows = series.describe(step)
@@ -987,7 +987,11 @@ def cmd_consolidate(args, started: float) -> int:
     source = _dcp_files(src, infos)
     chunks = [t for f in source for t in f["tensors"]]
     _check_lossy_overwrite(args, dst, any(not t.lossless for t in chunks))
-    _dcp_call(src, lambda: dcp.consolidate(src, dst, threads=args.threads))
+    in_series = _dcp_series_step(src, args.threads)
+    if in_series is not None:  # an older step's files are deltas: read through the series
+        in_series[0].consolidate(in_series[1], dst)
+    else:
+        _dcp_call(src, lambda: dcp.consolidate(src, dst, threads=args.threads))
     written = _ink_details(dst) if dst.endswith(".ink") else {}
     # the source's chunks are what the report describes: a lossy checkpoint stays reported
     # as lossy, with its measured error, though the joined file stores its values exactly

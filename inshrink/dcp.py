@@ -680,79 +680,106 @@ def consolidate(path: str | os.PathLike, out: str | os.PathLike, *,
     list of TensorInfo
         What the output's index says about each tensor.
     """
+    out = _checked_output(out, policy)
+    metadata = read_metadata(path)
+    return _consolidate_to(out, os.fspath(path), metadata,
+                           _RankFiles(os.fspath(path), metadata, threads), policy, threads)
+
+
+def _checked_output(out: Any, policy: Policy | str | None) -> str:
     out = _checked_path(out)
     if out.endswith(".safetensors"):
         if policy is not None:
             raise InvalidArgumentError("a .safetensors file is lossless: no policy")
-        return _consolidate_safetensors(path, out, threads)
-    if not out.endswith(".ink"):
+    elif not out.endswith(".ink"):
         raise InvalidArgumentError(f"{out}: the output must be an .ink or .safetensors file")
-    return _consolidate(path, out, policy, threads, keep_bytes=True)
+    return out
 
 
-def _consolidate(path: str | os.PathLike, out: str, policy: Policy | str | None,
-                 threads: int | None, keep_bytes: bool) -> list[TensorInfo]:
-    metadata = read_metadata(path)
-    path = os.fspath(path)
-    files: dict[str, File] = {}
+def _consolidate_to(out: str, path: str, metadata: Metadata, source: "_RankFiles",
+                    policy: Policy | str | None, threads: int | None) -> list[TensorInfo]:
+    """:func:`consolidate` of a checkpoint's metadata into a checked ``out``, its chunks
+    read from ``source``."""
     try:
-        with Writer(out, {"dcp.consolidated_from": os.path.basename(os.path.abspath(path))},
-                    threads=threads, policy=policy) as writer:
-            for fqn, item in metadata.state_dict_metadata.items():
-                if isinstance(item, BytesStorageMetadata):
-                    if keep_bytes:
-                        writer.add(BYTES_PREFIX + fqn,
-                                   _read_chunk(path, files, metadata, MetadataIndex(fqn), threads))
-                    continue
-                writer.add(fqn, _joined(path, files, metadata, fqn, item, threads))
-            return writer.close()
+        if out.endswith(".safetensors"):
+            return _consolidate_safetensors(path, out, metadata, source, threads)
+        return _consolidate(path, out, metadata, source, policy, threads, keep_bytes=True)
     finally:
-        for f in files.values():
+        source.close()
+
+
+class _RankFiles:
+    """The chunks of a committed checkpoint, read from its rank files (each opened once)."""
+
+    def __init__(self, path: str, metadata: Metadata, threads: int | None) -> None:
+        self.path, self.metadata, self.threads = path, metadata, threads
+        self.files: dict[str, File] = {}
+
+    def file_of(self, index: MetadataIndex) -> str:
+        """The path of the file holding a chunk (for messages)."""
+        return os.path.join(self.path, self.metadata.storage_data[index]["file"])
+
+    def read(self, index: MetadataIndex) -> np.ndarray:
+        entry = self.metadata.storage_data[index]
+        file_path = os.path.join(self.path, entry["file"])
+        if entry["file"] not in self.files:
+            self.files[entry["file"]] = _named(file_path,
+                                               lambda: File(file_path, threads=self.threads))
+        return _named(file_path, lambda: self.files[entry["file"]].read(entry["tensor"]))
+
+    def close(self) -> None:
+        for f in self.files.values():
             f.close()
+        self.files.clear()
 
 
-def _read_chunk(path: str, files: dict[str, File], metadata: Metadata, index: MetadataIndex,
-                threads: int | None) -> np.ndarray:
-    entry = metadata.storage_data[index]
-    file_path = os.path.join(path, entry["file"])
-    if entry["file"] not in files:
-        files[entry["file"]] = _named(file_path, lambda: File(file_path, threads=threads))
-    return _named(file_path, lambda: files[entry["file"]].read(entry["tensor"]))
+def _consolidate(path: str, out: str, metadata: Metadata, source: _RankFiles,
+                 policy: Policy | str | None, threads: int | None,
+                 keep_bytes: bool) -> list[TensorInfo]:
+    with Writer(out, {"dcp.consolidated_from": os.path.basename(os.path.abspath(path))},
+                threads=threads, policy=policy) as writer:
+        for fqn, item in metadata.state_dict_metadata.items():
+            if isinstance(item, BytesStorageMetadata):
+                if keep_bytes:
+                    writer.add(BYTES_PREFIX + fqn, source.read(MetadataIndex(fqn)))
+                continue
+            writer.add(fqn, _joined(source, metadata, fqn, item))
+        return writer.close()
 
 
-def _joined(path: str, files: dict[str, File], metadata: Metadata, fqn: str,
-            item: TensorStorageMetadata, threads: int | None) -> np.ndarray:
+def _joined(source: _RankFiles, metadata: Metadata, fqn: str,
+            item: TensorStorageMetadata) -> np.ndarray:
     """One whole tensor from its chunks (which DCP never lets overlap)."""
     size = tuple(int(d) for d in item.size)
     whole = None
     covered = 0
     for chunk in item.chunks:
         index = MetadataIndex(fqn, chunk.offsets)
-        part = _read_chunk(path, files, metadata, index, threads)
+        part = source.read(index)
         where = tuple(slice(int(o), int(o) + int(n)) for o, n in zip(chunk.offsets, chunk.sizes))
         if whole is None:
             whole = np.empty(size, part.dtype)
         if part.dtype != whole.dtype or len(where) != len(size) or any(
                 s.stop > d for s, d in zip(where, size)) or part.shape != tuple(
                 int(n) for n in chunk.sizes):
-            raise CorruptError(f"{os.path.join(path, metadata.storage_data[index]['file'])}: "
+            raise CorruptError(f"{source.file_of(index)}: "
                                f"chunk of {fqn!r} at {list(chunk.offsets)} does not fit "
                                f"{whole.dtype}{list(size)}")
         whole[where] = part
         covered += part.size
     if whole is None or covered != whole.size:
-        raise CorruptError(f"{os.path.join(path, METADATA_FILE)}: the chunks of {fqn!r} do "
+        raise CorruptError(f"{os.path.join(source.path, METADATA_FILE)}: the chunks of {fqn!r} do "
                            f"not cover its {list(size)} elements")
     return whole
 
 
-def _consolidate_safetensors(path: str | os.PathLike, out: str,
+def _consolidate_safetensors(path: str, out: str, metadata: Metadata, source: _RankFiles,
                              threads: int | None) -> list[TensorInfo]:
     from .convert import decompress_to_safetensors
     directory = os.path.dirname(os.path.abspath(out))
     staging = os.path.join(directory, f".{os.path.basename(out)}.{uuid.uuid4().hex[:8]}.ink")
     try:
-        _consolidate(path, staging, None, threads, keep_bytes=False)
+        _consolidate(path, staging, metadata, source, None, threads, keep_bytes=False)
         return decompress_to_safetensors(staging, out, threads=threads)
     finally:
         if os.path.exists(staging):

@@ -61,14 +61,14 @@ from torch.futures import Future
 
 from . import digest as _digest
 from .atomic import AtomicFile
-from .dcp import (_RANK_FILE, METADATA_FILE, InkStorageReader, InkStorageWriter, _describe,
-                  _done, _named, _read_metadata)
+from .dcp import (_RANK_FILE, METADATA_FILE, InkStorageReader, InkStorageWriter, _checked_output,
+                  _consolidate_to, _describe, _done, _named, _RankFiles, _read_metadata)
 from .errors import BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError
 from .policy import Policy
 from .policy import resolve as resolve_policy
 from .rebase import write_delta
 from .series import MAX_MANIFEST_BYTES, MAX_STEP, decode_link, file_sha256
-from .tensorfile import File, resolve_threads
+from .tensorfile import File, TensorInfo, resolve_threads
 
 __all__ = ["InkSeries", "InkSeriesWriter", "InkSeriesReader", "Step", "RankFile", "MANIFEST"]
 
@@ -413,6 +413,19 @@ class InkSeries:
         _check_metadata_files(metadata, entry, path)
         return _describe(metadata, path, {f.name: f.file for f in entry.files})
 
+    def consolidate(self, step: int, out: str | os.PathLike, *,
+                    policy: Policy | str | None = None) -> list[TensorInfo]:
+        """Join the shards of ``step`` into one unsharded file, as
+        :func:`inshrink.dcp.consolidate` does for one checkpoint (an older step is decoded
+        through its chain, one rank file at a time in memory)."""
+        out = _checked_output(out, policy)
+        entry = self.entry(step)
+        path = self._path(entry.dir)
+        metadata = _read_metadata(path)
+        _check_metadata_files(metadata, entry, path)
+        return _consolidate_to(out, path, metadata, _SeriesFiles(self, entry, metadata),
+                               policy, self.threads)
+
     def verify(self) -> list[str]:
         """Decode every file of every step through its chain, checking every checksum, every
         hash the manifest holds and every base digest; return the problems found (none: the
@@ -454,6 +467,34 @@ class InkSeries:
                 out += [os.path.join(name, n) for n in inside if n not in listed[name] and (
                     _RANK_FILE.fullmatch(n) or _DELTA_FILE.match(n) or _TEMPORARY.match(n))]
         return out
+
+
+class _SeriesFiles(_RankFiles):
+    """The chunks of a series step, each rank file decoded through its chain once."""
+
+    def __init__(self, series: InkSeries, entry: Step, metadata: Metadata) -> None:
+        super().__init__(series._path(entry.dir), metadata, series.threads)
+        self.series, self.entry = series, entry
+        self.rank: int | None = None
+        self.arrays: dict = {}
+
+    def file_of(self, index: MetadataIndex) -> str:
+        name = self.metadata.storage_data[index]["file"]
+        return os.path.join(self.path, next(f.file for f in self.entry.files if f.name == name))
+
+    def read(self, index: MetadataIndex) -> Any:
+        entry = self.metadata.storage_data[index]
+        rank = next(f.rank for f in self.entry.files if f.name == entry["file"])
+        if rank != self.rank:  # one decoded rank file at a time
+            self.arrays, self.rank = {}, None
+            self.arrays, self.rank = self.series.decode(self.entry.step, rank), rank
+        if entry["tensor"] not in self.arrays:
+            raise CorruptError(f"{self.file_of(index)}: no tensor named {entry['tensor']!r}, "
+                               f"which {METADATA_FILE} names")
+        return self.arrays[entry["tensor"]]
+
+    def close(self) -> None:
+        self.arrays, self.rank = {}, None
 
 
 def _check_after(steps: list[Step], step: int, directory: str) -> None:

@@ -16,6 +16,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+import inshrink
 import test_dcp_distributed as base
 from inshrink import errors
 from inshrink.dcp_series import MANIFEST, InkSeries
@@ -70,6 +71,7 @@ def within_reported_error(reference, restored, rows):
 
 
 def test_2_ranks_series_restores_every_step_and_a_new_world_size_starts_a_keyframe(tmp_path):
+    # lossless saved with dcp.save, lossy with dcp.async_save
     run_scenario("series", tmp_path)
     lossless = InkSeries(tmp_path / "lossless", threads=1)
     entries = {s.step: s for s in lossless.checkpoints()}
@@ -166,6 +168,12 @@ def test_one_rank_series_keep_and_keyframes(tmp_path):
         base.assert_bit_equal(states[step], load_one_rank(series, step, states[step]))
     with pytest.raises(errors.InvalidArgumentError, match="not after the latest step 6"):
         series.writer(6)
+    # a step stored as a delta, joined into one file
+    series.consolidate(3, tmp_path / "step3.ink")
+    with inshrink.open(tmp_path / "step3.ink") as f:
+        assert torch.equal(torch.from_numpy(f["model.w"]), states[3]["model"]["w"])
+        assert torch.equal(torch.from_numpy(f["optim.state.w.exp_avg"]),
+                           states[3]["optim"]["state"]["w"]["exp_avg"])
 
 
 def test_one_rank_lossy_series_restores_what_each_step_stored(tmp_path):
@@ -271,6 +279,11 @@ def test_cli_info_and_verify_understand_a_series(tmp_path):
     assert ".d.ink" in r.stdout and "LOSSY" in r.stdout
     r = cli("verify", "run")
     assert (r.returncode, r.stdout) == (0, "OK    run (DCP series: 3 steps, 3 rank files)\n")
+    r = cli("consolidate", f"run/{series.entry(1).dir}", "-o", "one.safetensors")
+    assert r.returncode == 0, r.stderr
+    from safetensors.numpy import load_file
+    assert load_file(tmp_path / "one.safetensors").keys() == {"model.w", "model.b",
+                                                            "optim.state.w.exp_avg"}
     missing = tmp_path / "run" / series.entry(2).dir / series.entry(2).files[0].file
     missing.unlink()
     r = cli("verify", "--json", "run")
@@ -282,11 +295,18 @@ def test_cli_info_and_verify_understand_a_series(tmp_path):
 
 # -- the ranks (run as a script) -------------------------------------------------------------
 
-def _save_step(rank, world, directory, model, optim, sched, step, series):
+def _save_step(rank, world, directory, model, optim, sched, step, series, async_=()):
+    """Save ``step`` into each of ``series`` (with dcp.async_save into those of ``async_``,
+    on a process group of its own, overlapping the other saves and the gathering)."""
+    import torch.distributed as dist
     state = base._state(model, optim, sched, step)
+    futures = [dcp.async_save(state, storage_writer=s.writer(step),
+                              process_group=dist.new_group()) for s in async_]
     for s in series:
         dcp.save(state, storage_writer=s.writer(step))
     full = base._full(model, optim, state)
+    for future in futures:
+        future.result()
     if rank == 0:
         torch.save(full, os.path.join(directory, f"ref_{step}.pt"))
 
@@ -310,7 +330,7 @@ def _series_2(rank, world, directory):
     model, optim, sched = base._sharded(world, seed=0)
     for step in range(1, 7):
         base._train(model, optim, sched, 1, seed=step)
-        _save_step(rank, world, directory, model, optim, sched, step, (lossless, lossy))
+        _save_step(rank, world, directory, model, optim, sched, step, (lossless,), (lossy,))
 
 
 def _series_3(rank, world, directory):
