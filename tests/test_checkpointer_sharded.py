@@ -49,16 +49,18 @@ def test_sharded_async_saves_resume_exactly_on_the_same_ranks(tmp_path):
         assert second["mismatch"]["type"] == "InvalidArgumentError"
         assert "extra['other']" in second["mismatch"]["message"]
         assert (rank == 1) != second["mismatch"]["message"].startswith("rank 1:")
+        # a write that failed on rank 1 raised on both ranks; the step was not committed
+        assert "disk on fire" in second["failure"] and second["steps_after_failure"] == [5, 6]
     assert read(tmp_path, "first_0.json")["losses"] != read(tmp_path, "first_1.json")["losses"]
     # one directory per step, the two newest kept; each a committed DCP checkpoint
     names = sorted(n for n in os.listdir(tmp_path / "ckpt") if not n.startswith("."))
-    assert names == ["step_000000000005", "step_000000000006"]
-    rows = describe(tmp_path / "ckpt" / "step_000000000006")
+    assert names == ["step_000000000006", "step_000000000008"]
+    rows = describe(tmp_path / "ckpt" / "step_000000000008")
     assert len({row["file"] for row in rows}) == 2
     fqns = {row["fqn"] for row in rows}
     assert {"training_rank00000.document", "training_rank00001.document",
             "training_rank00000.arrays.training.rng.torch"} <= fqns
-    # step 6 was saved with policy="balanced": per shard, with the error of each
+    # step 8 was saved with policy="balanced": per shard, with the error of each
     moment = [row for row in rows if row["fqn"] == "optim.state.0.weight.exp_avg"]
     assert len(moment) == 2 and all(row["error"] is not None for row in moment)
     assert all(row["error"]["max_abs_error"] == 0 for row in rows
@@ -67,8 +69,8 @@ def test_sharded_async_saves_resume_exactly_on_the_same_ranks(tmp_path):
     # save, takes rank 0's scheduler and extras and keeps its own random generators
     for rank in (0, 1, 2):
         loaded = read(tmp_path, f"three_{rank}.json")
-        assert loaded["restored"] == 6 and loaded["last_epoch"] == 6
-        assert loaded["counter"] == 6 and loaded["rng_kept"] == (rank == 2)
+        assert loaded["restored"] == 8 and loaded["last_epoch"] == 8
+        assert loaded["counter"] == 8 and loaded["rng_kept"] == (rank == 2)
 
 
 def test_sharded_mode_checks_its_arguments(tmp_path):
@@ -205,10 +207,28 @@ def _second(rank, world, directory):
                         extra={"counter": counter}, keep_last=2, policy="balanced")
     restored = ckpt.restore()
     losses = _train(model, optim, sched, counter, 1)
-    ckpt.save(6)  # synchronous; retention keeps steps 5 and 6
+    ckpt.save(6)  # synchronous, lossy
     losses += _train(model, optim, sched, counter, 2)
+    # rank 1 fails to write step 7: every rank raises it, nothing is committed
+    from inshrink.dcp import InkStorageWriter
+    original = InkStorageWriter.write_data
+
+    def failing(self, plan, planner):
+        if self.rank == 1:
+            raise OSError(28, "disk on fire")
+        return original(self, plan, planner)
+    InkStorageWriter.write_data = failing
+    failure = None
+    try:
+        ckpt.save(7)
+    except OSError as exc:
+        failure = str(exc)
+    InkStorageWriter.write_data = original
+    steps_after_failure = ckpt.steps()
+    ckpt.save(8)  # retention keeps 6 and 8, and removes 7, which never committed
     _write(directory, "second", rank, {"restored": restored, "losses": losses,
-                                       "mismatch": mismatch})
+                                       "mismatch": mismatch, "failure": failure,
+                                       "steps_after_failure": steps_after_failure})
 
 
 def _three(rank, world, directory):

@@ -87,15 +87,22 @@ class _SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[fqn] = loaded
 
 
-def _first_failure(exc: Exception) -> Exception:
-    """A DCP CheckpointException as the typed error of its first failing rank."""
+def _first_failure(exc: Exception) -> BaseException:
+    """What a DCP CheckpointException carries: the first failing rank's exception (an
+    inshrink error as a typed error naming the rank)."""
     failures = getattr(exc, "failures", None)
     if not failures:
         return exc
-    rank, failure = sorted(failures.items(), key=lambda item: item[0])[0]
+    rank, failure = min(failures.items(), key=lambda item: item[0])
+    if isinstance(failure, tuple) and failure:  # (exception, traceback summary)
+        failure = failure[0]
     if isinstance(failure, InshrinkError):
         return type(failure)(f"rank {rank}: {failure}")
-    return InvalidArgumentError(f"rank {rank}: {type(failure).__name__}: {failure}")
+    if isinstance(failure, BaseException):
+        if hasattr(failure, "add_note"):
+            failure.add_note(f"raised on rank {rank}")
+        return failure
+    return exc
 
 
 class ShardedCheckpoints:
