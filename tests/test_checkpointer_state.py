@@ -293,3 +293,18 @@ def test_a_malformed_stored_training_state_is_refused_before_anything_changes(tm
             again.restore(step)
         assert torch.equal(fresh[0].weight, before) and fresh_scheduler.last_epoch == 0
         assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_a_checkpoint_without_training_state_restores_model_and_optimizer_only(tmp_path):
+    from inshrink.torch import state_to_numpy
+    model, optimizer, _ = make()
+    tensors, metadata = state_to_numpy(model, optimizer)  # as saved before the training state
+    Series(tmp_path / "c").save(1, tensors, metadata=metadata)
+    fresh, fresh_optimizer, fresh_scheduler = make(seed=5)
+    torch.manual_seed(8)
+    state = torch.get_rng_state()
+    assert Checkpointer(tmp_path / "c", fresh, fresh_optimizer).restore() == 1
+    assert torch.equal(fresh[0].weight, model[0].weight)
+    assert torch.equal(torch.get_rng_state(), state)  # nothing stored: left alone
+    with pytest.raises(errors.InvalidArgumentError, match="holds no training state"):
+        Checkpointer(tmp_path / "c", fresh, fresh_optimizer, fresh_scheduler).restore()

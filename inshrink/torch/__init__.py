@@ -13,6 +13,8 @@ parameters and buffers, ``optimizer.state.<index>.<key>`` for optimizer state (`
 ``gradients``          :class:`GradientEMA`
 ``quality``            :func:`quality_from`
 ``checkpointer``       :class:`Checkpointer`
+``training``           scheduler, random generators and extras as arrays plus JSON
+``sharded``            the Checkpointer's sharded mode (``torch.distributed.checkpoint``)
 ``files``              :func:`save_file`, :func:`load_file`, :func:`save_model`...
 =====================  ================================================================
 
