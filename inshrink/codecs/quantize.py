@@ -13,6 +13,7 @@ Nothing here reads a policy: callers pass plain values.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -245,16 +246,34 @@ def _thresholds(sketch: Sketch, prune: float, protect: float) -> tuple[int, int,
     return lo, hi, prune_below, protect_at
 
 
+@functools.lru_cache(maxsize=64)
+def _uniforms(seed: int, k: int) -> np.ndarray:
+    """The k-means++ draws of a seed (a new generator costs more than a small tensor's fit)."""
+    return np.random.default_rng(seed).random(k)
+
+
+def _unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique`` of an array without NaN, by the same sort and comparison, without its
+    overhead (a fit calls it a few times per tensor, mostly on a few values)."""
+    out = np.sort(values)
+    if out.size > 1:
+        keep = np.empty(out.size, bool)
+        keep[0] = True
+        np.not_equal(out[1:], out[:-1], out=keep[1:])
+        out = out[keep]
+    return out
+
+
 def _kmeans(points: np.ndarray, weights: np.ndarray, k: int, seed: int) -> np.ndarray:
     """Weighted k-means++ then Lloyd on sorted 1-D points; at most k sorted centroids."""
     if points.size <= k:
         return points.copy()
-    uniforms = np.random.default_rng(seed).random(k)
+    uniforms = _uniforms(seed, k).copy()
     seeds = np.empty(k, np.float64)
     m = kernels.kmeans_pp_seed(points, weights, k, uniforms, seeds)
-    centroids = np.unique(seeds[:m])
+    centroids = _unique(seeds[:m])
     kernels.kmeans_1d(points, weights, centroids, 100, 1e-7)
-    return np.unique(centroids)
+    return _unique(centroids)
 
 
 def _fit_centroids(sketch: Sketch, lo: int, hi: int, bins: int, domain: str | None,
@@ -324,7 +343,7 @@ def fit(sketch: Sketch, dtype: DType, *, bins: int, domain: str | None, prune: f
     rounded = rounded[np.isfinite(rounded) & (rounded != 0)]
     if sketch.zeros or prune_below > 0 or zero_level or not bins:
         rounded = np.append(rounded, 0.0)
-    values = np.unique(rounded)
+    values = _unique(rounded)
     levels = values.astype(dtype.numpy)
     stage = Quant(dtype, levels, packing_bits(len(levels)))
     return QuantEncoder(stage, _boundaries(values, domain), protect_at, prune_below)
