@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_s
                                                      set_model_state_dict, set_state_dict)
 
 from ..dcp import METADATA_FILE, InkStorageReader, InkStorageWriter, read_metadata
+from .. import errors
 from ..errors import CorruptError, InshrinkError, InvalidArgumentError
 from ..policy import Policy
 from .training import capture, decode
@@ -167,16 +168,22 @@ class ShardedCheckpoints:
 
     # -- every rank agrees ----------------------------------------------------------------
 
-    def _agree(self, error: str | None, group: Any = None) -> None:
-        """Raise on every rank if any rank reports an error (never leave the others waiting
-        in a collective that the failed rank will not join)."""
-        errors: list[str | None] = [None] * self.world
-        dist.all_gather_object(errors, error, group=group)
-        failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+    def _agree(self, error: InshrinkError | None) -> None:
+        """Raise on every rank if any rank has an error (never leave the others waiting in
+        a collective that the failed rank will not join): the rank's own error, or the
+        first failing rank's, of the same type, naming that rank."""
+        gathered: list[tuple[str, str] | None] = [None] * self.world
+        dist.all_gather_object(gathered, None if error is None else
+                               (type(error).__name__, str(error)))
+        if error is not None:
+            raise error
+        failed = [(r, e) for r, e in enumerate(gathered) if e is not None]
         if failed:
-            rank, message = failed[0]
-            raise InvalidArgumentError(message if rank == self.rank else
-                                       f"rank {rank}: {message}")
+            rank, (kind, message) = failed[0]
+            cls = getattr(errors, kind, None)
+            if not (isinstance(cls, type) and issubclass(cls, InshrinkError)):
+                cls = InshrinkError
+            raise cls(f"rank {rank}: {message}")
 
     def _state(self) -> dict[str, Any]:
         if self.optimizer is None:
@@ -202,7 +209,7 @@ class ShardedCheckpoints:
                                            f"{latest} of {self.directory}")
             arrays, document = capture(self.scheduler, self.extra, self.rng)
         except InshrinkError as exc:
-            error = str(exc)
+            error = exc
         self._agree(error)
         state = self._state()
         if copy:
@@ -251,7 +258,7 @@ class ShardedCheckpoints:
             path = self.path(step)
             metadata = read_metadata(path)
         except InshrinkError as exc:
-            error = str(exc)
+            error = exc
         self._agree(error)
         key, rng = _training_key(self.rank), self.rng
         if f"{key}.document" not in metadata.state_dict_metadata:
@@ -266,7 +273,7 @@ class ShardedCheckpoints:
         try:
             stored = {key: self._training_buffers(metadata, key, path)}
         except InshrinkError as exc:
-            error = str(exc)
+            error = exc
         self._agree(error)
         self._load(path, stored)
         training, error = None, None
@@ -276,9 +283,9 @@ class ShardedCheckpoints:
             training = decode(document, arrays, scheduler=self.scheduler is not None,
                               extra=self.extra, rng=rng, where=f"{path} (rank {self.rank})")
         except UnicodeDecodeError:
-            error = f"{path}: the training state of {key} is not UTF-8 JSON"
+            error = CorruptError(f"{path}: the training state of {key} is not UTF-8 JSON")
         except InshrinkError as exc:
-            error = str(exc)
+            error = exc
         self._agree(error)
         state = self._state()
         self._load(path, state)
