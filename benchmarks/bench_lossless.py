@@ -21,10 +21,14 @@ Default mode
 
     Reported per codec: ratio (original bytes / compressed bytes), compress
     and decompress MB/s (MB = 1e6 bytes of *original* data, best of
-    ``--reps``), CPU-time / wall-time (a value clearly above 1 means the codec
-    used more than one thread) and whether the roundtrip is bit-exact.  A
-    second table gives inshrink's speed relative to every peer
-    (inshrink MB/s / peer MB/s) and the peer's size relative to inshrink's.
+    ``--reps`` rounds; in each round every codec runs once, one after
+    another, so load changes on a shared machine hit all codecs alike),
+    CPU-time / wall-time (a value clearly above 1 means the codec used more
+    than one thread) and whether the roundtrip is bit-exact.  A second table
+    gives inshrink's speed relative to every peer (inshrink MB/s / peer MB/s),
+    the same per core (the least CPU time of any round, peer / inshrink: on a
+    busy machine the wall time also counts the time spent waiting for a core)
+    and the peer's size relative to inshrink's.
 
 ``--threads-scaling FILE``
     Times ``inshrink.save`` / ``inshrink.load`` on FILE with threads=1 and
@@ -310,11 +314,13 @@ PEERS = {
 # --------------------------------------------------------------------------
 
 def timed(fn, reps: int, setup=None):
-    """Best wall time of ``reps`` calls, its CPU time, and the last result.
+    """Best wall time of ``reps`` calls, its CPU time, the last result, and the least CPU
+    time of any call.
 
     ``setup()`` (untimed) is called before every repetition and its result is
     passed to ``fn``."""
     best = None
+    least_cpu = None
     res = None
     for _ in range(reps):
         res = None
@@ -325,7 +331,8 @@ def timed(fn, reps: int, setup=None):
         t1, c1 = time.perf_counter(), time.process_time()
         if best is None or t1 - t0 < best[0]:
             best = (t1 - t0, c1 - c0)
-    return best[0], best[1], res
+        least_cpu = c1 - c0 if least_cpu is None else min(least_cpu, c1 - c0)
+    return best[0], best[1], res, least_cpu
 
 
 def bench_peer(codec: Codec, arrays, nbytes: int, reps: int) -> dict:
@@ -336,15 +343,16 @@ def bench_peer(codec: Codec, arrays, nbytes: int, reps: int) -> dict:
             warm[a.dtype] = a
     codec.decompress(codec.compress(codec.prepare(list(warm.values()))))
     codec.notes = []
-    tc, cc, blobs = timed(codec.compress, reps, setup=lambda: codec.prepare(arrays))
+    tc, cc, blobs, cpu_c = timed(codec.compress, reps, setup=lambda: codec.prepare(arrays))
     csize = codec.size(blobs)
-    td, cd, outs = timed(lambda: codec.decompress(blobs), reps)
+    td, cd, outs, cpu_d = timed(lambda: codec.decompress(blobs), reps)
     exact = len(outs) == len(arrays) and all(same_bytes(o, a) for o, a in zip(outs, arrays))
     return dict(codec=codec.name, orig_bytes=nbytes, comp_bytes=csize,
                 ratio=nbytes / csize, comp_s=tc, decomp_s=td,
                 comp_MBps=nbytes / 1e6 / tc, decomp_MBps=nbytes / 1e6 / td,
                 comp_cpu_wall=cc / tc if tc > 0 else float("nan"),
                 decomp_cpu_wall=cd / td if td > 0 else float("nan"),
+                comp_cpu_s=cpu_c, decomp_cpu_s=cpu_d,
                 exact=exact, notes="; ".join(codec.static_notes + codec.notes))
 
 
@@ -382,6 +390,7 @@ def bench_inshrink(ins, tensors, meta, nbytes: int, reps: int, threads: int = 1,
         ins.load(path, threads=threads)
         os.remove(path)
         best_c = None
+        cpu_c = None
         for _ in range(reps):
             if os.path.exists(path):
                 os.remove(path)
@@ -391,10 +400,11 @@ def bench_inshrink(ins, tensors, meta, nbytes: int, reps: int, threads: int = 1,
             t1, c1 = time.perf_counter(), time.process_time()
             if best_c is None or t1 - t0 < best_c[0]:
                 best_c = (t1 - t0, c1 - c0)
+            cpu_c = c1 - c0 if cpu_c is None else min(cpu_c, c1 - c0)
         csize = os.path.getsize(path)
         with open(path, "rb") as fh:
             digest = hashlib.sha256(fh.read()).hexdigest()
-        td, cd, loaded = timed(lambda: ins.load(path, threads=threads), reps)
+        td, cd, loaded, cpu_d = timed(lambda: ins.load(path, threads=threads), reps)
         exact, note = check_loaded(loaded, tensors)
         del loaded
         tc, cc = best_c
@@ -404,6 +414,7 @@ def bench_inshrink(ins, tensors, meta, nbytes: int, reps: int, threads: int = 1,
                     comp_MBps=nbytes / 1e6 / tc, decomp_MBps=nbytes / 1e6 / td,
                     comp_cpu_wall=cc / tc if tc > 0 else float("nan"),
                     decomp_cpu_wall=cd / td if td > 0 else float("nan"),
+                    comp_cpu_s=cpu_c, decomp_cpu_s=cpu_d,
                     exact=exact, notes=("file size incl. container; " + note).rstrip("; "),
                     sha256=digest)
     finally:
@@ -453,10 +464,18 @@ def print_results(path: str, tensors: dict, results: list[dict]) -> None:
         rows.append([r["codec"],
                      f"{r['comp_bytes'] / ins['comp_bytes']:.3f}",
                      f"{ins['comp_MBps'] / r['comp_MBps']:.2f}",
-                     f"{ins['decomp_MBps'] / r['decomp_MBps']:.2f}"])
-    print("\ninshrink relative to each peer (>1 favours inshrink):\n")
+                     f"{ins['decomp_MBps'] / r['decomp_MBps']:.2f}",
+                     _cpu_speed_ratio(ins, r, "comp"), _cpu_speed_ratio(ins, r, "decomp")])
+    print("\ninshrink relative to each peer (>1 favours inshrink; speed per core: the "
+          "least CPU time of any repetition, peer / inshrink):\n")
     print(md_table(["peer", "peer size / inshrink size", "compress speed inshrink/peer",
-                    "decompress speed inshrink/peer"], rows))
+                    "decompress speed inshrink/peer", "compress per core",
+                    "decompress per core"], rows))
+
+
+def _cpu_speed_ratio(ins: dict, peer: dict, what: str) -> str:
+    mine, theirs = ins.get(f"{what}_cpu_s"), peer.get(f"{what}_cpu_s")
+    return f"{theirs / mine:.2f}" if mine and theirs else "n/a"
 
 
 # --------------------------------------------------------------------------
@@ -485,30 +504,53 @@ def mode_compare(args) -> dict:
         tensors, meta = read_safetensors(path)
         arrays = list(tensors.values())
         nbytes = sum(a.nbytes for a in arrays)
-        results = []
-        if ins is not None:
-            try:
-                results.append(bench_inshrink(ins, tensors, meta, nbytes, args.reps,
-                                              threads=1, tmpdir=args.tmpdir))
-            except Exception as e:  # noqa: BLE001
-                print(f"NOTE: inshrink failed on {path}: {type(e).__name__}: {e}")
+        # Rounds: every codec runs once per round, one after another, so a change in the
+        # machine's load during the run affects all codecs alike; each keeps its best round.
+        merged: dict[str, dict] = {}
+        failed: set[str] = set()
         ref = digest(arrays)
-        for codec in peers:
-            try:
-                results.append(bench_peer(codec, arrays, nbytes, args.reps))
-            except Exception as e:  # noqa: BLE001
-                print(f"NOTE: {codec.name} failed on {path}: {type(e).__name__}: {e}")
-            if digest(arrays) != ref:  # a codec wrote into its input: start clean
-                print(f"NOTE: {codec.name} modified its input buffers; reloading {path}.")
-                if results and results[-1]["codec"] == codec.name:
-                    results[-1]["exact"] = False
-                    results[-1]["notes"] += "; modified its input"
-                tensors, meta = read_safetensors(path)
-                arrays = list(tensors.values())
+        for _ in range(args.reps):
+            if ins is not None and "inshrink" not in failed:
+                try:
+                    _merge(merged, bench_inshrink(ins, tensors, meta, nbytes, 1, threads=1,
+                                                  tmpdir=args.tmpdir))
+                except Exception as e:  # noqa: BLE001
+                    failed.add("inshrink")
+                    print(f"NOTE: inshrink failed on {path}: {type(e).__name__}: {e}")
+            for codec in peers:
+                if codec.name in failed:
+                    continue
+                try:
+                    _merge(merged, bench_peer(codec, arrays, nbytes, 1))
+                except Exception as e:  # noqa: BLE001
+                    failed.add(codec.name)
+                    print(f"NOTE: {codec.name} failed on {path}: {type(e).__name__}: {e}")
+                if digest(arrays) != ref:  # a codec wrote into its input: start clean
+                    print(f"NOTE: {codec.name} modified its input buffers; reloading {path}.")
+                    if codec.name in merged:
+                        merged[codec.name]["exact"] = False
+                        merged[codec.name]["notes"] += "; modified its input"
+                    tensors, meta = read_safetensors(path)
+                    arrays = list(tensors.values())
+        results = list(merged.values())
         print_results(path, tensors, results)
         report["files"].append({"file": path, "orig_bytes": nbytes,
                                 "n_tensors": len(tensors), "results": results})
     return report
+
+
+def _merge(merged: dict[str, dict], result: dict) -> None:
+    """Fold one round's result into the codec's best so far: the fastest wall time (with its
+    CPU/wall) and the least CPU time, each for compression and decompression."""
+    best = merged.setdefault(result["codec"], result)
+    if best is result:
+        return
+    for what in ("comp", "decomp"):
+        if result[f"{what}_s"] < best[f"{what}_s"]:
+            for key in (f"{what}_s", f"{what}_MBps", f"{what}_cpu_wall"):
+                best[key] = result[key]
+        best[f"{what}_cpu_s"] = min(best[f"{what}_cpu_s"], result[f"{what}_cpu_s"])
+    best["exact"] = best["exact"] and result["exact"]
 
 
 def mode_threads(args) -> dict:
