@@ -71,6 +71,7 @@ def test_sharded_async_saves_resume_exactly_on_the_same_ranks(tmp_path):
         loaded = read(tmp_path, f"three_{rank}.json")
         assert loaded["restored"] == 8 and loaded["last_epoch"] == 8
         assert loaded["counter"] == 8 and loaded["rng_kept"] == (rank == 2)
+        assert loaded["missing"] == "CorruptError"  # step 7 never committed, then removed
 
 
 def test_sharded_mode_checks_its_arguments(tmp_path):
@@ -238,8 +239,13 @@ def _three(rank, world, directory):
     state = torch.get_rng_state()
     ckpt = Checkpointer(os.path.join(directory, "ckpt"), model, optim, sched,
                         extra={"counter": counter})
+    try:  # a step that is not there: a typed error on every rank
+        ckpt.restore(7)
+        missing = None
+    except errors.InshrinkError as exc:
+        missing = type(exc).__name__
     restored = ckpt.restore()
-    _write(directory, "three", rank, {"restored": restored, "last_epoch": sched.last_epoch,
+    _write(directory, "three", rank, {"missing": missing, "restored": restored, "last_epoch": sched.last_epoch,
                                        "counter": counter.count,
                                        "rng_kept": bool(torch.equal(torch.get_rng_state(),
                                                                     state))})
