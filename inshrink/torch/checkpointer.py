@@ -46,6 +46,15 @@ def _peak_lr(metadata: Mapping[str, str]) -> float | None:
     return peak if math.isfinite(peak) and peak > 0 else None
 
 
+def _copy_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` for the search's quality passes beside training."""
+    try:
+        return copy.deepcopy(model)
+    except (RuntimeError, TypeError, copy.Error) as exc:
+        raise InvalidArgumentError(f"async_ with eval_batches evaluates a copy of the model, "
+                                   f"and this model cannot be copied: {exc}") from None
+
+
 class Checkpointer:
     """Compressed checkpoints of a training run's whole state in a training loop.
 
@@ -218,9 +227,6 @@ class Checkpointer:
         self.rng = rng
         self.keep_last = keep_last
         self.policy = policy
-        # the search's quality passes run beside training in async mode: on a copy
-        self._evaluated = copy.deepcopy(model) if async_ and eval_batches is not None \
-            else model
         if not (isinstance(epsilon_follows_lr, (bool, int, float))
                 and 0 <= epsilon_follows_lr < math.inf):
             raise InvalidArgumentError("epsilon_follows_lr must be a bool or a non-negative "
@@ -233,6 +239,9 @@ class Checkpointer:
         if max_rel_l2 is not None and eval_batches is None:
             raise InvalidArgumentError("max_rel_l2 bounds the configuration search, which "
                                        "needs eval_batches")
+        # the search's quality passes run beside training in async mode: on a copy
+        self._evaluated = _copy_model(model) if async_ and eval_batches is not None \
+            else model
         self.model = model
         self.optimizer = optimizer
         self.search = None
