@@ -56,17 +56,20 @@ def record(directory: str, seed: int) -> None:
                       "late": ck.search.space.exp_avg == ck.search.space.late_exp_avg})
         return choose(tensors, quality, importance, curvature)
     ck.search.choose = recording
-    train_s = 0.0
+    train_s = train_cpu = 0.0
     for step in range(1, task.steps + 1):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         task.train_step(step)
         train_s += time.perf_counter() - started
+        train_cpu += time.process_time() - cpu
         if step % task.ckpt_every == 0:
             ck.save(step)
     with open(os.path.join(directory, "run.json"), "w") as f:
-        json.dump({"seed": seed, "train_seconds": train_s, "checkpoints": steps,
+        json.dump({"seed": seed, "train_seconds": train_s, "train_cpu_seconds": train_cpu,
+                   "checkpoints": steps,
                    "checkpointer_seconds": ck.seconds}, f, indent=1)
-    print(f"recorded {len(steps)} checkpoints, training {train_s:.1f} s, "
+    print(f"recorded {len(steps)} checkpoints, training {train_s:.1f} s "
+          f"({train_cpu:.1f} CPU-s), "
           f"checkpointer {ck.seconds:.1f} s")
 
 
@@ -99,17 +102,18 @@ def replay(directory: str, label: str, out: str | None, limit: int | None) -> No
         search.epsilon = meta["epsilon"]
         search.space = space if not meta["late"] else \
             SearchSpace(exp_avg=space.late_exp_avg)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         result = search.choose(state, quality, importance or None)
-        search_s = time.perf_counter() - started
+        search_s, search_cpu = time.perf_counter() - started, time.process_time() - cpu
         with tempfile.TemporaryDirectory() as tmp:
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             infos = inshrink.save(os.path.join(tmp, "c.ink"), state, policy=result.policy,
                                   threads=1)
-            save_s = time.perf_counter() - started
+            save_s, save_cpu = time.perf_counter() - started, time.process_time() - cpu
         report = result.report
         line = {"label": label, "checkpoint": i, "mode": report.get("mode"),
                 "search_seconds": search_s, "save_seconds": save_s,
+                "search_cpu": search_cpu, "save_cpu": save_cpu,
                 "quality_calls": len(calls), "evaluations": report.get("evaluations_used"),
                 "tensor_encodings": report.get("tensor_encodings"),
                 **{k: report.get(k) for k in ("quality_seconds", "encode_seconds",
@@ -138,8 +142,17 @@ def replay(directory: str, label: str, out: str | None, limit: int | None) -> No
            for k in ("quality_seconds", "encode_seconds") if later[0].get(k) is not None},
         "later_save_s_mean": sum(x["save_seconds"] for x in later) / len(later),
         "search_s_total": search_total, "save_s_total": save_total,
+        "first_search_cpu": lines[0]["search_cpu"], "first_save_cpu": lines[0]["save_cpu"],
+        "later_search_cpu_mean": sum(x["search_cpu"] for x in later) / len(later),
+        "later_save_cpu_mean": sum(x["save_cpu"] for x in later) / len(later),
+        "search_cpu_total": sum(x["search_cpu"] for x in lines),
+        "save_cpu_total": sum(x["save_cpu"] for x in lines),
         "train_s_recorded": run["train_seconds"],
+        "train_cpu_recorded": run.get("train_cpu_seconds"),
         "share_of_training": (search_total + save_total) / run["train_seconds"],
+        "cpu_share_of_training": (sum(x["search_cpu"] + x["save_cpu"] for x in lines)
+                                  / run["train_cpu_seconds"]
+                                  if run.get("train_cpu_seconds") else None),
         "load_average": os.getloadavg()}
     print(json.dumps(summary), flush=True)
     if out:

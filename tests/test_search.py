@@ -546,6 +546,18 @@ def test_candidates_in_memory_equal_the_saved_file(tmp_path):
     again = encode.encodings
     encode(Choice(4, 64, 0.5, 0.0005).policy(SPACE, shifts))  # only the embedding changes
     assert encode.encodings == again + 1
+    encode(Choice(4, 16, 0.5, 0.0005).policy(SPACE, shifts))
+    encode(Choice(4, 64, 0.5, 0.0005).policy(SPACE, shifts))  # the one before: kept
+    assert encode.encodings == again + 2
+
+
+def test_large_tensors_keep_one_encoding(monkeypatch):
+    monkeypatch.setattr("inshrink.search.roundtrip.KEEP_SECOND_BYTES", 1000)
+    state, importance, _ = next(_checkpoints())
+    encode = Roundtrip({"model.layer.weight": state["model.layer.weight"]}, importance, 1)
+    for bins in (4, 8, 4):
+        encode(Choice(bins, 16, 0.0, 0.0005).policy(SPACE))
+    assert encode.encodings == 3
 
 
 def test_search_on_bf16_weights_with_empty_and_scalar_tensors(tmp_path):

@@ -145,9 +145,9 @@ class Search:
         -----
         Each evaluation encodes the weights and embedding tables in memory, exactly as a
         save with the candidate's policy would, and decodes them (no file is written). The
-        last two encodings of each tensor are kept, so a candidate that changes only the
-        embedding bins re-encodes only the embeddings: the search needs the memory of up to
-        two decoded copies of those tensors besides ``tensors`` itself.
+        last encodings of each tensor are kept, so a candidate that changes only the
+        embedding bins re-encodes only the embeddings: besides ``tensors`` itself the search
+        holds two decoded copies of those tensors while they are below 256 MiB, one above.
         """
         started = time.perf_counter()
         if quality is None:

@@ -26,7 +26,11 @@ from ..tensorfile import DEFAULT_CHUNK_BYTES, TINY_TENSOR_BYTES, resolve_threads
 KEEP = 2
 """Encodings of each tensor kept for reuse (a later candidate often differs from an earlier
 one only in another role's configuration, e.g. the embedding bins); each holds a decoded copy
-of its tensor."""
+of its tensor. On the lm of ``benchmarks/bench_search.py`` two instead of one saved a fifth
+of the weights' encodings."""
+KEEP_SECOND_BYTES = 256 << 20
+"""Above this many bytes of searched tensors only one encoding per tensor is kept, so the
+search never holds more than one decoded copy of a large model besides the candidate's."""
 
 
 @dataclass(frozen=True)
@@ -70,8 +74,9 @@ def encode_tensor(name: str, array: np.ndarray, policy: Policy, importance: Any 
 class Roundtrip:
     """The searched tensors of one checkpoint, encoded and decoded per candidate policy.
 
-    Each tensor's encoding is kept per configuration (the last :data:`KEEP`), so that a
-    candidate changing one role's configuration re-encodes only that role's tensors.
+    Each tensor's encoding is kept per configuration (the last :data:`KEEP`, or the last one
+    above :data:`KEEP_SECOND_BYTES`), so that a candidate changing one role's configuration
+    re-encodes only that role's tensors.
 
     Parameters
     ----------
@@ -88,6 +93,8 @@ class Roundtrip:
         self.tensors, self.importance = dict(tensors), dict(importance)
         self.threads = resolve_threads(threads)
         self._kept: dict[str, OrderedDict] = {name: OrderedDict() for name in self.tensors}
+        self.keep = KEEP if sum(a.nbytes for a in self.tensors.values()) <= KEEP_SECOND_BYTES \
+            else 1
         self.encodings = 0  # tensors encoded (not taken from what was kept)
 
     def _config(self, name: str, policy: Policy) -> QuantConfig | None:
@@ -103,7 +110,7 @@ class Roundtrip:
             return kept[key], False
         result = encode_tensor(name, self.tensors[name], policy, self.importance.get(name))
         kept[key] = result
-        while len(kept) > KEEP:
+        while len(kept) > self.keep:
             kept.popitem(last=False)
         return result, True
 
