@@ -55,13 +55,28 @@ def check_level(level: int | None) -> None:
                                    f"got {level!r}")
 
 
+# With the fast plane settings, a stream of at least PROBE_MIN_BYTES is first tried on its
+# first PROBE_BYTES: if zstd cannot shrink those at all, the stream is stored raw without
+# compressing the rest. Mantissa planes are like that, and zstd spends as long failing on them
+# as compressing an exponent plane (docs/decisions.md: on the benchmark checkpoints every
+# plane skipped this way was stored raw before too, and the probe costs ~6% of a plane that
+# does compress).
+PROBE_BYTES = 64 << 10
+PROBE_MIN_BYTES = 4 * PROBE_BYTES
+
+
 def encode(data, level: int | None = None):
     """Compress ``data`` (a contiguous buffer); keep it raw when zstd does not shrink it.
 
     Returns ``(coding, payload)``; a raw payload is ``data`` itself, not a copy.
     """
-    packed = _compressor(level).compress(data)
-    if len(packed) < memoryview(data).nbytes:
+    view = memoryview(data).cast("B")
+    compressor = _compressor(level)
+    if (level is None and view.nbytes >= PROBE_MIN_BYTES
+            and len(compressor.compress(view[:PROBE_BYTES])) >= PROBE_BYTES):
+        return RAW, data
+    packed = compressor.compress(data)
+    if len(packed) < view.nbytes:
         return ZSTD, packed
     return RAW, data
 
