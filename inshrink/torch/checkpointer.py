@@ -9,7 +9,6 @@ import math
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -19,6 +18,7 @@ from ..errors import InvalidArgumentError
 from ..policy import Policy, resolve
 from ..search import Quality, Search, SearchSpace
 from ..series import MAX_STEP, SEARCH_KEY as SEARCH_METADATA, Series
+from .budget import EPSILON_FLOOR, LATE_LR, Budget, run_length
 from .convert import to_torch
 from .gradients import GradientEMA
 from .quality import CRITERIA, quality_from
@@ -28,12 +28,7 @@ from .training import TRAINING, TRAINING_METADATA, capture, check_extra, decode
 __all__ = ["Checkpointer", "SEARCH_METADATA", "PEAK_LR_METADATA", "TRAINING_METADATA"]
 
 PEAK_LR_METADATA = "inshrink.torch.peak_lr"
-EPSILON_FLOOR = 0.1
-"""With ``epsilon_follows_lr``, the bound never falls below this share of ``epsilon`` (a
-schedule that decays to zero would otherwise demand lossless weights at its end)."""
-LATE_LR = 0.5
-"""Checkpoints saved while the learning rate is below this share of its peak store the first
-moment as the search space's ``late_exp_avg`` (see :class:`inshrink.search.SearchSpace`)."""
+__all__ += ["EPSILON_FLOOR", "LATE_LR"]  # the bound's rules live in .budget
 _LOG = logging.getLogger("inshrink.torch")
 
 
@@ -217,7 +212,8 @@ class Checkpointer:
                  ema_beta: float = 0.9, ema_window: int | None = 50,
                  max_rel_l2: float | None = None, epsilon_follows_lr: bool | float = 2,
                  threads: int | None = None, rng: bool = True, async_: bool = False,
-                 keep_last: int | None = None, sharded: bool | None = None) -> None:
+                 keep_last: int | None = None, sharded: bool | None = None,
+                 total_steps: int | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise InvalidArgumentError("model must be a torch.nn.Module")
         sharded = self._check_training_args(model, optimizer, scheduler, extra, rng, async_,
@@ -271,6 +267,8 @@ class Checkpointer:
         self.max_rel_l2 = max_rel_l2
         # the power of the learning-rate ratio (0: a constant bound)
         self.lr_power = float(epsilon_follows_lr) if optimizer is not None else 0.0
+        self.budget = Budget(epsilon, restores, self.lr_power,
+                             total_steps if total_steps is not None else run_length(scheduler))
         self.peak_lr: float | None = None
         self._last_step: int | None = None
         self._announced = False
@@ -387,16 +385,9 @@ class Checkpointer:
         training, metadata[TRAINING_METADATA] = capture(self.scheduler, self.extra, self.rng)
         state.update(training)
         if self.search is not None and self.optimizer is not None:
-            ratio = self._lr_ratio()
-            # late in the schedule a restarted first moment is not recovered from
-            space = self._space
-            self.search.space = space if ratio >= LATE_LR else \
-                replace(space, exp_avg=space.late_exp_avg)
-            if self.lr_power > 0:
-                scale = max(ratio ** self.lr_power, EPSILON_FLOOR)
-                self.search.epsilon = self.epsilon / self.restores * scale
-                if self.max_rel_l2 is not None:
-                    self.search.max_rel_l2 = self.max_rel_l2 * math.sqrt(scale)
+            # the bound and the moments' configurations for this point of the run
+            self.budget.apply(self.search, self._space, self._lr_ratio(), step,
+                              self.max_rel_l2)
             metadata[PEAK_LR_METADATA] = repr(self.peak_lr)
         importance, curvature = self._importance(state), self._curvature(state)
         if self._executor is not None:  # the staging copy: training goes on meanwhile
