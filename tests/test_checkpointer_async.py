@@ -149,3 +149,11 @@ def test_async_search_evaluates_a_copy_while_the_model_trains(tmp_path):
     assert all(np.array_equal(v, live[k]) for k, v in snapshot(model, optimizer).items())
     assert model.training
     ckpt.close()
+
+
+def test_a_model_the_async_search_cannot_copy_is_a_typed_error(tmp_path):
+    model, optimizer, _ = make()
+    model.lock = threading.Lock()  # deepcopy refuses it
+    with pytest.raises(errors.InvalidArgumentError, match="cannot be copied"):
+        Checkpointer(tmp_path / "c", model, optimizer, async_=True, eval_batches=[batch(1)])
+    Checkpointer(tmp_path / "c", model, optimizer, async_=True).close()  # no search: no copy
