@@ -191,9 +191,18 @@ def series_run(rank: int, world: int, root: str, model, optim, args) -> dict:
                "load_newest_s": timed(lambda: dcp.load(dest, storage_reader=s.reader())),
                "load_oldest_s": timed(lambda: dcp.load(dest, storage_reader=s.reader(steps[0]))),
                "keyframes": sum(e.keyframe for e in s.checkpoints())}
-        errors = [r["error"]["rel_l2_error"] for r in s.describe(steps[0])
-                  if r["error"] and r["error"].get("rel_l2_error")]
-        row["worst_rel_l2_error"] = max(errors) if errors else 0.0
+        by_role: dict[str, dict[str, int]] = {}  # where the bytes go
+        for st in steps:
+            part = "whole" if st == steps[-1] else "delta"
+            for r in s.describe(st):
+                counts = by_role.setdefault(r["role"] or "other", {"delta": 0, "whole": 0})
+                counts[part] += r["stored_bytes"]
+        row["stored_by_role"] = by_role
+        for kind, roles in (("weights", ("weight", "embedding")),
+                            ("moments", ("exp_avg", "exp_avg_sq"))):
+            errors = [r["error"]["rel_l2_error"] for r in s.describe(steps[0])
+                      if r["error"] and r["role"] in roles]
+            row[f"rel_l2_{kind}"] = max(errors) if errors else 0.0
         out[name] = row
     return {"checkpoints": args.series, "every": args.series_every, "methods": out}
 
@@ -313,14 +322,21 @@ def print_series(series: dict, state_bytes: int) -> None:
     plain = rows["fs"]["bytes"]
     print(f"\nseries: {series['checkpoints']} checkpoints, {series['every']} training steps "
           f"apart (plain DCP: {series['checkpoints']} directories)")
+    print("(rel L2: the worst chunk's error in the oldest step, weights and moments)")
     print(f"{'method':<22}{'MB':>9}{'vs DCP':>8}{'save s':>9}{'newest s':>10}{'oldest s':>10}"
-          f"{'keyframes':>10}{'rel L2 (oldest)':>17}")
+          f"{'keyframes':>10}{'rel L2 w':>10}{'rel L2 m':>10}")
     for name, row in rows.items():
         print(f"{name:<22}{row['bytes'] / 1e6:>9.2f}{plain / row['bytes']:>8.2f}"
               f"{row['save_s']:>9.3f}{row['load_newest_s']:>10.3f}"
               f"{row.get('load_oldest_s', row['load_newest_s']):>10.3f}"
               f"{row.get('keyframes', series['checkpoints']):>10}"
-              f"{row.get('worst_rel_l2_error', 0.0):>17.4f}")
+              f"{row.get('rel_l2_weights', 0.0):>10.4f}{row.get('rel_l2_moments', 0.0):>10.4f}")
+    for name, row in rows.items():
+        if "stored_by_role" not in row:
+            continue
+        parts = sorted(row["stored_by_role"].items(), key=lambda kv: -sum(kv[1].values()))
+        print(f"{name}: stored MB by role, older steps (deltas) + newest (whole): " + ", ".join(
+            f"{role} {c['delta'] / 1e6:.2f} + {c['whole'] / 1e6:.2f}" for role, c in parts))
 
 
 if __name__ == "__main__":

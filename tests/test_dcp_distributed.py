@@ -105,7 +105,8 @@ def test_fsdp2_async_and_lossy_saved_by_3_ranks_load_into_2(tmp_path):
     from inshrink.dcp import consolidate
     consolidate(tmp_path / "lossy", tmp_path / "lossy.ink")
     with inshrink.open(tmp_path / "lossy.ink") as f:
-        assert torch.equal(torch.from_numpy(f["model.0.weight"]), lossy_loaded["model"]["0.weight"])
+        weight = lossy_loaded["model"]["0.weight"]
+        assert torch.equal(torch.from_numpy(f["model.0.weight"]), weight)
         moment = lossy_loaded["optim"]["state"]["0.weight"]["exp_avg"]
         assert torch.equal(torch.from_numpy(f["optim.state.0.weight.exp_avg"]), moment)
     # what is not lossy stays exact: biases, steps and the non-tensor items
