@@ -75,7 +75,15 @@ by frequency only. Runs that split the damage (epsilon linear, ``exp_avg_sq`` 4 
 ``wonly`` weights searched, moments exact; ``oonly`` weights lossless (no search), moments
 zero + 4 levels; ``o_v4`` first moment exact; ``o_m0p1`` its 1% largest exact; ``o_m2`` /
 ``o_m4`` at 2 / 4 levels. ``rel0.2`` / ``rel0.3``: a relative-error bound next to epsilon
-(``Checkpointer(max_rel_l2=...)``).
+(``Checkpointer(max_rel_l2=...)``). Where a restore's damage comes from, with the task's
+search settings: ``r_mexact`` moments exact (weights searched), ``r_wexact`` weights lossless
+(moments as the default space stores them before the late switch); ``early5`` / ``late5``
+only the first / last five of the ten failures; ``m_v4`` the second moment at 4 log levels
+instead of row x column factors; ``m_m2`` the first moment at 2 signed-log levels from the
+start (no momentum restart).
+
+``--ref-json`` takes the ``ref`` run from an earlier output with the same seed (the reference
+does not depend on inshrink) instead of training it again.
 
 Outputs: JSON (``--out``, default ``benchmarks/results/fault.json``, written after every run),
 a markdown table (printed, and next to the JSON as ``.md``) and a plot (``--plot``, default
@@ -400,7 +408,7 @@ RUNS = {
     # (2026-12-01): moments exact, weights searched / weights exact, moments as the default
     # space stores them / the second moment at 16 log levels instead of row x column factors
     "r_mexact": dict(method="inshrink", epsilon=0.05, failures=10,
-                     space=dict(exp_avg=None, exp_avg_sq=None)),
+                     space=dict(exp_avg=None, exp_avg_sq=None, late_exp_avg=None)),
     "r_wexact": dict(method="inshrink", epsilon=0.05, failures=10,
                      policy=dict(exp_avg=dict(bins=0), exp_avg_sq=dict(bins=2,
                                                                        domain="factored"))),
@@ -412,6 +420,14 @@ RUNS = {
                  policy=dict(exp_avg=dict(bins=8), exp_avg_sq=dict(bins=2, domain="factored"))),
     "r_vfac": dict(method="inshrink", epsilon=0.05, failures=10,
                    policy=dict(exp_avg=None, exp_avg_sq=dict(bins=2, domain="factored"))),
+    # which restores leave the damage: the first / last five of the ten failures only
+    "early5": dict(method="inshrink", epsilon=0.05, failures=10, keep=(0, 5)),
+    "late5": dict(method="inshrink", epsilon=0.05, failures=10, keep=(5, 10)),
+    # the moments' share of that damage: the second moment at 4 log levels instead of row x
+    # column factors / the first moment at 2 signed-log levels from the start (no restart)
+    "m_v4": dict(method="inshrink", epsilon=0.05, failures=10, moment_bins=((0, None), (4, None))),
+    "m_m2": dict(method="inshrink", epsilon=0.05, failures=10,
+                 moment_bins=((2, None), (2, "factored"))),
     # earlier studies, with the search settings they were measured with (RESULTS.md)
     "mom2": dict(method="inshrink", epsilon=0.05, failures=10, checkpointer=LOSS_SQ,
                  moment_bins=((2, None), (2, None))),
@@ -499,6 +515,8 @@ def run_one(model_name: str, run_name: str, spec: dict, args, ref: dict | None) 
     n, every = task.steps, max(1, int(task.ckpt_every * spec.get("every_mult", 1)))
     fails = (task.late_failures and late_failure_steps(n, every, spec["failures"])) or \
         failure_steps(n, every, spec["failures"])
+    if "keep" in spec:  # a subset of the run's failures (which restores leave the damage)
+        fails = fails[slice(*spec["keep"])]
     workdir = tempfile.mkdtemp(prefix=f"fault_{model_name}_{run_name}_", dir=args.workdir)
     method = make_method(spec, task, workdir)
     curve, eval_curve = [], []
@@ -594,12 +612,25 @@ def run_one(model_name: str, run_name: str, spec: dict, args, ref: dict | None) 
         res["bit_identical"] = digest == ref["digest"]
         res["train_step_vs_ref"] = res["train_ms_per_step"] / ref["train_ms_per_step"]
         # every training loss before the first restore equals ref's (saving perturbs nothing)
-        res["prefail_identical"] = prefail == ref["_losses"][:len(prefail)]
+        res["prefail_identical"] = None if ref.get("_losses") is None else \
+            prefail == ref["_losses"][:len(prefail)]
     else:
         res["degradation"] = {"loss": 0.0, **({"acc": 0.0} if "acc" in final else {})}
         res["bit_identical"] = True
     res["_losses"] = [l for _, l in curve]
     return res
+
+
+def earlier_ref(path: str, model_name: str, seed: int) -> dict:
+    """The ref run of ``model_name`` in an earlier output of this benchmark (same seed)."""
+    with open(path) as f:
+        doc = json.load(f)
+    if doc.get("seed") != seed:
+        raise SystemExit(f"{path} was run with seed {doc.get('seed')}, not {seed}")
+    for r in doc["results"]:
+        if r.get("model") == model_name and r.get("run") == "ref" and "error" not in r:
+            return r
+    raise SystemExit(f"{path} has no ref run of {model_name}")
 
 
 def degradation(q: dict, q_ref: dict) -> dict:
@@ -799,6 +830,8 @@ def main(argv=None) -> int:
     ap.add_argument("--every", help="override K: '12' or 'lm=12,cnn=40'")
     ap.add_argument("--lm-beta2", type=float, help="AdamW beta2 of the lm task (default 0.95)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ref-json", help="take each model's ref run from this earlier output "
+                                       "(same seed and settings) instead of running it")
     ap.add_argument("--workdir", default=common.tmp_root(),
                     help="where the series directories go (default /dev/shm)")
     args = ap.parse_args(argv)
@@ -866,7 +899,9 @@ def main(argv=None) -> int:
             spec = RUNS[run_name]
             print(f"  {model_name}/{run_name}: {spec} ...", end="", flush=True)
             try:
-                r = run_one(model_name, run_name, spec, args, ref)
+                r = earlier_ref(args.ref_json, model_name, args.seed) \
+                    if run_name == "ref" and args.ref_json else \
+                    run_one(model_name, run_name, spec, args, ref)
             except Exception as e:  # noqa: BLE001 - report and go on with the next run
                 traceback.print_exc()
                 print(f" FAILED: {type(e).__name__}: {e}", flush=True)
