@@ -97,9 +97,12 @@ class Quant(ArrayStage):
 
     def encode(self, chunk: QuantChunk) -> list[np.ndarray]:
         """The three streams of a chunk."""
-        gaps = np.diff(chunk.positions, prepend=-1) - 1
-        return [self.encode_codes(chunk.codes), gaps.astype("<u4").view(np.uint8),
-                chunk.values]
+        positions = chunk.positions
+        gaps = np.empty(positions.size, "<u4")  # position minus previous position minus one
+        if positions.size:  # (np.diff with prepend costs more than a small chunk's encoding)
+            gaps[0] = positions[0]
+            np.subtract(positions[1:], positions[:-1] + 1, out=gaps[1:], casting="unsafe")
+        return [self.encode_codes(chunk.codes), gaps.view(np.uint8), chunk.values]
 
     def encode_codes(self, codes: np.ndarray) -> np.ndarray:
         """The codes stream (before entropy coding) of a chunk's codes."""
