@@ -417,6 +417,15 @@ def test_bad_callbacks():
         inshrink.Series("unused-dir-never-created", search="fast")
 
 
+@pytest.mark.parametrize("importance", [[np.ones((128, 96))],
+                                        {"model.layer.weight": np.ones(3)},
+                                        {"model.layer.weight": "high"}])
+def test_bad_importance(importance):
+    state, loss = _model()
+    with pytest.raises(InvalidArgumentError):
+        Search(0.05, threads=1).choose(state, loss, importance)
+
+
 def test_without_pruning_the_metric_check_costs_nothing(monotone_sizes):
     start = (2, 0, NO_PRUNE, 0)
     oracle = Synthetic({"magnitude": [start], "sensitivity": []})

@@ -157,6 +157,8 @@ class Search:
             raise InvalidArgumentError("quality must be a callable or None")
         if not isinstance(tensors, Mapping):
             raise InvalidArgumentError("tensors must be a mapping of names to arrays")
+        if importance is not None and not isinstance(importance, Mapping):
+            raise InvalidArgumentError("importance must be a mapping of tensor names to scores")
         arrays = {name: dtypes.as_numpy(v) for name, v in tensors.items()}
         roles = {name: role_of(name, dtypes.of_numpy(a.dtype).name, a.shape)
                  for name, a in arrays.items()}
