@@ -39,13 +39,18 @@ EPSILON, RESTORES = 0.05, 5
 
 
 def record(directory: str, seed: int) -> None:
-    from inshrink.torch import Checkpointer
     torch.set_num_threads(1)
     os.makedirs(directory, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench_search_") as series:
+        _record(directory, series, seed)
+
+
+def _record(directory: str, series: str, seed: int) -> None:
+    from inshrink.torch import Checkpointer
     task = fm.make_task("lm", seed=seed)
-    ck = Checkpointer(tempfile.mkdtemp(prefix="bench_search_"), task.model, task.optimizer,
-                      eval_batches=task.calib_batches, loss_fn=task.loss_fn, epsilon=EPSILON,
-                      restores=RESTORES, threads=1, **task.search_settings)
+    ck = Checkpointer(series, task.model, task.optimizer, eval_batches=task.calib_batches,
+                      loss_fn=task.loss_fn, epsilon=EPSILON, restores=RESTORES, threads=1,
+                      **task.search_settings)
     choose, steps = ck.search.choose, []
 
     def recording(tensors, quality, importance=None, curvature=None):
@@ -64,13 +69,13 @@ def record(directory: str, seed: int) -> None:
         train_cpu += time.process_time() - cpu
         if step % task.ckpt_every == 0:
             ck.save(step)
+    if hasattr(ck, "close"):
+        ck.close()
     with open(os.path.join(directory, "run.json"), "w") as f:
         json.dump({"seed": seed, "train_seconds": train_s, "train_cpu_seconds": train_cpu,
-                   "checkpoints": steps,
-                   "checkpointer_seconds": ck.seconds}, f, indent=1)
+                   "checkpoints": steps, "checkpointer_seconds": ck.seconds}, f, indent=1)
     print(f"recorded {len(steps)} checkpoints, training {train_s:.1f} s "
-          f"({train_cpu:.1f} CPU-s), "
-          f"checkpointer {ck.seconds:.1f} s")
+          f"({train_cpu:.1f} CPU-s), checkpointer {ck.seconds:.1f} s")
 
 
 def replay(directory: str, label: str, out: str | None, limit: int | None) -> None:
