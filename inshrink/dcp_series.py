@@ -378,7 +378,7 @@ class InkSeries:
                 return chain[::-1]
             entry = by_step[entry.base]
 
-    def decode(self, step: int, rank: int, whole: bool = True) -> dict:
+    def decode(self, step: int, rank: int) -> dict:
         """Decode ``rank``'s file of ``step`` through its chain, checking every file against
         the manifest and every delta against its base; tensors by stored name."""
         exact: dict = {}
@@ -386,14 +386,20 @@ class InkSeries:
         previous = None
         chain = self.chain(step, rank)
         for entry, file in chain:
-            path = self._path(entry.dir, file.file)
             last = entry is chain[-1][0]
-            self._check_file(path, file)
-            state, exact, codes = _named(path, lambda: decode_link(
-                path, exact, codes, previous, whole=whole and last, with_codes=not last,
-                threads=self.threads))
+            state, exact, codes = self._decode_link(entry, file, previous, exact, codes,
+                                                    whole=last, with_codes=not last)
             previous = os.path.join(entry.dir, file.file)
         return state
+
+    def _decode_link(self, entry: Step, file: RankFile, previous: str | None, exact: dict,
+                     codes: dict, *, whole: bool, with_codes: bool) -> tuple[dict, dict, dict]:
+        """One file of a chain, checked against the manifest, decoded against what the file
+        before it (``previous``) decoded to (:func:`inshrink.series.decode_link`)."""
+        path = self._path(entry.dir, file.file)
+        self._check_file(path, file)
+        return _named(path, lambda: decode_link(path, exact, codes, previous, whole=whole,
+                                                with_codes=with_codes, threads=self.threads))
 
     def _check_file(self, path: str, file: RankFile) -> None:
         if not os.path.isfile(path):
@@ -427,19 +433,42 @@ class InkSeries:
                                policy, self.threads)
 
     def verify(self) -> list[str]:
-        """Decode every file of every step through its chain, checking every checksum, every
-        hash the manifest holds and every base digest; return the problems found (none: the
-        series is whole), files that an interrupted save left included."""
+        """Decode every file of every step, checking every checksum, every hash the manifest
+        holds and every base digest (each file once: from each whole step back along the
+        deltas against it); return the problems found (none: the series is whole), files an
+        interrupted save left included."""
+        steps = self.checkpoints()
         problems = []
-        for entry in self.checkpoints():
+        for entry in steps:
+            path = self._path(entry.dir)
             try:
-                path = self._path(entry.dir)
                 _check_metadata_files(_read_metadata(path), entry, path)
-                for file in entry.files:
-                    self.decode(entry.step, file.rank)
             except (InshrinkError, OSError) as exc:
                 problems.append(f"step {entry.step}: {exc}")
-        for name in self._debris(self.checkpoints()):
+        after: dict[int | None, list[Step]] = {}
+        for entry in steps:
+            after.setdefault(entry.base, []).append(entry)
+        for rank in sorted({f.rank for entry in steps for f in entry.files}):
+            todo = [(e, None, {}, {}) for e in after.get(None, []) if e.file_of(rank)]
+            reached = set()
+            while todo:
+                entry, previous, exact, codes = todo.pop()
+                file = entry.file_of(rank)
+                try:
+                    _, exact, codes = self._decode_link(entry, file, previous, exact, codes,
+                                                        whole=True, with_codes=True)
+                except (InshrinkError, OSError) as exc:
+                    problems.append(f"step {entry.step}: {exc}")
+                    continue
+                reached.add(entry.step)
+                todo += [(e, os.path.join(entry.dir, file.file), exact, codes)
+                         for e in after.get(entry.step, []) if e.file_of(rank)]
+            for entry in steps:  # not tried: what its base needs failed (reported above)
+                tried = entry.base is None or entry.base in reached
+                if entry.file_of(rank) and not tried:
+                    problems.append(f"step {entry.step}: rank {rank}'s file cannot be restored: "
+                                    f"its base step {entry.base} does not decode")
+        for name in self._debris(steps):
             problems.append(f"{self._path(name)}: not in {MANIFEST}, left by an interrupted "
                             f"save; the next save removes it")
         return problems
@@ -582,14 +611,16 @@ class InkSeriesWriter(InkStorageWriter):
                                    storage_data=_Written(self.rank, whole, delta)))
         return _done(results)
 
-    def _rewrite_previous(self, task: _Task, exact: dict, codes: dict) -> RankFile:
+    def _rewrite_previous(self, task: _Task, exact: dict, codes: dict) -> RankFile | None:
         """Write this rank's file of the previous step again, as a delta against the file
-        just written, under its delta name (the manifest switch makes it the step's file)."""
+        just written, under its delta name (the manifest switch makes it the step's file).
+        None if that file is not what the manifest says: a damaged file is never made a
+        delta, and the new step is saved all the same (the previous step stays whole, and
+        :meth:`InkSeries.verify` and loading it report the damage)."""
         old, sha256 = task.previous
         source = self.series._path(old)
-        if file_sha256(source) != sha256:  # never propagate a damaged file into a delta
-            raise BaseMismatchError(f"{source}: content differs from "
-                                    f"{self.series._path(MANIFEST)}")
+        if not os.path.isfile(source) or file_sha256(source) != sha256:
+            return None
         target = delta_name(source)
         with _named(source, lambda: File(source, threads=1)) as f:
             src_codes = {i.name: f.codes(i.name) for i in f.infos() if i.quantized}
@@ -621,11 +652,9 @@ class InkSeriesWriter(InkStorageWriter):
                 raise InvalidArgumentError(f"{self.series.directory}: another writer changed "
                                            f"the series during this save")
             deltas = tuple(w.delta for _, w in sorted(written.items()) if w.delta is not None)
-            if len(deltas) != len(previous.files):
-                raise InvalidArgumentError(f"{self.series.directory}: a rank did not rewrite "
-                                           f"its file of step {previous.step}")
-            steps[-1] = dataclasses.replace(previous, base=self.step, files=deltas)
-            replaced = [os.path.join(previous.dir, f.file) for f in previous.files]
+            if len(deltas) == len(previous.files):  # else a file was damaged: stays whole
+                steps[-1] = dataclasses.replace(previous, base=self.step, files=deltas)
+                replaced = [os.path.join(previous.dir, f.file) for f in previous.files]
         files = tuple(w.whole for _, w in sorted(written.items()) if w.whole is not None)
         steps.append(Step(self.step, len(results), layout, None, files))
         if self.series.keep is not None:

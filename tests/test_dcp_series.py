@@ -260,9 +260,19 @@ def test_bad_series_input_is_a_typed_error_naming_the_file(tmp_path):
     (tmp_path / "run" / MANIFEST).write_text(json.dumps(doc))
     with pytest.raises(errors.BaseMismatchError, match=r"rank00000-[0-9a-f]{12}\.d\.ink.*3 ranks"):
         series.checkpoints()
+    (tmp_path / "run" / MANIFEST).write_text(good)
+    # a damaged newest file is never made a delta; the next step is saved all the same
+    newest = tmp_path / "run" / series.entry(3).dir / series.entry(3).files[0].file
+    damaged = newest.read_bytes()
+    newest.write_bytes(damaged[:100] + bytes([damaged[100] ^ 1]) + damaged[101:])
+    states[4] = _state(4, torch.Generator())
+    dcp.save(states[4], storage_writer=series.writer(4), no_dist=True)
+    assert series.entry(3).keyframe and series.entry(4).keyframe
+    assert [p.split(": ")[0] for p in series.verify()] == ["step 3", "step 1", "step 2"]
+    base.assert_bit_equal(states[4], load_one_rank(series, 4, states[4]))
     (tmp_path / "run" / MANIFEST).write_text("{")
     with pytest.raises(errors.CorruptError, match=MANIFEST):
-        series.writer(4)
+        series.writer(5)
 
 
 def test_a_failed_rewrite_keeps_the_previous_manifest(tmp_path, monkeypatch):
@@ -315,8 +325,10 @@ def test_cli_info_and_verify_understand_a_series(tmp_path):
     r = cli("verify", "--json", "run")
     assert r.returncode == 1
     report = json.loads(r.stdout)
-    assert not report["ok"] and len(report["problems"]) == 2  # steps 1 and 2 need the file
-    assert all(f"{missing.relative_to(tmp_path)}: missing" in p for p in report["problems"])
+    assert not report["ok"]
+    assert [p.split(": ")[1] for p in report["problems"]] == ["step 2", "step 1"]
+    assert f"{missing.relative_to(tmp_path)}: missing" in report["problems"][0]
+    assert "base step 2 does not decode" in report["problems"][1]
 
 
 # -- the ranks (run as a script) -------------------------------------------------------------
