@@ -61,7 +61,7 @@ def test_a_tensor_that_fails_on_a_pool_thread_is_dropped_and_the_writer_goes_on(
         w.add("c", c, wait=False)
     with inshrink.open(tmp_path / "x.ink") as f:
         assert f.keys() == ["a", "b", "c"]
-        assert all(f.info(name).quantized for name in f.keys())
+        assert all(f.info(name).quantized for name in f)
 
 
 def test_bad_importance_fails_in_add_with_threads(tmp_path):

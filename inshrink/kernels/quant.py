@@ -20,8 +20,8 @@ Callers guarantee, for each kernel:
 force, codes, positions, out)``
     As ``assign_codes`` (``prune_below >= 0``); ``table`` is float64 with an entry for every
     code other than ``escape`` that the assignment can produce (``len(boundaries) + 1``
-    entries, or none when ``escape == 0`` and there are no boundaries: all escaped); ``positions`` is int64 of
-    ``len(x)``; ``out`` float64 of length 7, accumulated.
+    entries, or none when ``escape == 0`` and there are no boundaries: all escaped);
+    ``positions`` is int64 of ``len(x)``; ``out`` float64 of length 7, accumulated.
 
 ``kmeans_pp_seed(points, weights, k, uniforms, out)``
     ``points`` and ``weights`` are float64 of one length ``n >= 1``, weights finite and
@@ -403,9 +403,10 @@ def quantize_chunk(x, boundaries, table, protect_lo, protect_hi, prune_below, ze
             v = values[j]
             rank = ranks[j]
             f = force[i] if forced else 0
+            # (not a chained comparison: Numba compiles `a < v < b` here into slower code)
             if f == 0 and rank != escape and not (prune_lo < v and v < prune_below) and (
                     protect_lo < v and v < protect_hi):
-                # the common case, a finite element coded by its level: no branch on the stats
+                # the common case: a finite element coded by its level
                 d = table[rank]
                 codes[i] = rank
                 e = abs(v - d)
