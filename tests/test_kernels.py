@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inshrink.codecs.lossless import ByteGroup
+from inshrink.codecs.lossless import SMALL_CHUNK_WORDS, ByteGroup
 from inshrink.kernels import bytegroup
 
 KERNELS = {2: (np.uint16, bytegroup.split_u16, bytegroup.join_u16),
@@ -54,7 +54,8 @@ def test_rotation_puts_float_exponent_in_plane_zero(width):
 def test_byte_grouping_of_unaligned_buffers_round_trips(width):
     """The kernels take aligned words only: the stage copies misaligned chunks and output."""
     stage = ByteGroup(width, True)
-    data = np.arange(1 + 64 * width, dtype=np.uint8)[1:]  # starts one byte past an aligned one
+    n = SMALL_CHUNK_WORDS + 64  # large enough for the kernels
+    data = np.arange(1 + n * width, dtype=np.uint8)[1:]  # starts one byte past an aligned one
     assert not data.view(KERNELS[width][0]).flags.aligned
     planes = stage.encode(data)
     out = np.zeros(data.size + 1, np.uint8)[1:]
@@ -72,3 +73,20 @@ def test_join_takes_read_only_and_writable_planes(width):
     back = np.empty_like(words)
     join(*read_only[:1], *planes[1:], True, back)
     np.testing.assert_array_equal(back, words)
+
+
+@pytest.mark.parametrize("width", [2, 4, 8])
+@pytest.mark.parametrize("rotate", [False, True])
+@pytest.mark.parametrize("n", [0, 1, 7, SMALL_CHUNK_WORDS - 1, SMALL_CHUNK_WORDS,
+                               SMALL_CHUNK_WORDS + 3])
+def test_stage_matches_oracle_on_both_sides_of_the_small_chunk_path(width, rotate, n):
+    """Small chunks are grouped with numpy, larger ones by the kernels: same planes."""
+    word_type = KERNELS[width][0]
+    words = np.random.default_rng(n).integers(0, 1 << 63, n, dtype=np.uint64).astype(word_type)
+    stage = ByteGroup(width, rotate)
+    planes = stage.encode(words.view(np.uint8))
+    np.testing.assert_array_equal(np.array(planes).reshape(width, n),
+                                  oracle_split(words, rotate))
+    out = np.empty(words.nbytes, np.uint8)
+    stage.decode([p.tobytes() for p in planes], out)
+    np.testing.assert_array_equal(out.view(word_type), words)

@@ -100,3 +100,18 @@ except TypeError:
     r = run_python(["sig.py"], tmp_path, NUMBA_DISABLE_JIT="0")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["refused", "1"]
+
+
+def test_a_file_of_small_tensors_never_starts_numba(tmp_path):
+    script = """
+import sys, numpy as np, inshrink
+state = {"step": np.array(7, np.int64), "bias": np.linspace(-1, 1, 300, dtype=np.float32),
+         "half": np.linspace(0, 1, 1000, dtype=np.float16)}
+inshrink.save("small.ink", state)
+back = inshrink.load("small.ink")
+assert all(np.array_equal(back[k], v) for k, v in state.items())
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("numba", "scipy")))
+"""
+    r = run_python(["-c", script], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]"
