@@ -38,6 +38,11 @@ and decompress MB/s, best of ``--reps``) for inshrink, SZ3 and ZFP at one
 setting each, a PNG plot (``--plot``, default ``benchmarks/rd_curve.png``) and,
 with ``--json FILE``, every number as JSON.  ``--quick`` runs a reduced sweep.
 
+``--cpu-speed`` instead measures inshrink alone per core: CPU seconds of a one-thread save and
+load (best of ``--reps``) of each set and of synthetic 64 MiB tensors at ``--time-bins``, and
+the share of a two-thread save's CPU time spent on the calling thread (what bounds the speed-up
+on two cores); CPU time, so that other work on the machine disturbs it less than wall time.
+
 A codec whose package is missing is skipped with a printed note.
 """
 
@@ -606,6 +611,8 @@ def parse_args(argv=None):
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--no-timing", action="store_true", help="skip the speed table")
     ap.add_argument("--reps", type=int, default=3, help="timing repetitions (best is kept)")
+    ap.add_argument("--cpu-speed", action="store_true",
+                    help="only inshrink's per-core speed (CPU seconds) and two-thread share")
     ap.add_argument("--time-bins", type=int, default=16, help="inshrink setting timed")
     ap.add_argument("--time-sz3", type=float, default=1e-3, help="SZ3 rel bound timed")
     ap.add_argument("--time-zfp", type=float, default=1e-2,
@@ -613,6 +620,52 @@ def parse_args(argv=None):
     ap.add_argument("--tmpdir", help="directory for inshrink's temp files "
                                      "(default /dev/shm when writable)")
     return ap.parse_args(argv)
+
+
+def _cpu_seconds(fn, reps):
+    best = float("inf")
+    for _ in range(reps):
+        start = time.process_time()
+        fn()
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def cpu_speed(sets, sets_wanted, bins, reps):
+    """Rows of inshrink's per-core encode/decode speed and two-thread serial share."""
+    import inshrink
+    rng = np.random.default_rng(0)
+    n = 16 << 20
+    m = rng.standard_normal(n, dtype=np.float32) * np.float32(1e-4)
+    weight = rng.standard_normal(n, dtype=np.float32) * np.float32(0.02)
+    cases = [(s, {k: a for k, (a, _) in sets[s].items()}, DOMAIN[s]) for s in sets_wanted]
+    cases += [("64 MiB weight", {"model.w.weight": weight.reshape(4096, 4096)}, "linear"),
+              ("64 MiB exp_avg + exp_avg_sq (default roles)",
+               {"optimizer.state.0.exp_avg": m.reshape(4096, 4096),
+                "optimizer.state.0.exp_avg_sq": (m * m + np.float32(1e-12)).reshape(4096, 4096)},
+               None)]
+    rows = []
+    path = _tmp_path()
+    for name, tensors, domain in cases:
+        nbytes = sum(a.nbytes for a in tensors.values())
+        policy = inshrink.Policy.uniform(inshrink.QuantConfig(bins=bins, prune=0.0,
+                                                              protect=0.0005, domain=domain))
+        save = lambda threads: inshrink.save(path, tensors, policy=policy,  # noqa: E731
+                                             threads=threads)
+        save(1)
+        inshrink.load(path, threads=1)  # warm-up: kernels compiled or loaded
+        encode = _cpu_seconds(lambda: save(1), reps)
+        decode = _cpu_seconds(lambda: inshrink.load(path, threads=1), reps)
+        share = 1.0
+        for _ in range(reps):
+            cpu, own = time.process_time(), time.thread_time()
+            save(2)
+            share = min(share, (time.thread_time() - own) / (time.process_time() - cpu))
+        rows.append(dict(case=name, MB=nbytes / 1e6, ratio=nbytes / os.path.getsize(path),
+                         encode_MB_per_cpu_s=nbytes / 1e6 / encode,
+                         decode_MB_per_cpu_s=nbytes / 1e6 / decode, calling_thread_share=share,
+                         two_core_bound=1 / (share + (1 - share) / 2)))
+    return rows
 
 
 def cpu_note():
@@ -662,6 +715,20 @@ def main(argv=None) -> int:
         vals = sets[s]
         set_info[s] = dict(tensors=len(vals), values=sum(a.size for a, _ in vals.values()),
                            bytes=sum(b for _, b in vals.values()))
+    if args.cpu_speed:
+        rows = cpu_speed(sets, sets_wanted, args.time_bins, args.reps)
+        print(f"\n## inshrink per core, bins={args.time_bins} (MB per CPU second, best of "
+              f"{args.reps}; load average {os.getloadavg()[0]:.1f})\n")
+        print(md_table(["case", "MB", "ratio", "encode MB/CPU-s", "decode MB/CPU-s",
+                        "calling thread at 2 threads", "2-core speed-up bound"],
+                       [[r["case"], f"{r['MB']:.1f}", f"{r['ratio']:.2f}",
+                         f"{r['encode_MB_per_cpu_s']:.0f}", f"{r['decode_MB_per_cpu_s']:.0f}",
+                         f"{r['calling_thread_share']:.2f}", f"{r['two_core_bound']:.2f}"]
+                        for r in rows]))
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(dict(file=os.path.abspath(args.file), cpu_speed=rows), fh, indent=1)
+        return 0
     print(f"\n# Lossy rate-distortion: {os.path.relpath(args.file)}"
           f"{' (--quick)' if args.quick else ''}")
 
