@@ -145,7 +145,10 @@ class Writer:
     """Write tensors one by one into a new .ink file, streaming and atomically.
 
     Each tensor is cut into chunks that are encoded (on ``threads`` threads) and written at
-    once, so memory stays near a few chunks whatever the checkpoint size. Nothing appears at
+    once, so memory stays near a few chunks whatever the checkpoint size. A quantized tensor's
+    sketch and fit run on those threads too, beside other tensors' (up to ``threads + 1``
+    tensors are prepared at once); chunks are written in the order tensors were added, so the
+    file does not depend on the thread count. Nothing appears at
     ``path`` until :meth:`close` succeeds; leaving a ``with`` block by an exception discards
     the new file and keeps any previous one.
 

@@ -7,7 +7,8 @@ quantiles and ``bins`` levels by weighted k-means on its buckets, in a domain (`
 (:class:`~inshrink.codecs.quant.Quant`: the level table) next to what only the encoder uses
 (decision boundaries and thresholds). The second pass assigns every element the code of its
 nearest level, or the zero level (pruned), or the *escape* code (protected or non-finite: its
-exact value goes to the side streams).
+exact value goes to the side streams); one kernel per chunk assigns the codes, lists the
+escapes and measures the error.
 
 Nothing here reads a policy: callers pass plain values.
 """
