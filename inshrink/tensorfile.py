@@ -280,16 +280,17 @@ class Writer:
         role, config = self._policy.config_for(name, dtype.name, entry.shape)
         force = (encoder.overrides(importance, config, entry.numel)
                  if config is not None and entry.numel else None)
-        prepare = (encoder.for_tensor, entry, read, role, config)
+        args = (entry, read, role, config)
         options = {"entropy": self._entropy, "report": self._reports,
                    "tiny_bytes": TINY_TENSOR_BYTES, "force": force}
         if self._pool is None:
-            self._start(entry, read, encoder.for_tensor(*prepare[1:], **options))
+            self._start(entry, read, encoder.for_tensor(*args, **options))
             return
         # the sketch and fit run on the pool too, beside other tensors' (chunks wait for them)
         self._tensors[name] = None
         self._container.tensors.append(entry)
-        self._preparing.append((entry, read, self._pool.submit(*prepare, **options)))
+        self._preparing.append((entry, read,
+                                self._pool.submit(encoder.for_tensor, *args, **options)))
         while self._preparing and (self._preparing[0][2].done()
                                    or len(self._preparing) > self._threads):
             self._start_oldest()
