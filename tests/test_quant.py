@@ -407,3 +407,29 @@ def test_thresholds_match_the_every_bucket_definition(values, prune, protect):
     config = QuantConfig(bins=16, prune=prune, protect=protect)
     assert (quantize._thresholds(sketch, prune, protect)
             == _thresholds_over_every_bucket(sketch, config))
+
+
+def test_overrides_of_the_wrong_length_are_refused_before_the_kernel():
+    from inshrink.codecs import quantize
+    from inshrink.dtypes import BY_NAME
+    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    sketch = quantize.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
+    sketch.add(x)
+    encoder = quantize.fit(sketch, BY_NAME["F32"], bins=16, domain="linear", protect=0.01)
+    with pytest.raises(InvalidArgumentError, match="3 overrides"):
+        encoder.quantize(x.view(np.uint8), np.zeros(3, np.int8))
+    chunk, stats = encoder.quantize(x.view(np.uint8), np.zeros(1000, np.int8))
+    assert stats.protected == chunk.positions.size == 10
+
+
+def test_the_sketch_fit_scans_only_the_occupied_buckets_and_agrees_with_every_bucket():
+    from inshrink.codecs import quantize
+    from inshrink.dtypes import BY_NAME
+    x = np.random.default_rng(1).lognormal(-8, 2, 5000).astype(np.float32)
+    x[::3] *= -1
+    sketch = quantize.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
+    sketch.add(x)
+    first, stop = sketch.occupied
+    used = np.flatnonzero(sketch.pos + sketch.neg)
+    assert (first, stop) == (used[0], used[-1] + 1) and stop - first < sketch.pos.size // 10
+    assert sketch.count == x.size

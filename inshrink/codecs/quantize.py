@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..dtypes import DType
+from ..errors import InvalidArgumentError
 from ..kernels import quant as kernels
 from .quant import WORDS, Quant, QuantChunk, packing_bits
 
@@ -157,6 +158,8 @@ class QuantEncoder:
         """(codes, escaped positions, error) of one chunk in one pass (``x`` in the work
         dtype); escaped elements keep their nearest level's code: smoother streams."""
         stage = self.stage
+        if force is not None and force.shape != x.shape:  # the kernel indexes it by element
+            raise InvalidArgumentError(f"{force.size} overrides for a chunk of {x.size}")
         codes = np.empty(x.size, np.uint16)
         positions = np.empty(x.size, np.int64)
         out = np.zeros(7, np.float64)
@@ -179,14 +182,10 @@ class QuantEncoder:
         values = raw.view(WORDS[stage.dtype.itemsize])[positions].view(np.uint8)
         return QuantChunk(codes, positions, values), stats
 
-    @property
+    @functools.cached_property
     def _table(self) -> np.ndarray:
         """The levels as float64, what the error is measured against."""
-        table = self.__dict__.get("_table_cache")
-        if table is None:
-            table = self.stage.levels.astype(np.float64)
-            object.__setattr__(self, "_table_cache", table)  # frozen: cached once
-        return table
+        return self.stage.levels.astype(np.float64)
 
     def estimate_rel_l2(self, sketch: Sketch) -> float:
         """Relative L2 error predicted from the histogram alone (bucket centers stand in for
