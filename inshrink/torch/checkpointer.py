@@ -111,9 +111,9 @@ class Checkpointer:
         ``inshrink.torch``, level INFO).
     space : inshrink.search.SearchSpace, optional
         Configurations the search may choose, and the optimizer moments' fixed
-        configurations (default: the first moment as zeros plus its 0.05% largest entries,
-        so a restore restarts momentum; ``exp_avg_sq`` of a matrix as row × column factors,
-        of a vector at 2 levels).
+        configurations (default: the first moment at 2 signed-log levels, its sign and
+        magnitude class, so that a restore does not restart momentum; ``exp_avg_sq`` of a
+        matrix as row × column factors, of a vector at 2 levels).
     max_evals : int
         Quality evaluations per checkpoint at most.
     keyframe_every : int
@@ -139,7 +139,8 @@ class Checkpointer:
         ratio to the power p (the default 2 keeps the second half of a cosine schedule much
         more precise than its first; docs/decisions.md); True (= 1): by the ratio; False
         (= 0): ``epsilon`` as given. ``max_rel_l2`` is scaled by the square root of the same
-        factor (the loss a perturbation adds grows with the square of its size).
+        factor (the loss a perturbation adds grows with the square of its size). The rules
+        are :class:`inshrink.torch.budget.Budget`'s.
     threads : int, optional
         Encoder/decoder threads.
     rng : bool
@@ -160,6 +161,14 @@ class Checkpointer:
     sharded : bool or None
         Use the sharded mode (Notes). None: when a process group of more than one rank is
         initialized or a parameter is a DTensor.
+    total_steps : int, optional
+        The run's length in optimizer steps (default: what ``scheduler`` says, for torch's
+        ``OneCycleLR``, ``CosineAnnealingLR``, ``PolynomialLR`` and ``SequentialLR`` of them;
+        see :func:`inshrink.torch.budget.run_length`). Known, the bound also shrinks with the
+        share of the run left (to the power ``epsilon_follows_lr``, at least linearly) and the
+        last half of the run counts as late, whatever the learning rate does: a schedule that
+        keeps the learning rate up says nothing about how little time a late checkpoint has
+        to recover. Not measured on the fault benchmark (its tasks set the rate by hand).
 
     Attributes
     ----------
