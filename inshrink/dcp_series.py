@@ -260,8 +260,9 @@ class InkSeries:
 
     Notes
     -----
-    One writer (one training job) at a time, and no load while a save runs: a save removes
-    the whole files of the step before it once its deltas are committed. Steps of another
+    One writer (one training job) and one save at a time (with ``dcp.async_save``, wait for
+    the previous future before the next save), and no load while a save runs: a save
+    removes the whole files of the step before it once its deltas are committed. Steps of another
     sharding (world size, or the shards each rank holds) are saved whole and start a new
     chain; any step loads into any world size (DCP reshards).
 
