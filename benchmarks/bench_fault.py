@@ -80,7 +80,7 @@ search settings: ``r_mexact`` moments exact (weights searched), ``r_wexact`` wei
 (moments as the default space stores them before the late switch); ``early5`` / ``late5``
 only the first / last five of the ten failures; ``m_v4`` the second moment at 4 log levels
 instead of row x column factors; ``m_m2`` the first moment at 2 signed-log levels from the
-start (no momentum restart).
+start (no momentum restart). ``eps0.05T``: ``eps0.05`` with ``Checkpointer(total_steps=N)``.
 
 ``--ref-json`` takes the ``ref`` run from an earlier output with the same seed (the reference
 does not depend on inshrink) instead of training it again.
@@ -420,6 +420,8 @@ RUNS = {
                  policy=dict(exp_avg=dict(bins=8), exp_avg_sq=dict(bins=2, domain="factored"))),
     "r_vfac": dict(method="inshrink", epsilon=0.05, failures=10,
                    policy=dict(exp_avg=None, exp_avg_sq=dict(bins=2, domain="factored"))),
+    # the run's length known to the Checkpointer (Checkpointer(total_steps=N))
+    "eps0.05T": dict(method="inshrink", epsilon=0.05, failures=10, total_steps=True),
     # which restores leave the damage: the first / last five of the ten failures only
     "early5": dict(method="inshrink", epsilon=0.05, failures=10, keep=(0, 5)),
     "late5": dict(method="inshrink", epsilon=0.05, failures=10, keep=(5, 10)),
@@ -504,7 +506,9 @@ def make_method(spec: dict, task: fm.Task, workdir: str) -> Method:
     if m == "inshrink":
         return InshrinkMethod(task, workdir, spec["epsilon"],
                               moment_bins=spec.get("moment_bins"), space=spec.get("space"),
-                              checkpointer=spec.get("checkpointer"),
+                              checkpointer={**({"total_steps": task.steps}
+                                               if spec.get("total_steps") else {}),
+                                            **(spec.get("checkpointer") or {})},
                               policy=spec.get("policy"), preset=spec.get("preset"))
     raise ValueError(m)
 
