@@ -97,7 +97,8 @@ except TypeError:
     print("refused", len(copy.compiled().signatures))
 """
     (tmp_path / "sig.py").write_text(script)  # Numba caches functions of files only
-    r = run_python(["sig.py"], tmp_path, NUMBA_DISABLE_JIT="0")
+    r = run_python(["sig.py"], tmp_path, NUMBA_DISABLE_JIT="0",
+                   XDG_CACHE_HOME=str(tmp_path / "cache"))  # a throwaway file's kernel
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["refused", "1"]
 
