@@ -145,10 +145,10 @@ def _fail(rule: str, msg: str):
 
 
 def _reject_duplicate_keys(pairs):
-    keys = [k for k, _ in pairs]
-    if len(set(keys)) != len(keys):
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
         _fail("I-1", "duplicate key in a JSON object")
-    return dict(pairs)
+    return obj
 
 
 def _is_unicode(text) -> bool:
