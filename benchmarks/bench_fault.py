@@ -80,7 +80,8 @@ search settings: ``r_mexact`` moments exact (weights searched), ``r_wexact`` wei
 (moments as the default space stores them before the late switch); ``early5`` / ``late5``
 only the first / last five of the ten failures; ``m_v4`` the second moment at 4 log levels
 instead of row x column factors; ``m_m2`` the first moment at 2 signed-log levels from the
-start (no momentum restart). ``eps0.05T``: ``eps0.05`` with ``Checkpointer(total_steps=N)``.
+start (no momentum restart). ``eps0.05T``: ``eps0.05`` with ``Checkpointer(total_steps=N)``;
+``floor0.3``: ``eps0.05`` with the bound's floor at 0.3 instead of ``EPSILON_FLOOR`` (0.1).
 
 ``--ref-json`` takes the ``ref`` run from an earlier output with the same seed (the reference
 does not depend on inshrink) instead of training it again.
@@ -422,6 +423,8 @@ RUNS = {
                    policy=dict(exp_avg=None, exp_avg_sq=dict(bins=2, domain="factored"))),
     # the run's length known to the Checkpointer (Checkpointer(total_steps=N))
     "eps0.05T": dict(method="inshrink", epsilon=0.05, failures=10, total_steps=True),
+    # the bound's floor at the end of the schedule: 0.3 of epsilon / restores instead of 0.1
+    "floor0.3": dict(method="inshrink", epsilon=0.05, failures=10, epsilon_floor=0.3),
     # which restores leave the damage: the first / last five of the ten failures only
     "early5": dict(method="inshrink", epsilon=0.05, failures=10, keep=(0, 5)),
     "late5": dict(method="inshrink", epsilon=0.05, failures=10, keep=(5, 10)),
@@ -511,6 +514,19 @@ def make_method(spec: dict, task: fm.Task, workdir: str) -> Method:
                                             **(spec.get("checkpointer") or {})},
                               policy=spec.get("policy"), preset=spec.get("preset"))
     raise ValueError(m)
+
+
+def run_with_floor(model_name: str, run_name: str, spec: dict, args, ref: dict | None) -> dict:
+    """run_one, with ``inshrink.torch.budget.EPSILON_FLOOR`` set to the run's
+    ``epsilon_floor`` meanwhile (a study of the bound at the end of the schedule)."""
+    if "epsilon_floor" not in spec:
+        return run_one(model_name, run_name, spec, args, ref)
+    from inshrink.torch import budget
+    saved, budget.EPSILON_FLOOR = budget.EPSILON_FLOOR, spec["epsilon_floor"]
+    try:
+        return run_one(model_name, run_name, spec, args, ref)
+    finally:
+        budget.EPSILON_FLOOR = saved
 
 
 def run_one(model_name: str, run_name: str, spec: dict, args, ref: dict | None) -> dict:
@@ -905,7 +921,7 @@ def main(argv=None) -> int:
             try:
                 r = earlier_ref(args.ref_json, model_name, args.seed) \
                     if run_name == "ref" and args.ref_json else \
-                    run_one(model_name, run_name, spec, args, ref)
+                    run_with_floor(model_name, run_name, spec, args, ref)
             except Exception as e:  # noqa: BLE001 - report and go on with the next run
                 traceback.print_exc()
                 print(f" FAILED: {type(e).__name__}: {e}", flush=True)
