@@ -135,7 +135,10 @@ def unpack_index(frame: bytes, file_size: int) -> bytes:
     return out
 
 
-def _is_int(x, lo: int = 0, hi: int = 1 << 63) -> bool:
+_MAX_INT = 1 << 63
+
+
+def _is_int(x, lo: int = 0, hi: int = _MAX_INT) -> bool:
     return type(x) is int and lo <= x <= hi
 
 
@@ -215,8 +218,10 @@ def _parse_chunk(raw, data_end: int) -> Chunk:
     if not isinstance(raw, list) or len(raw) != 5:
         _fail("I-13", "a chunk must be [offset, length, crc, size, coding]")
     offset, length, crc, size, coding = raw
-    if not (_is_int(offset) and _is_int(length) and _is_int(crc, 0, 0xFFFFFFFF)
-            and _is_int(size) and isinstance(coding, str)):
+    # _is_int written out: this runs for every record of the file
+    if not (type(offset) is int and type(length) is int and type(crc) is int
+            and type(size) is int and 0 <= offset <= _MAX_INT and 0 <= length <= _MAX_INT
+            and 0 <= crc <= 0xFFFFFFFF and 0 <= size <= _MAX_INT and isinstance(coding, str)):
         _fail("I-13", f"chunk fields must be non-negative integers and a coding: {raw!r}")
     if coding not in ("zstd", "raw"):
         raise UnknownCodecError(f"[I-13] invalid index: unknown chunk coding {coding!r}")
@@ -264,8 +269,9 @@ def _parse_tensor(raw, data_end: int) -> TensorEntry:
         _fail("I-11a", "report must be an object whose values are strings, numbers, "
                        "booleans or null")
     entry = TensorEntry(raw["name"], dtype, shape, codec, per_chunk, report=report)
-    if any(len(s) != entry.chunk_count for s in streams):
-        _fail("I-12", f"tensor {entry.name!r}: every stream needs {entry.chunk_count} chunks")
+    chunk_count = entry.chunk_count
+    if any(len(s) != chunk_count for s in streams):
+        _fail("I-12", f"tensor {entry.name!r}: every stream needs {chunk_count} chunks")
     entry.streams = [[_parse_chunk(c, data_end) for c in s] for s in streams]
     return entry
 
