@@ -3,9 +3,10 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from inshrink.codecs.quantize import rank_table
 from inshrink.kernels import quant
 
 FLOAT_TYPES = [np.float32, np.float64]
@@ -421,12 +422,25 @@ def oracle_quantize(x, boundaries, table, protect_lo, protect_hi, prune_below, z
 
 
 def run_quantize(x, boundaries, table, protect, prune_below, zero_code, escape, force):
-    codes = np.full(x.size, 0xBEEF, np.uint16)
-    positions = np.full(x.size, -7, np.int64)
-    out = np.zeros(7)
-    n = quant.quantize_chunk(x, boundaries, table, protect[0], protect[1], prune_below,
-                             zero_code, escape, force, codes, positions, out)
-    return codes, positions[:n], out
+    """The kernel's result, the same whether ranks come from the rank table (float32 only)
+    or are counted or searched."""
+    padded = np.append(boundaries, np.inf)
+    lut, probes = rank_table(boundaries)
+    results = []
+    for words, lut in ((np.empty(0, np.uint32), lut[:0]), (x.view(np.uint32), lut)):
+        if lut.size and x.dtype != np.float32:
+            continue
+        codes = np.full(x.size, 0xBEEF, np.uint16)
+        positions = np.full(x.size, -7, np.int64)
+        out = np.zeros(7)
+        n = quant.quantize_chunk(x, words, padded, lut, probes, table, protect[0], protect[1],
+                                 prune_below, zero_code, escape, force, codes, positions, out)
+        results.append((codes, positions[:n], out))
+    for codes, positions, out in results[1:]:
+        np.testing.assert_array_equal(codes, results[0][0])
+        np.testing.assert_array_equal(positions, results[0][1])
+        np.testing.assert_array_equal(out, results[0][2])
+    return results[0]
 
 
 @pytest.mark.parametrize("float_type", FLOAT_TYPES)
@@ -470,6 +484,31 @@ def test_quantize_chunk_is_assign_then_error_stats(float_type, n_boundaries):
     kept[positions] = False
     np.testing.assert_array_equal(codes[kept], assigned[kept])
     np.testing.assert_array_equal(out, stats)
+
+
+@given(bits=st.lists(st.integers(0, 2**32 - 1), max_size=200),
+       boundaries=st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=20))
+def test_rank_table_gives_the_rank_of_every_float32(bits, boundaries):
+    """Any bit pattern (NaN, infinities, subnormals, both zeros) starts at or below its rank
+    and reaches it within the table's comparisons."""
+    boundaries = np.sort(np.array(boundaries + [0.0, -0.0, 1e-40, -1e-45], np.float64))
+    lut, probes = rank_table(boundaries)
+    assume(lut.size)  # crowded boundaries have no table
+    assert lut.size == 1 << (32 - quant.RANK_SHIFT) and probes <= 4
+    words = np.array(bits + [0, 1 << 31, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFFFFFFF],
+                     np.uint32)
+    x = words.view(np.float32).astype(np.float64)
+    keys = np.where(words >> 31 == 1, ~words, words | np.uint32(1 << 31))
+    start = lut[keys >> quant.RANK_SHIFT].astype(np.int64)
+    finite = np.isfinite(x) | np.isinf(x)
+    want = np.searchsorted(boundaries, x[finite], side="left")
+    assert (start[finite] <= want).all() and (want - start[finite] <= probes).all()
+
+
+def test_rank_table_refuses_crowded_or_unsorted_boundaries():
+    assert rank_table(np.linspace(1.0, 1.001, 50))[0].size == 0  # 50 in one bucket
+    assert rank_table(np.array([2.0, 1.0]))[0].size == 0
+    assert rank_table(np.array([1.0, 2.0]))[1] == 1
 
 
 @pytest.mark.parametrize("float_type", FLOAT_TYPES)

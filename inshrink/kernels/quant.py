@@ -351,11 +351,51 @@ def assign_codes(x, boundaries, protect_lo, protect_hi, prune_lo, prune_hi, zero
 
 
 _BLOCK = 512  # elements ranked together: the count over a short table runs across a block
+RANK_SHIFT = 18  # float32 order keys >> 18: 2^14 rank-table buckets, 32 per octave per sign
 
 
 @kernel
-def quantize_chunk(x, boundaries, table, protect_lo, protect_hi, prune_below, zero_code, escape,
-                   force, codes, positions, out):
+def _sign_ranges(boundaries, nb, table):
+    """Value ranges that make an element coded by its rank (its nearest level) zeroed or sign
+    flipped, from sorted ``table[:nb + 1]`` and sorted ``boundaries[:nb]``: open intervals
+    ``(zero_lo, zero_hi)`` (the zero levels' ranks), ``(0, ...)`` below a negative level's
+    rank and ``(..., 0)`` above a positive level's rank.
+
+    Rank ``r`` (the number of boundaries below ``v``) is at least ``k`` iff
+    ``boundaries[k - 1] < v``, and below ``k`` iff ``v < nextafter(boundaries[k - 1], inf)``.
+    """
+    n_levels = min(table.shape[0], nb + 1)
+    negative = 0  # levels below zero, then levels at or below zero
+    while negative < n_levels and table[negative] < 0.0:
+        negative += 1
+    nonpositive = negative
+    while nonpositive < n_levels and table[nonpositive] <= 0.0:
+        nonpositive += 1
+    # rank >= negative: v > low; rank < nonpositive: v < high
+    low = boundaries[negative - 1] if negative > 0 else -math.inf
+    high = np.nextafter(boundaries[nonpositive - 1], math.inf) if 0 < nonpositive <= nb \
+        else (math.inf if nonpositive > nb else -math.inf)
+    # flipped: v < 0 at rank >= nonpositive (a positive level); v > 0 at rank < negative
+    above = boundaries[nonpositive - 1] if 0 < nonpositive <= nb else (
+        -math.inf if nonpositive == 0 else 0.0)
+    below = (np.nextafter(boundaries[negative - 1], math.inf) if negative <= nb else math.inf) \
+        if negative > 0 else 0.0
+    return low, high, above, below
+
+
+@kernel
+def _as_coded(v, zero_lo, zero_hi, flip_lo, flip_hi):
+    """(non-zero, zeroed, sign flipped) of ``v`` coded by its rank: 0 or 1 each."""
+    nz = np.int64(v != 0.0)
+    zeroed = nz * np.int64(zero_lo < v) * np.int64(v < zero_hi)
+    flipped = np.int64(flip_lo < v) * np.int64(v < 0.0) + np.int64(0.0 < v) * np.int64(
+        v < flip_hi)
+    return nz, zeroed, flipped
+
+
+@kernel
+def quantize_chunk(x, words, boundaries, lut, probes, table, protect_lo, protect_hi, prune_below,
+                   zero_code, escape, force, codes, positions, out):
     """Assign codes, list the escapes and measure the error in one pass over ``x``.
 
     Codes as :func:`assign_codes` with ``prune_lo = -prune_below`` and
@@ -365,6 +405,11 @@ def quantize_chunk(x, boundaries, table, protect_lo, protect_hi, prune_below, ze
     :func:`error_stats` would of the codes :func:`assign_codes` gives (the squared errors are
     summed in element order, so the result is the same to the bit).
 
+    ``boundaries`` ends with an extra +inf; ``table`` is sorted. With a rank table (``lut``
+    not empty, ``x`` float32, ``words`` its uint32 view), an element's rank starts at
+    ``lut[key >> RANK_SHIFT]`` (``key``: its bits, sign-folded into the order of the values)
+    and rises by up to ``probes`` comparisons; otherwise ranks are counted or searched.
+
     Returns
     -------
     int
@@ -372,36 +417,55 @@ def quantize_chunk(x, boundaries, table, protect_lo, protect_hi, prune_below, ze
     """
     forced = force.shape[0] > 0
     n = x.shape[0]
-    nb = boundaries.shape[0]
+    nb = boundaries.shape[0] - 1
+    looked_up = lut.shape[0] > 0
     counted = nb <= _LINEAR_RANK_MAX
+    searched = boundaries[:nb]
     prune_lo = -prune_below
+    zero_lo, zero_hi, flip_lo, flip_hi = _sign_ranges(boundaries, nb, table)
+    # the counters of every element as if coded by its rank, in a loop that vectorises; the
+    # few elements coded otherwise correct them below
+    nonzero = 0
+    zeroed = 0
+    flipped = 0
+    for i in range(n):
+        v = np.float64(x[i])
+        nz = np.int64(v != 0.0)
+        nonzero += nz
+        zeroed += nz * np.int64(zero_lo < v) * np.int64(v < zero_hi)
+        flipped += np.int64(flip_lo < v) * np.int64(v < 0.0) + np.int64(0.0 < v) * np.int64(
+            v < flip_hi)
     escapes = 0
     sse = 0.0
     worst = out[1]
     pruned = 0
-    zeroed = 0
-    flipped = 0
-    nonzero = 0
     values = np.empty(_BLOCK)
     ranks = np.empty(_BLOCK, np.int64)
     for start in range(0, n, _BLOCK):
         m = min(_BLOCK, n - start)
-        for j in range(m):
-            values[j] = x[start + j]
-        if counted:  # boundary by boundary over the block: vectorised compares
+        if not looked_up:
             for j in range(m):
-                ranks[j] = 0
-            for k in range(nb):
-                b = boundaries[k]
+                values[j] = x[start + j]
+            if counted:  # boundary by boundary over the block: vectorised compares
                 for j in range(m):
-                    ranks[j] += np.int64(b < values[j])
-        else:
-            for j in range(m):
-                ranks[j] = _search_below(boundaries, values[j])
+                    ranks[j] = 0
+                for k in range(nb):
+                    b = boundaries[k]
+                    for j in range(m):
+                        ranks[j] += np.int64(b < values[j])
+            else:
+                for j in range(m):
+                    ranks[j] = _search_below(searched, values[j])
         for j in range(m):
             i = start + j
-            v = values[j]
-            rank = ranks[j]
+            v = np.float64(x[i])
+            if looked_up:  # O(1): a table entry, then a comparison or two
+                w = np.int64(words[i])
+                rank = np.int64(lut[(w ^ (0x80000000 | ((w >> 31) * 0x7FFFFFFF))) >> RANK_SHIFT])
+                for _ in range(probes):
+                    rank += np.int64(boundaries[rank] < v)
+            else:
+                rank = ranks[j]
             f = force[i] if forced else 0
             # (not a chained comparison: Numba compiles `a < v < b` here into slower code)
             if f == 0 and rank != escape and not (prune_lo < v and v < prune_below) and (
@@ -412,11 +476,11 @@ def quantize_chunk(x, boundaries, table, protect_lo, protect_hi, prune_below, ze
                 e = abs(v - d)
                 sse += e * e
                 worst = max(worst, e)
-                nz = v != 0.0
-                nonzero += nz
-                zeroed += nz and d == 0.0
-                flipped += nz and d != 0.0 and ((v < 0.0) != (d < 0.0))
                 continue
+            nz, zero_g, flip_g = _as_coded(v, zero_lo, zero_hi, flip_lo, flip_hi)
+            nonzero -= nz
+            zeroed -= zero_g
+            flipped -= flip_g
             finite = math.isfinite(v)
             code = rank
             if f == 2 or (prune_lo < v and v < prune_below):
