@@ -116,3 +116,30 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("numba", "scipy")))
     r = run_python(["-c", script], tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "[]"
+
+
+def test_first_calls_from_several_threads_at_once(tmp_path):
+    """Threads racing to a kernel's first call (one that calls another kernel) all get it."""
+    script = """
+import threading, numpy as np
+from inshrink.kernels import delta
+prev = np.arange(5000, dtype=np.uint16) % 7
+counts = np.bincount(prev, minlength=7).astype(np.int64)
+want = np.argsort(prev, kind="stable").astype(np.uint16)
+start, errors = threading.Barrier(4), []
+def work():
+    start.wait()
+    try:
+        out = np.empty_like(prev)
+        delta.regroup(prev, np.arange(5000, dtype=np.uint16), counts, out)
+        assert np.array_equal(out, want)
+    except Exception as exc:
+        errors.append(repr(exc))
+threads = [threading.Thread(target=work) for _ in range(4)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(errors)
+"""
+    r = run_python(["-c", script], tmp_path, NUMBA_DISABLE_JIT="0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]"
