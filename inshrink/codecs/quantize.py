@@ -236,9 +236,8 @@ def rank_table(boundaries: np.ndarray) -> tuple[np.ndarray, int]:
     cut into ``2^(32 - RANK_SHIFT)`` buckets of consecutive patterns (log-spaced magnitudes,
     as in the sketch). An element's rank (the number of boundaries strictly below it) does
     not fall as its pattern rises, so the rank of a bucket's first value is at most that of
-    any element in it, and the ranks in a bucket differ by at most the rank of its last value
-    minus that of its first: the number of comparisons needed. NaN patterns stand for the
-    infinity of their sign (a NaN is escaped whatever its rank).
+    any element in it, and the ranks in a bucket exceed it by at most the next bucket's
+    first rank minus its own: the number of comparisons needed.
 
     Returns
     -------
@@ -250,22 +249,29 @@ def rank_table(boundaries: np.ndarray) -> tuple[np.ndarray, int]:
     b = np.asarray(boundaries, np.float64)
     if b.size >= 0xFFFF or np.isnan(b).any() or (b.size > 1 and (b[1:] < b[:-1]).any()):
         return _NO_TABLE
-    first = np.arange(1 << (32 - kernels.RANK_SHIFT), dtype=np.uint64) << np.uint64(
-        kernels.RANK_SHIFT)
-    last = first + np.uint64((1 << kernels.RANK_SHIFT) - 1)
-    ranks = []
-    for keys in (first, last):
-        keys = keys.astype(np.uint32)
-        positive = keys >= np.uint32(0x80000000)
-        bits = np.where(positive, keys ^ np.uint32(0x80000000), ~keys)
-        with np.errstate(invalid="ignore"):  # NaN patterns
-            values = bits.view(np.float32).astype(np.float64)
-        values[np.isnan(values)] = np.where(positive, math.inf, -math.inf)[np.isnan(values)]
-        ranks.append(np.searchsorted(b, values, side="left"))
-    probes = int((ranks[1] - ranks[0]).max())
+    firsts = _bucket_firsts()
+    # rank(first of bucket B) = the number of boundaries below it = of those whose first
+    # bucket with a larger first value is at most B
+    jumps = np.bincount(np.searchsorted(firsts, b, side="right"), minlength=firsts.size + 1)
+    probes = int(jumps[1:].max())  # the last bucket's values rank at most len(b)
     if probes > _MAX_PROBES:
         return _NO_TABLE
-    return ranks[0].astype(np.uint16), probes
+    return np.cumsum(jumps[:firsts.size]).astype(np.uint16), probes
+
+
+@functools.lru_cache(maxsize=1)
+def _bucket_firsts() -> np.ndarray:
+    """The first value of each rank-table bucket (float64, ascending; NaN patterns stand for
+    the infinity of their sign: a NaN is escaped, whatever its rank)."""
+    keys = (np.arange(1 << (32 - kernels.RANK_SHIFT), dtype=np.uint64)
+            << np.uint64(kernels.RANK_SHIFT)).astype(np.uint32)
+    positive = keys >= np.uint32(0x80000000)
+    bits = np.where(positive, keys ^ np.uint32(0x80000000), ~keys)
+    with np.errstate(invalid="ignore"):  # NaN patterns
+        values = bits.view(np.float32).astype(np.float64)
+    nan = np.isnan(values)
+    values[nan] = np.where(positive, math.inf, -math.inf)[nan]
+    return values
 
 
 def _stats(count: int, out: np.ndarray) -> "ChunkStats":
