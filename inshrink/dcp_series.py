@@ -35,6 +35,17 @@ the previous manifest, and every step it lists, as they were; the files it wrote
 the next save that commits. A changed sharding (another world size, or other shards on a rank)
 leaves the previous step whole: a keyframe.
 
+One writer: the coordinator of an :class:`InkSeries`'s first save takes an exclusive
+non-blocking ``flock`` on ``run/.lock`` before it reads the manifest or creates anything, and
+its ``InkSeries`` object holds it until :meth:`InkSeries.close` (or until it is garbage
+collected, or its process ends), whether its saves succeed or fail. A save by another job or
+another ``InkSeries`` object meanwhile fails on every rank with
+:class:`inshrink.errors.SeriesLockedError` (inside DCP's ``CheckpointException``), having
+written nothing. Loading takes no lock.
+
+The format of ``series.json`` and of the step directories is specified in spec/FORMAT.md,
+section 25; every check of the manifest and of a step names its rule there (``[M-5] ...``).
+
 This module imports torch; ``import inshrink`` does not import it.
 
 >>> series = InkSeries("run", policy="balanced", keep=5)            # doctest: +SKIP
@@ -50,9 +61,16 @@ import os
 import re
 import reprlib
 import shutil
+import threading
 import uuid
+import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock, as inshrink.Series
+    fcntl = None  # type: ignore[assignment]
 
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem, SavePlan, SavePlanner
@@ -63,11 +81,12 @@ from . import digest as _digest
 from .atomic import AtomicFile
 from .dcp import (_RANK_FILE, METADATA_FILE, InkStorageReader, InkStorageWriter, _checked_output,
                   _consolidate_to, _describe, _done, _named, _RankFiles, _read_metadata)
-from .errors import BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError
+from .errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError,
+                     LimitExceededError, SeriesLockedError, UnsupportedVersionError)
 from .policy import Policy
 from .policy import resolve as resolve_policy
 from .rebase import write_delta
-from .series import MAX_MANIFEST_BYTES, MAX_STEP, decode_link, file_sha256
+from .series import LOCK, MAX_MANIFEST_BYTES, MAX_STEP, decode_link, file_sha256
 from .tensorfile import File, TensorInfo, resolve_threads
 
 __all__ = ["InkSeries", "InkSeriesWriter", "InkSeriesReader", "Step", "RankFile", "MANIFEST"]
@@ -131,56 +150,90 @@ class Step:
         return next((f for f in self.files if f.rank == rank), None)
 
 
+def _fail(rule: str, path: str, why: str, error: type[InshrinkError] = CorruptError
+          ) -> NoReturn:
+    """Raise the error of a rule of spec/FORMAT.md section 25 (its id first in the message)."""
+    raise error(f"[{rule}] {path}: invalid DCP series manifest: {why}")
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        raise ValueError("duplicate key")
+    return doc
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def decode_manifest(raw: bytes, path: str = MANIFEST) -> list[Step]:
+    """The steps of the bytes of a ``series.json`` (rules M-1 ... M-16)."""
+    if len(raw) > MAX_MANIFEST_BYTES:
+        _fail("M-1", path, f"larger than {MAX_MANIFEST_BYTES} bytes", LimitExceededError)
+    try:
+        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys,
+                         parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        _fail("M-1", path, f"not JSON ({reprlib.repr(str(exc))})")
+    return parse_manifest(doc, path)
+
+
 def parse_manifest(doc: Any, path: str = MANIFEST) -> list[Step]:
-    """The steps of a decoded ``series.json``, every field checked; CorruptError naming
-    ``path`` otherwise (BaseMismatchError for a delta against a step of another sharding)."""
-    def bad(why: str) -> CorruptError:
-        return CorruptError(f"{path}: invalid DCP series manifest: {why}")
+    """The steps of a decoded ``series.json``, every field checked (rules M-2 ... M-16);
+    CorruptError naming ``path`` otherwise (UnsupportedVersionError for another version,
+    BaseMismatchError for a delta against a step of another sharding)."""
     if type(doc) is not dict or doc.get("format") != FORMAT:
-        raise CorruptError(f"{path}: not a DCP series manifest")
-    if type(doc.get("version")) is not int or doc["version"] != VERSION:
-        raise CorruptError(f"{path}: not a version {VERSION} DCP series manifest")
-    if type(doc.get("checkpoints")) is not list:
-        raise bad("'checkpoints' must be a list")
+        _fail("M-2", path, f"not an object with format {FORMAT!r}")
+    if type(doc.get("version")) is not int:
+        _fail("M-3", path, "version must be an integer")
+    if doc["version"] != VERSION:
+        _fail("M-3", path, f"version {doc['version']}; this reader reads version {VERSION}",
+              UnsupportedVersionError)
+    if set(doc) != {"format", "version", "checkpoints"} or type(doc["checkpoints"]) is not list:
+        _fail("M-4", path, "must have exactly the members checkpoints, format, version, "
+                           "checkpoints a list")
     steps: list[Step] = []
     for i, e in enumerate(doc["checkpoints"]):
         if type(e) is not dict or set(e) != {"step", "world_size", "layout", "base", "files"}:
-            raise bad(f"checkpoint {i} must have exactly the keys base, files, layout, step, "
-                      f"world_size")
+            _fail("M-5", path, f"checkpoint {i} must have exactly the keys base, files, layout, "
+                               f"step, world_size")
         step, world, layout, base = e["step"], e["world_size"], e["layout"], e["base"]
         if type(step) is not int or not 0 <= step <= MAX_STEP:
-            raise bad(f"checkpoint {i}: step must be an integer in [0, {MAX_STEP}]")
+            _fail("M-6", path, f"checkpoint {i}: step must be an integer in [0, {MAX_STEP}]")
         if steps and step <= steps[-1].step:
-            raise bad(f"checkpoint {i}: steps must increase ({step} after {steps[-1].step})")
+            _fail("M-6", path, f"checkpoint {i}: steps must increase ({step} after "
+                               f"{steps[-1].step})")
         if type(world) is not int or world < 1:
-            raise bad(f"step {step}: world_size must be a positive integer")
+            _fail("M-7", path, f"step {step}: world_size must be a positive integer")
         if type(layout) is not str or not _SHA256.match(layout):
-            raise bad(f"step {step}: layout must be 64 lowercase hexadecimal digits")
+            _fail("M-8", path, f"step {step}: layout must be 64 lowercase hexadecimal digits")
         if base is not None and (type(base) is not int or base <= step):
-            raise bad(f"step {step}: base must be null or a later step")
+            _fail("M-9", path, f"step {step}: base must be null or a later step")
         if type(e["files"]) is not list:
-            raise bad(f"step {step}: files must be a list")
-        files = []
+            _fail("M-10", path, f"step {step}: files must be a list")
+        files: list[RankFile] = []
         for f in e["files"]:
             if type(f) is not dict or set(f) != {"rank", "name", "file", "sha256", "bytes"}:
-                raise bad(f"step {step}: a file must have exactly the keys bytes, file, name, "
-                          f"rank, sha256")
+                _fail("M-10", path, f"step {step}: a file must have exactly the keys bytes, "
+                                    f"file, name, rank, sha256")
             rank, name = f["rank"], f["name"]
             if type(rank) is not int or not 0 <= rank < world or any(
                     g.rank == rank for g in files):
-                raise bad(f"step {step}: rank {reprlib.repr(rank)} is not a distinct rank "
-                          f"below {world}")
+                _fail("M-11", path, f"step {step}: rank {reprlib.repr(rank)} is not a distinct "
+                                    f"rank below {world}")
             if type(name) is not str or not _RANK_FILE.fullmatch(name) or int(
                     name[4:9]) != rank:
-                raise bad(f"step {step}: {reprlib.repr(name)} is not a file name of rank "
-                          f"{rank}")
+                _fail("M-12", path, f"step {step}: {reprlib.repr(name)} is not a file name of "
+                                    f"rank {rank}")
             expected = name if base is None else delta_name(name)
             if f["file"] != expected:
-                raise bad(f"step {step}: rank {rank}'s file must be {expected!r}")
+                _fail("M-13", path, f"step {step}: rank {rank}'s file must be {expected!r}")
             if type(f["sha256"]) is not str or not _SHA256.match(f["sha256"]):
-                raise bad(f"step {step}: sha256 must be 64 lowercase hexadecimal digits")
+                _fail("M-14", path, f"step {step}: sha256 must be 64 lowercase hexadecimal "
+                                    f"digits")
             if type(f["bytes"]) is not int or f["bytes"] < 0:
-                raise bad(f"step {step}: bytes must be a non-negative integer")
+                _fail("M-14", path, f"step {step}: bytes must be a non-negative integer")
             files.append(RankFile(rank, name, expected, f["sha256"], f["bytes"]))
         steps.append(Step(step, world, layout, base, tuple(files)))
     by_step = {s.step: s for s in steps}
@@ -189,14 +242,14 @@ def parse_manifest(doc: Any, path: str = MANIFEST) -> list[Step]:
             continue
         base = by_step.get(s.base)
         if base is None:
-            raise bad(f"step {s.step}: base step {s.base} is not in the manifest")
+            _fail("M-15", path, f"step {s.step}: base step {s.base} is not in the manifest")
         if base.world_size != s.world_size or base.layout != s.layout or (
                 {f.rank for f in base.files} != {f.rank for f in s.files}):
             first = os.path.join(s.dir, s.files[0].file) if s.files else s.dir
             raise BaseMismatchError(
-                f"{path}: {first} (step {s.step}, {s.world_size} ranks) is a delta against "
-                f"step {base.step}, saved by {base.world_size} ranks with another sharding: "
-                f"a delta needs the same sharding")
+                f"[M-16] {path}: {first} (step {s.step}, {s.world_size} ranks) is a delta "
+                f"against step {base.step}, saved by {base.world_size} ranks with another "
+                f"sharding: a delta needs the same sharding")
     return steps
 
 
@@ -260,9 +313,16 @@ class InkSeries:
 
     Notes
     -----
-    One writer (one training job) and one save at a time (with ``dcp.async_save``, wait for
-    the previous future before the next save), and no load while a save runs: a save
-    removes the whole files of the step before it once its deltas are committed. Steps of another
+    One writer: the first save's coordinator (the process, or ``dcp.async_save``'s background
+    thread or process, that writes ``series.json``) takes an exclusive non-blocking ``flock``
+    on ``directory/.lock``, and this object holds it until :meth:`close` (or ``with``'s end,
+    garbage collection or the end of the process), across failed saves too. Meanwhile a save
+    through another ``InkSeries`` object or another job fails on every rank, before it writes
+    anything, with :class:`inshrink.errors.SeriesLockedError` (``dcp.save`` raises DCP's
+    ``CheckpointException`` carrying it); it never waits. Loading takes no lock. One save at
+    a time through one object (with ``dcp.async_save``, wait for the previous future before
+    the next save), and no load while a save runs: a save removes the whole files of the step
+    before it once its deltas are committed. Steps of another
     sharding (world size, or the shards each rank holds) are saved whole and start a new
     chain; any step loads into any world size (DCP reshards).
 
@@ -288,6 +348,68 @@ class InkSeries:
         self.keyframe_every = keyframe_every
         self.keep = keep
         self.threads = resolve_threads(threads)
+        self._lock_state()
+
+    # -- the writer's lock -----------------------------------------------------------------
+
+    def _lock_state(self) -> None:
+        self._guard = threading.Lock()  # async saves plan in a thread of their own
+        self._lock_fd: int | None = None
+        self._unlock: weakref.finalize | None = None
+
+    def __getstate__(self) -> dict:
+        # a copy (DCP's process-based async_save pickles the writer) takes a lock of its own
+        state = self.__dict__.copy()
+        for name in ("_guard", "_lock_fd", "_unlock"):
+            del state[name]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock_state()
+
+    def _hold_lock(self) -> None:
+        """Take the series' write lock for this object, unless it holds it already;
+        SeriesLockedError at once if another object or process holds it."""
+        with self._guard:
+            if self._lock_fd is not None or fcntl is None:
+                return
+            os.makedirs(self.directory, exist_ok=True)
+            fd = os.open(self._path(LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+                os.close(fd)
+                raise SeriesLockedError(
+                    f"{self.directory}: another writer{f' (pid {holder})' if holder else ''} "
+                    f"holds this DCP series; it takes one writer at a time (close() the other "
+                    f"InkSeries, or end its job)") from None
+            except BaseException:
+                os.close(fd)
+                raise
+            try:  # who holds it, for the message a second writer gets
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            except OSError:
+                pass
+            self._lock_fd = fd
+            self._unlock = weakref.finalize(self, _release_lock, fd, os.getpid())
+
+    def close(self) -> None:
+        """Release the write lock this object holds (if any): another ``InkSeries`` or job
+        may then save into the series. The object can still load, and save again (taking
+        the lock again)."""
+        with self._guard:
+            if self._unlock is not None:
+                self._unlock()
+            self._lock_fd, self._unlock = None, None
+
+    def __enter__(self) -> "InkSeries":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     # -- the manifest ----------------------------------------------------------------------
 
@@ -302,16 +424,7 @@ class InkSeries:
                 raw = f.read(MAX_MANIFEST_BYTES + 1)
         except FileNotFoundError:
             return []
-        except OSError as exc:
-            raise CorruptError(f"{path}: cannot read: {exc.strerror or exc}") from None
-        if len(raw) > MAX_MANIFEST_BYTES:
-            raise CorruptError(f"{path}: manifest larger than {MAX_MANIFEST_BYTES} bytes")
-        try:
-            doc = json.loads(raw.decode("utf-8"))
-        except (ValueError, RecursionError) as exc:
-            raise CorruptError(f"{path}: invalid DCP series manifest "
-                               f"({reprlib.repr(str(exc))})") from None
-        return parse_manifest(doc, path)
+        return decode_manifest(raw, path)
 
     def _write_manifest(self, steps: list[Step]) -> None:
         doc = {"format": FORMAT, "version": VERSION,
@@ -372,8 +485,8 @@ class InkSeries:
         while True:
             file = entry.file_of(rank)
             if file is None:
-                raise CorruptError(f"{self._path(MANIFEST)}: step {entry.step} has no file of "
-                                   f"rank {rank}")
+                raise InvalidArgumentError(f"{self._path(MANIFEST)}: step {entry.step} has no "
+                                           f"file of rank {rank}")
             chain.append((entry, file))
             if entry.base is None:
                 return chain[::-1]
@@ -404,9 +517,10 @@ class InkSeries:
 
     def _check_file(self, path: str, file: RankFile) -> None:
         if not os.path.isfile(path):
-            raise CorruptError(f"{path}: missing (named by {self._path(MANIFEST)})")
+            raise CorruptError(f"[M-18] {path}: missing (named by {self._path(MANIFEST)})")
         if file_sha256(path) != file.sha256:
-            raise BaseMismatchError(f"{path}: content differs from {self._path(MANIFEST)}")
+            raise BaseMismatchError(f"[M-19] {path}: content differs from "
+                                    f"{self._path(MANIFEST)}")
 
     # -- inspection ------------------------------------------------------------------------
 
@@ -519,8 +633,8 @@ class _SeriesFiles(_RankFiles):
             self.arrays, self.rank = {}, None
             self.arrays, self.rank = self.series.decode(self.entry.step, rank), rank
         if entry["tensor"] not in self.arrays:
-            raise CorruptError(f"{self.file_of(index)}: no tensor named {entry['tensor']!r}, "
-                               f"which {METADATA_FILE} names")
+            raise CorruptError(f"[M-20] {self.file_of(index)}: no tensor named "
+                               f"{entry['tensor']!r}, which {METADATA_FILE} names")
         return self.arrays[entry["tensor"]]
 
     def close(self) -> None:
@@ -539,9 +653,21 @@ def _check_metadata_files(metadata: Metadata, entry: Step, path: str) -> None:
     listed = {f.name for f in entry.files}
     if named != listed:
         odd = sorted(named ^ listed)[0]
-        raise CorruptError(f"{os.path.join(path, odd)}: {METADATA_FILE} and the series "
+        raise CorruptError(f"[M-17] {os.path.join(path, odd)}: {METADATA_FILE} and the series "
                            f"manifest disagree on the step's rank files (one names it, the "
                            f"other does not)")
+
+
+def _release_lock(fd: int, pid: int) -> None:
+    """Unlock and close; in a forked child only close (the lock is its parent's)."""
+    try:
+        if os.getpid() == pid:
+            os.ftruncate(fd, 0)  # no stale pid for the next holder's contenders
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _remove(path: str) -> None:
@@ -574,7 +700,22 @@ class InkSeriesWriter(InkStorageWriter):
                                        f"checkpoint_id")
         super().reset()
 
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        # the step's directory is made by the coordinator once it holds the lock: a save
+        # refused for another writer leaves nothing behind
+        step_path, self.path = self.path, self.series.directory
+        try:
+            return super().prepare_local_plan(plan)  # checks the names; makes the series dir
+        finally:
+            self.path = step_path
+
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        self.series._hold_lock()  # before reading the manifest: it may not change under us
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except OSError as exc:
+            raise InvalidArgumentError(f"{self.path}: cannot create the step directory: "
+                                       f"{exc.strerror or exc}") from None
         plans = super().prepare_global_plan(plans)
         steps = self.series.checkpoints()
         _check_after(steps, self.step, self.series.directory)
@@ -601,6 +742,7 @@ class InkSeriesWriter(InkStorageWriter):
         whole = delta = None
         results: list[WriteResult] = []
         if plan.items:  # a rank with nothing to save writes no file
+            os.makedirs(self.path, exist_ok=True)  # the coordinator's, unless not shared yet
             results, exact, codes = self._write_rank_file(plan.items, planner, task.file,
                                                           keep_codes=True)
             path = os.path.join(self.path, task.file)
@@ -650,8 +792,8 @@ class InkSeriesWriter(InkStorageWriter):
         replaced = []
         if previous is not None:
             if not steps or steps[-1] != previous:
-                raise InvalidArgumentError(f"{self.series.directory}: another writer changed "
-                                           f"the series during this save")
+                raise SeriesLockedError(f"{self.series.directory}: another save through this "
+                                        f"InkSeries changed the series during this one")
             deltas = tuple(w.delta for _, w in sorted(written.items()) if w.delta is not None)
             if len(deltas) == len(previous.files):  # else a file was damaged: stays whole
                 steps[-1] = dataclasses.replace(previous, base=self.step, files=deltas)
@@ -698,7 +840,7 @@ class InkSeriesReader(InkStorageReader):
                            for link in self.series.chain(entry.step, f.rank)):
             path = self.series._path(step.dir, file.file)
             if not os.path.isfile(path):
-                raise CorruptError(f"{path}: missing (named by "
+                raise CorruptError(f"[M-18] {path}: missing (named by "
                                    f"{self.series._path(MANIFEST)})")
         return entry
 
@@ -724,7 +866,7 @@ class InkSeriesReader(InkStorageReader):
         arrays = self.series.decode(self.step, rank)
         for tensor_name, items in tensors.items():
             if tensor_name not in arrays:
-                raise CorruptError(f"{path}: no tensor named {tensor_name!r}, which "
+                raise CorruptError(f"[M-20] {path}: no tensor named {tensor_name!r}, which "
                                    f"{METADATA_FILE} names")
             self._serve(path, tensor_name, arrays.pop(tensor_name), items, planner)
 

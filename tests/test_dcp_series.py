@@ -6,6 +6,7 @@ test then checks what the ranks left on disk. The others run DCP in this process
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 import inshrink
 import test_dcp_distributed as base
 from inshrink import errors
-from inshrink.dcp_series import MANIFEST, InkSeries
+from inshrink.dcp_series import MANIFEST, InkSeries, decode_manifest
 
 HERE = os.path.abspath(__file__)
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -163,7 +164,7 @@ def test_one_rank_series_keep_and_keyframes(tmp_path):
     series, states = _saved_series(tmp_path, steps=6, keyframe_every=2, keep=4)
     assert series.steps() == [3, 4, 5, 6]
     assert [series.entry(s).base for s in series.steps()] == [4, None, 6, None]
-    assert sorted(n for n in os.listdir(tmp_path / "run") if n != MANIFEST) == [
+    assert sorted(n for n in os.listdir(tmp_path / "run") if n != MANIFEST) == [".lock"] + [
         f"step_{s:012d}" for s in (3, 4, 5, 6)]
     for step in series.steps():
         base.assert_bit_equal(states[step], load_one_rank(series, step, states[step]))
@@ -331,6 +332,146 @@ def test_cli_info_and_verify_understand_a_series(tmp_path):
     assert "base step 2 does not decode" in report["problems"][1]
 
 
+def _failure(excinfo):
+    """The one inshrink error inside a CheckpointException."""
+    (failure,) = excinfo.value.failures.values()
+    return failure[0] if isinstance(failure, tuple) else failure
+
+
+def test_a_second_writer_is_refused_until_the_first_closes(tmp_path):
+    import pickle
+    series, states = _saved_series(tmp_path, steps=1)
+    run = tmp_path / "run"
+    before = (run / MANIFEST).read_bytes()
+    # another object, and a pickled copy (as a process-based async_save gets): refused at
+    # once, naming the holder, having written nothing
+    for other in (InkSeries(run, threads=1), pickle.loads(pickle.dumps(series))):
+        with pytest.raises(CheckpointException) as excinfo:
+            dcp.save(_state(2, torch.Generator()), storage_writer=other.writer(2), no_dist=True)
+        error = _failure(excinfo)
+        assert type(error) is errors.SeriesLockedError, error
+        assert str(run) in str(error) and f"pid {os.getpid()}" in str(error)
+    assert (run / MANIFEST).read_bytes() == before
+    assert sorted(os.listdir(run)) == [".lock", MANIFEST, f"step_{1:012d}"]
+    assert series.verify() == []
+    # the holder saves on, and after close() the other one may
+    states[2] = _state(2, torch.Generator().manual_seed(2))
+    dcp.save(states[2], storage_writer=series.writer(2), no_dist=True)
+    series.close()
+    with InkSeries(run, threads=1) as other:
+        states[3] = _state(3, torch.Generator().manual_seed(3))
+        dcp.save(states[3], storage_writer=other.writer(3), no_dist=True)
+        with pytest.raises(CheckpointException, match="SeriesLockedError"):
+            dcp.save(states[3], storage_writer=series.writer(4), no_dist=True)
+    dcp.save(_state(4, torch.Generator()), storage_writer=series.writer(4), no_dist=True)
+    assert series.steps() == [1, 2, 3, 4] and series.verify() == []
+    for step in (1, 2, 3):
+        base.assert_bit_equal(states[step], load_one_rank(series, step, states[step]))
+
+
+def test_2_ranks_refused_while_another_job_holds_the_series(tmp_path):
+    """Every rank gets the error (dcp.save and dcp.async_save), none hangs; once the other
+    job lets go, the same ranks save."""
+    run_scenario("series_locked", tmp_path)
+    for rank in (0, 1):
+        outcome = json.loads((tmp_path / f"locked_{rank}.json").read_text())
+        assert outcome["pid"] != outcome["holder"]
+        for kind in ("save", "async_save"):
+            assert "SeriesLockedError" in outcome[kind], outcome
+            assert f"pid {outcome['holder']}" in outcome[kind], outcome
+    series = InkSeries(tmp_path / "run", threads=1)
+    assert series.steps() == [1, 2] and series.entry(2).world_size == 2
+    assert series.verify() == []
+
+
+# -- the manifest's rules (spec/FORMAT.md section 25) ------------------------------------------
+
+def _spec_section(number):
+    with open(os.path.join(os.path.dirname(HERE), "..", "spec", "FORMAT.md"),
+              encoding="utf-8") as f:
+        spec = f.read()
+    start = spec.index(f"\n## {number}. ")
+    return spec[start:spec.find("\n## ", start + 1)]
+
+
+def test_the_spec_example_and_a_real_manifest_follow_the_rules(tmp_path):
+    text = _spec_section(25)
+    example = text[text.index("```json\n") + 8:]
+    example = example[:example.index("```")]
+    steps = decode_manifest(example.encode())
+    assert [(s.step, s.base, s.world_size, [f.file for f in s.files]) for s in steps] == [
+        (100, 200, 2, ["rank00000-3f2a9c1b7d40.d.ink", "rank00001-3f2a9c1b7d40.d.ink"]),
+        (200, None, 2, ["rank00000-8e51d0c2a6f3.ink", "rank00001-8e51d0c2a6f3.ink"])]
+    series, _ = _saved_series(tmp_path, steps=2)
+    real = json.loads((tmp_path / "run" / MANIFEST).read_text())
+    assert set(real) == set(json.loads(example)) == {"format", "version", "checkpoints"}
+    example = json.loads(example)
+    assert [set(e) for e in real["checkpoints"]] == [set(example["checkpoints"][0])] * 2
+    assert [set(f) for e in real["checkpoints"] for f in e["files"]] == [
+        set(example["checkpoints"][0]["files"][0])] * 2
+    assert decode_manifest((tmp_path / "run" / MANIFEST).read_bytes()) == series.checkpoints()
+
+
+def _mutations(doc):
+    """(rule, error, manifest text) for each rule M-1 ... M-16, from a valid 2-step manifest."""
+    def changed(edit):
+        copy = json.loads(json.dumps(doc))
+        edit(copy)
+        return json.dumps(copy)
+    def first(d):  # the delta step
+        return d["checkpoints"][0]
+
+    def file0(d):
+        return first(d)["files"][0]
+    return [
+        ("M-1", errors.CorruptError, '{"format": "a", "format": "b"}'),
+        ("M-1", errors.CorruptError,
+         json.dumps(doc).replace('"bytes": ', '"x": NaN, "bytes": ', 1)),
+        ("M-1", errors.CorruptError, b"\xff"),
+        ("M-2", errors.CorruptError, changed(lambda d: d.update(format="inshrink-series"))),
+        ("M-3", errors.CorruptError, changed(lambda d: d.update(version="1"))),
+        ("M-3", errors.UnsupportedVersionError, changed(lambda d: d.update(version=2))),
+        ("M-4", errors.CorruptError, changed(lambda d: d.update(note="x"))),
+        ("M-5", errors.CorruptError, changed(lambda d: first(d).pop("layout"))),
+        ("M-6", errors.CorruptError, changed(lambda d: d["checkpoints"][1].update(step=1))),
+        ("M-6", errors.CorruptError, changed(lambda d: first(d).update(step=-1))),
+        ("M-7", errors.CorruptError, changed(lambda d: first(d).update(world_size=0))),
+        ("M-8", errors.CorruptError, changed(lambda d: first(d).update(
+            layout=first(d)["layout"].upper()))),
+        ("M-9", errors.CorruptError, changed(lambda d: first(d).update(base=1))),
+        ("M-10", errors.CorruptError, changed(lambda d: file0(d).update(extra=1))),
+        ("M-11", errors.CorruptError, changed(lambda d: file0(d).update(rank=1))),
+        ("M-12", errors.CorruptError, changed(lambda d: file0(d).update(
+            name="rank00001" + file0(d)["name"][9:]))),
+        ("M-13", errors.CorruptError, changed(lambda d: file0(d).update(
+            file=file0(d)["name"]))),
+        ("M-14", errors.CorruptError, changed(lambda d: file0(d).update(sha256="0" * 63))),
+        ("M-14", errors.CorruptError, changed(lambda d: file0(d).update(bytes=-1))),
+        ("M-15", errors.CorruptError, changed(lambda d: d["checkpoints"].pop())),
+        ("M-16", errors.BaseMismatchError, changed(lambda d: d["checkpoints"][1].update(
+            world_size=2))),
+    ]
+
+
+def test_every_manifest_rule_is_checked_with_its_id_and_error(tmp_path, monkeypatch):
+    _saved_series(tmp_path, steps=2)
+    raw = (tmp_path / "run" / MANIFEST).read_bytes()
+    doc = json.loads(raw)
+    checked = set()
+    for rule, error, text in _mutations(doc):
+        text = text.encode() if isinstance(text, str) else text
+        with pytest.raises(error, match=rf"^\[{rule}\] run/{MANIFEST}: ") as excinfo:
+            decode_manifest(text, f"run/{MANIFEST}")
+        assert type(excinfo.value) is error, (rule, excinfo.value)
+        checked.add(rule)
+    import inshrink.dcp_series as module
+    monkeypatch.setattr(module, "MAX_MANIFEST_BYTES", len(raw) - 1)
+    with pytest.raises(errors.LimitExceededError, match=r"^\[M-1\] "):
+        decode_manifest(raw)
+    rules = re.findall(r"^\| (M-\d+) \|", _spec_section(25), re.MULTILINE)
+    assert checked == {r for r in rules if int(r[2:]) <= 16} and len(checked) == 16
+
+
 # -- the ranks (run as a script) -------------------------------------------------------------
 
 def _save_step(rank, world, directory, model, optim, sched, step, series, async_=()):
@@ -427,9 +568,48 @@ def _load_after_kill(rank, world, directory):
         json.dump(outcome, f)
 
 
+_HELD = []
+"""The series the script's own process holds, while its forked ranks try to save."""
+
+
+def _hold(directory):
+    series = InkSeries(os.path.join(directory, "run"), threads=1)
+    dcp.save({"r0": torch.zeros(16)}, storage_writer=series.writer(1), no_dist=True)
+    _HELD.append(series)
+
+
+def _refused(rank, world, directory):
+    import torch.distributed as dist
+    series = InkSeries(os.path.join(directory, "run"), threads=1)
+    state = {f"r{rank}": torch.full((16,), float(rank))}
+    outcome = {"pid": os.getpid(), "holder": os.getppid()}
+    for kind in ("save", "async_save"):
+        try:
+            if kind == "save":
+                dcp.save(state, storage_writer=series.writer(2))
+            else:
+                dcp.async_save(state, storage_writer=series.writer(2),
+                               process_group=dist.new_group()).result()
+            outcome[kind] = None
+        except CheckpointException as exc:
+            outcome[kind] = str(exc)
+    with open(os.path.join(directory, f"locked_{rank}.json"), "w") as f:
+        json.dump(outcome, f)
+
+
+def _let_go(directory):
+    _HELD.pop().close()
+
+
+def _saved_after(rank, world, directory):
+    series = InkSeries(os.path.join(directory, "run"), threads=1)
+    dcp.save({f"r{rank}": torch.full((16,), float(rank))}, storage_writer=series.writer(2))
+
+
 SCENARIOS = {  # name: ((world size, rank function) or (None, function of the directory), ...)
     "series": ((2, _series_2), (3, _series_3), (2, _series_load)),
     "series_killed": ((2, _killed), (None, _break_a_copy), (2, _load_after_kill)),
+    "series_locked": ((None, _hold), (2, _refused), (None, _let_go), (2, _saved_after)),
 }
 
 

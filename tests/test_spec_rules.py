@@ -1,5 +1,6 @@
-"""The rule table of spec/FORMAT.md section 16 and the reference reader agree both ways: every
-check the reader makes names a rule of the table, and every rule of the table is checked."""
+"""The rule tables of spec/FORMAT.md (section 16: .ink files, 24: array frames, 25: DCP series)
+and the reference reader agree both ways: every check the reader makes names a rule of a table,
+and every rule of the tables is checked."""
 from __future__ import annotations
 
 import ast
@@ -30,16 +31,17 @@ def _section(number: int) -> str:
 
 
 def spec_rules() -> list[str]:
-    """The rules of section 16 (.ink files) and of section 24 (array frames)."""
-    return re.findall(r"^\| (" + RULE.pattern + r") \|", _section(16) + _section(24),
-                      re.MULTILINE)
+    """The rules of section 16 (.ink files), 24 (array frames) and 25 (DCP series)."""
+    return re.findall(r"^\| (" + RULE.pattern + r") \|",
+                      _section(16) + _section(24) + _section(25), re.MULTILINE)
 
 
 def _reader_sources() -> list[Path]:
-    # codecs/array.py reads array frames: its checks are the rules of section 24
+    # codecs/array.py reads array frames: its checks are the rules of section 24;
+    # dcp_series.py reads DCP series manifests and steps: section 25
     codecs = list((PACKAGE / "codecs").glob("*.py"))
     return sorted([*(PACKAGE / "container").glob("*.py"), *codecs,
-                   PACKAGE / "tensorfile.py", PACKAGE / "digest.py"])
+                   PACKAGE / "tensorfile.py", PACKAGE / "digest.py", PACKAGE / "dcp_series.py"])
 
 
 def _text_of(node: ast.AST) -> str:
@@ -83,6 +85,7 @@ def test_the_scan_finds_the_reader_checks():
     sites = raise_sites()
     assert len(sites) > 60
     assert ("index.py", "_parse_chunk") in {(f, fn) for f, fn, _, _ in sites}
+    assert ("dcp_series.py", "parse_manifest", "M-16") in {(f, fn, r) for f, fn, _, r in sites}
     assert {"CorruptError", "LimitExceededError", "BaseMismatchError"} <= FILE_ERRORS
 
 
