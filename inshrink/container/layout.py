@@ -109,13 +109,32 @@ def read_header(data: bytes) -> tuple[tuple[int, int], int]:
     return (major, minor), required
 
 
+_RECORD_BODY = struct.Struct("<4sB3xQI8x")    # the record header less its own CRC
+_CRC = struct.Struct("<I")
+
+
 def pack_record_header(kind: int, payload, payload_crc: int | None = None) -> bytes:
     """The 32-byte header of a record holding ``payload`` (pass its CRC if already known)."""
     if payload_crc is None:
         payload_crc = crc32(payload)
-    body = _RECORD.pack(RECORD_TAG, kind, bytes(3), len(memoryview(payload)), payload_crc,
-                        bytes(8), 0)[:-4]
-    return body + struct.pack("<I", crc32(body))
+    return record_header(kind, len(memoryview(payload)), payload_crc)
+
+
+def record_header(kind: int, length: int, payload_crc: int) -> bytes:
+    """The 32-byte header of a record whose payload has ``length`` bytes and CRC
+    ``payload_crc``."""
+    body = _RECORD_BODY.pack(RECORD_TAG, kind, length, payload_crc)
+    return body + _CRC.pack(_crc32(body) & 0xFFFFFFFF)
+
+
+def check_record_header(data, offset: int, kind: int, length: int, payload_crc: int) -> None:
+    """Check that the record header at ``offset`` (``data``: its 32 bytes) is exactly the one
+    a record of this kind, length and payload CRC has; raise the typed error of the first
+    rule it breaks (:func:`parse_record_header`'s, then R-4) if not."""
+    if data == record_header(kind, length, payload_crc):  # one comparison in the common case
+        return
+    parse_record_header(data, offset)  # a header that passes it differs in kind, length or CRC
+    raise CorruptError(f"[R-4] record at offset {offset} does not match the index")
 
 
 def parse_record_header(data: bytes, offset: int) -> tuple[int, int, int]:

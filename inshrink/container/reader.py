@@ -74,9 +74,7 @@ class ContainerReader:
         return index
 
     def _check_record(self, head, offset: int, kind: int, length: int, crc: int) -> None:
-        got_kind, got_length, got_crc = layout.parse_record_header(head, offset)
-        if got_kind != kind or got_length != length or got_crc != crc:
-            raise CorruptError(f"[R-4] record at offset {offset} does not match the index")
+        layout.check_record_header(head, offset, kind, length, crc)
 
     def _check_payload(self, payload, offset: int, crc: int) -> None:
         if layout.crc32(payload) != crc:

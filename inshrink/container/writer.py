@@ -13,6 +13,8 @@ from ..errors import CorruptError, InvalidArgumentError, LimitExceededError
 from . import layout
 from .index import Chunk, Index, TensorEntry, check_base, pack_index
 
+_ZEROS = bytes(layout.ALIGNMENT)  # padding before a record
+
 
 class ContainerWriter:
     """Low-level writer: appends records and an index; knows nothing about codecs.
@@ -36,12 +38,15 @@ class ContainerWriter:
 
     def _record(self, kind: int, payload, crc: int | None = None) -> tuple[int, int]:
         """Write one record (aligned); return its offset and the payload's CRC."""
-        self._write(bytes(layout.padding(self._offset)))
-        offset = self._offset
+        length = len(memoryview(payload))
         if crc is None:
             crc = layout.crc32(payload)
-        self._write(layout.pack_record_header(kind, payload, crc))
-        self._write(payload)
+        pad = -self._offset % layout.ALIGNMENT
+        offset = self._offset + pad
+        # padding and header in one write: two calls per record instead of three
+        self._file.write(_ZEROS[:pad] + layout.record_header(kind, length, crc))
+        self._file.write(payload)
+        self._offset = offset + layout.RECORD_HEADER_SIZE + length
         return offset, crc
 
     def write_chunk(self, coding: str, payload, size: int, crc: int | None = None) -> Chunk:
