@@ -221,7 +221,9 @@ ARRAY_MANIFEST = json.loads((ARRAY / "manifest.json").read_text(encoding="utf-8"
 
 def _array_table() -> dict:
     spec = (VECTORS.parent / "FORMAT.md").read_text(encoding="utf-8")
-    text = spec[spec.index("### 24.6"):]
+    start = spec.index("### 24.6")
+    end = spec.find("\n## ", start)  # the next section's tables are not this one's
+    text = spec[start:end if end >= 0 else len(spec)]
     table = text[text.index("| vector | base | error | rule |"):]
     rows = [[c.strip().strip("`") for c in line.split("|")[1:-1]]
             for line in table.splitlines()[2:] if line.startswith("| `")]
