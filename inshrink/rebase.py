@@ -9,7 +9,7 @@ layer's (:mod:`inshrink.codecs.delta`), and so is the rule for keeping a delta.
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import numpy as np
 
@@ -33,13 +33,17 @@ def write_delta(src: str | os.PathLike, dst: str | os.PathLike, *,
     """Write ``dst``: the tensors of the standalone file ``src`` as deltas against a base.
 
     ``src_exact``/``src_codes`` are what ``src`` decodes to (its lossless tensors and the codes
-    of its quantized ones; ``src_exact=None`` reads the lossless tensors back from ``src``);
-    ``base_*`` the same for the base file named by ``base_file``. A tensor keeps its delta
-    only if its first chunk gets smaller (:func:`inshrink.codecs.delta.keep`).
+    of its quantized ones; ``src_exact=None`` reads each lossless tensor back from ``src`` when
+    its delta is tried); ``base_*`` the same for the base file named by ``base_file``. Each
+    mapping is read once per tensor, one tensor at a time, so a :class:`Decoded` view of a
+    file keeps only one tensor in memory. A tensor keeps its delta only if its first chunk
+    gets smaller (:func:`inshrink.codecs.delta.keep`).
     """
     if src_exact is None:
         with File(src, threads=1) as f:
-            src_exact = {i.name: f[i.name] for i in f.infos() if i.lossless}
+            return write_delta(src, dst, src_codes=src_codes, base_exact=base_exact,
+                               base_codes=base_codes, base_file=base_file, level=level,
+                               src_exact=Decoded(f, codes=False))
     reader = ContainerReader(src, use_mmap=False)
     writer = ContainerWriter(dst)
     entropy = Entropy(level)
@@ -73,6 +77,32 @@ def write_delta(src: str | os.PathLike, dst: str | os.PathLike, *,
         reader.close()
 
 
+class Decoded(Mapping):
+    """What an open whole (non-delta) file decodes to, one tensor at a time: its lossless
+    tensors (``codes=False``) or the codes of its quantized ones (``codes=True``). Each access
+    decodes the tensor again and nothing is cached, so a caller that takes one tensor at a
+    time (:func:`write_delta`, :func:`inshrink.digest.decode_digest`) holds one in memory."""
+
+    def __init__(self, file: File, *, codes: bool) -> None:
+        self._file, self._codes = file, codes
+        self._names = {i.name: None for i in file.infos()
+                       if (i.quantized if codes else i.lossless)}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._names:
+            raise KeyError(name)
+        return self._file.codes(name) if self._codes else self._file[name]
+
+    def __contains__(self, name: object) -> bool:  # without decoding (Mapping's would)
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 def _stored(entry: TensorEntry, c: int) -> int:
     """Payload bytes of chunk ``c`` of a stored tensor, all streams."""
     return sum(stream[c].length for stream in entry.streams)
@@ -80,11 +110,14 @@ def _stored(entry: TensorEntry, c: int) -> int:
 
 def _rebase_quant(reader, writer, entry, new, pipeline, src_codes, base_codes,
                   entropy) -> Pipeline | None:
-    codes, base = src_codes.get(entry.name), base_codes.get(entry.name)
+    base = base_codes.get(entry.name)
     if base is not None and (not isinstance(base, np.ndarray) or base.dtype != np.uint16):
         raise InvalidArgumentError(f"base_codes[{entry.name!r}] must be a uint16 array")
-    if (not isinstance(pipeline.stage, Quant) or pipeline.is_delta or codes is None
-            or base is None or base.shape != (entry.numel,) or not entry.numel):
+    if (not isinstance(pipeline.stage, Quant) or pipeline.is_delta or base is None
+            or base.shape != (entry.numel,) or not entry.numel):
+        return None
+    codes = src_codes.get(entry.name)  # only now: it may be decoded from a file
+    if codes is None:
         return None
     delta, stage = deltas.for_codes(pipeline.stage, base)
     rebased = Pipeline(stage, delta, entropy)
@@ -108,10 +141,15 @@ def _rebase_quant(reader, writer, entry, new, pipeline, src_codes, base_codes,
 
 def _rebase_lossless(reader, writer, entry, new, pipeline, src_exact, base_exact,
                      entropy) -> Pipeline | None:
-    exact, base = src_exact.get(entry.name), base_exact.get(entry.name)
-    if (not isinstance(pipeline.stage, ByteGroup) or pipeline.is_delta or exact is None
-            or not isinstance(base, np.ndarray) or base.dtype != entry.dtype.numpy
-            or base.shape != entry.shape or not entry.numel):
+    if (not isinstance(pipeline.stage, ByteGroup) or pipeline.is_delta or not entry.numel
+            or entry.name not in src_exact):
+        return None
+    base = base_exact.get(entry.name)
+    if (not isinstance(base, np.ndarray) or base.dtype != entry.dtype.numpy
+            or base.shape != entry.shape):
+        return None
+    exact = src_exact.get(entry.name)  # only now: it may be decoded from a file
+    if exact is None:
         return None
     rebased = Pipeline(pipeline.stage, deltas.Xor(), entropy)
     mine = np.ascontiguousarray(exact).reshape(-1).view(np.uint8)

@@ -26,7 +26,7 @@ import json
 import os
 import re
 import reprlib
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterator, Mapping
 
@@ -43,7 +43,7 @@ from .dtypes import as_numpy
 from .errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError,
                      SeriesLockedError)
 from .policy import Policy, resolve
-from .rebase import write_delta
+from .rebase import Decoded, write_delta
 from .search import Choice, Search, SearchResult
 from .tensorfile import File, TensorInfo, Writer, resolve_threads
 
@@ -54,6 +54,10 @@ SEARCH_KEY = "inshrink.search"
 """Metadata key of the configuration search report (JSON) of a checkpoint."""
 SERIES_FORMAT = "inshrink-series"
 SERIES_VERSION = 1
+RETAIN_BYTES = 64 << 20
+"""Between saves, a series keeps what the next delta refers to (the newest checkpoint's codes
+and lossless tensors) in memory up to this many bytes; the rest is decoded back from its file
+one tensor at a time when the delta is written, so memory stays bounded whatever the size."""
 MAX_MANIFEST_BYTES = 64 << 20
 """A larger manifest.json is refused as corrupt (some 300,000 checkpoints)."""
 MAX_STEP = 10 ** 12 - 1
@@ -150,9 +154,11 @@ def decode_digest(exact: Mapping[str, np.ndarray], codes: Mapping[str, np.ndarra
 
 def file_sha256(path: str) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    block = bytearray(1 << 20)  # one buffer for the whole file
+    view = memoryview(block)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(block):
+            digest.update(view[:n])
     return digest.hexdigest()
 
 
@@ -318,7 +324,9 @@ class Series:
         if not os.path.isfile(path):
             raise CorruptError(f"{path}: the series manifest is not a file")
         with open(path, "rb") as f:
-            raw = f.read(MAX_MANIFEST_BYTES + 1)
+            # read(MAX + 1) would allocate that much for a manifest of a few kilobytes
+            size = min(os.fstat(f.fileno()).st_size, MAX_MANIFEST_BYTES)
+            raw = f.read(size + 1)
         if len(raw) > MAX_MANIFEST_BYTES:
             raise CorruptError(f"{path}: series manifest larger than {MAX_MANIFEST_BYTES} bytes")
         try:
@@ -414,8 +422,10 @@ class Series:
             self._check_step(step)  # again, with the manifest as it is now
             written: list[str] = []  # files of this save, not yet named by the manifest
             try:
-                report, exact, codes, newest = self._write_checkpoint(
+                report, codes, newest = self._write_checkpoint(
                     step, arrays, metadata, importance, policy, written)
+                # the new checkpoint's lossless tensors decode to the caller's arrays exactly
+                exact = {i.name: arrays[i.name] for i in report if i.lossless}
                 entries = list(self._checkpoints)
                 replaced = None
                 if entries and entries[-1].keyframe and self._deltas_before(entries) + 2 <= \
@@ -430,8 +440,23 @@ class Series:
                 raise
             if replaced is not None:  # only now: the manifest no longer names it
                 _remove(self._path(replaced.file))
-            self._previous, self._previous_codes, self._previous_entry = exact, codes, newest
+            self._retain(newest, exact, codes)
         return report
+
+    def _retain(self, newest: Checkpoint, exact: dict[str, np.ndarray],
+                codes: dict[str, np.ndarray] | None) -> None:
+        """Keep what the next save's delta refers to in memory, as far as it fits in
+        :data:`RETAIN_BYTES` (codes first: they cost half of what they stand for); the next
+        save decodes the rest back from ``newest``'s file, one tensor at a time."""
+        kept = 0 if codes is None else sum(c.nbytes for c in codes.values())
+        if kept > RETAIN_BYTES:
+            codes, kept = None, 0
+        if kept + sum(a.nbytes for a in exact.values()) <= RETAIN_BYTES:
+            # a copy: the caller may change its arrays once save returns
+            retained: dict | None = {n: np.array(a, copy=True) for n, a in exact.items()}
+        else:
+            retained = None
+        self._previous, self._previous_codes, self._previous_entry = retained, codes, newest
 
     def _check_step(self, step: int) -> None:
         if self._checkpoints and step <= self._checkpoints[-1].step:
@@ -441,20 +466,23 @@ class Series:
     def _write_checkpoint(self, step: int, arrays: dict[str, np.ndarray],
                           metadata: dict[str, str], importance: dict[str, Any],
                           policy: Policy | str | None, written: list[str]
-                          ) -> tuple[list[TensorInfo], dict, dict, Checkpoint]:
-        """Write ``step`` as a whole file; return its report, exact tensors, codes, entry."""
+                          ) -> tuple[list[TensorInfo], dict | None, Checkpoint]:
+        """Write ``step`` as a whole file; return its report, the codes of its quantized
+        tensors (None when they may not fit in :data:`RETAIN_BYTES`: then they are read back
+        from the file when needed), and its entry."""
         name = checkpoint_file(step)
         path = self._path(name)
         written.append(name)  # the rename may happen even if a later step of close fails
+        # at most one code (2 bytes) per element
+        keep_codes = 2 * sum(a.size for a in arrays.values()) <= RETAIN_BYTES
         with Writer(path, metadata, threads=self.threads, policy=policy,
-                    keep_codes=True) as writer:
+                    keep_codes=keep_codes) as writer:
             for key, value in arrays.items():
                 writer.add(key, value, importance=importance.get(key), wait=False)
             report = writer.close()
             codes = writer.codes
-        exact = {info.name: arrays[info.name].copy() for info in report if info.lossless}
         newest = Checkpoint(step, name, True, None, file_sha256(path), os.path.getsize(path))
-        return report, exact, codes, newest
+        return report, codes, newest
 
     def _discard(self, names: list[str]) -> None:
         """Remove files a failed save wrote, unless the manifest on disk names them (a
@@ -500,27 +528,34 @@ class Series:
         return count
 
     def _rewrite_as_delta(self, entry: Checkpoint, base: Checkpoint, base_exact: dict,
-                          base_codes: dict, written: list[str]) -> Checkpoint:
-        """Write ``entry`` again as a delta file against the newer checkpoint ``base``."""
-        if self._previous is None or self._previous_entry != entry:
-            # resumed, or another writer saved since: read back what the entry holds
-            self._previous, self._previous_codes = self._exact_tensors(entry)
-            self._previous_entry = entry
+                          base_codes: dict | None, written: list[str]) -> Checkpoint:
+        """Write ``entry`` (the whole file before ``base``) again as a delta file against the
+        newer checkpoint ``base``. What either one decodes to and is not in memory is decoded
+        from its file tensor by tensor, as the delta needs it."""
         name = checkpoint_file(entry.step, delta=True)
         written.append(name)
-        write_delta(self._path(entry.file), self._path(name),
-                    src_exact=self._previous, src_codes=self._previous_codes or {},
-                    base_exact=base_exact, base_codes=base_codes or {},
-                    base_file=_digest.base_reference(base.file, base_exact, base_codes or {}))
         path = self._path(name)
+        with ExitStack() as files:
+            def decoded(checkpoint: Checkpoint, codes: bool) -> Decoded:
+                f = files.enter_context(File(self._path(checkpoint.file), threads=self.threads))
+                return Decoded(f, codes=codes)
+            src_exact, src_codes = self._previous, self._previous_codes
+            if self._previous_entry != entry:
+                # resumed, or another writer saved since: what the entry holds is in its file
+                # (a keyframe: it decodes alone), checked against the manifest first
+                self._check_file(entry)
+                src_exact = src_codes = None
+            if src_exact is None:
+                src_exact = decoded(entry, codes=False)
+            if src_codes is None:
+                src_codes = decoded(entry, codes=True)
+            if base_codes is None:
+                base_codes = decoded(base, codes=True)
+            write_delta(self._path(entry.file), path, src_exact=src_exact, src_codes=src_codes,
+                        base_exact=base_exact, base_codes=base_codes,
+                        base_file=_digest.base_reference(base.file, base_exact, base_codes))
         return Checkpoint(entry.step, name, False, base.file, file_sha256(path),
                           os.path.getsize(path))
-
-    def _exact_tensors(self, entry: Checkpoint) -> tuple[dict, dict]:
-        """The lossless tensors and the codes of the lossy ones that ``entry`` holds."""
-        state, codes = self._replay(entry.step)
-        with File(self._path(entry.file), threads=1) as f:
-            return {i.name: state[i.name] for i in f.infos() if i.lossless}, codes
 
     # -- loading ---------------------------------------------------------------------------
 
