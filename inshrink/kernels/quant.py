@@ -408,7 +408,7 @@ def quantize_chunk(x, words, boundaries, lut, probes, table, protect_lo, protect
     ``boundaries`` ends with an extra +inf; ``table`` is sorted. With a rank table (``lut``
     not empty, ``x`` float32, ``words`` its uint32 view), an element's rank starts at
     ``lut[key >> RANK_SHIFT]`` (``key``: its bits, sign-folded into the order of the values)
-    and rises by up to ``probes`` comparisons; otherwise ranks are counted or searched.
+    and rises by up to ``probes`` comparisons; otherwise ranks are counted or searched first.
 
     Returns
     -------
@@ -419,12 +419,31 @@ def quantize_chunk(x, words, boundaries, lut, probes, table, protect_lo, protect
     n = x.shape[0]
     nb = boundaries.shape[0] - 1
     looked_up = lut.shape[0] > 0
-    counted = nb <= _LINEAR_RANK_MAX
-    searched = boundaries[:nb]
     prune_lo = -prune_below
-    zero_lo, zero_hi, flip_lo, flip_hi = _sign_ranges(boundaries, nb, table)
+    if not looked_up:  # ranks into codes first, block by block
+        counted = nb <= _LINEAR_RANK_MAX
+        searched = boundaries[:nb]
+        values = np.empty(_BLOCK)
+        ranks = np.empty(_BLOCK, np.int64)
+        for start in range(0, n, _BLOCK):
+            m = min(_BLOCK, n - start)
+            for j in range(m):
+                values[j] = x[start + j]
+            if counted:  # boundary by boundary over the block: vectorised compares
+                for j in range(m):
+                    ranks[j] = 0
+                for k in range(nb):
+                    b = boundaries[k]
+                    for j in range(m):
+                        ranks[j] += np.int64(b < values[j])
+            else:
+                for j in range(m):
+                    ranks[j] = _search_below(searched, values[j])
+            for j in range(m):
+                codes[start + j] = ranks[j]
     # the counters of every element as if coded by its rank, in a loop that vectorises; the
-    # few elements coded otherwise correct them below
+    # elements coded otherwise are corrected at the end
+    zero_lo, zero_hi, flip_lo, flip_hi = _sign_ranges(boundaries, nb, table)
     nonzero = 0
     zeroed = 0
     flipped = 0
@@ -438,74 +457,62 @@ def quantize_chunk(x, words, boundaries, lut, probes, table, protect_lo, protect
     escapes = 0
     sse = 0.0
     worst = out[1]
-    pruned = 0
-    values = np.empty(_BLOCK)
-    ranks = np.empty(_BLOCK, np.int64)
-    for start in range(0, n, _BLOCK):
-        m = min(_BLOCK, n - start)
-        if not looked_up:
-            for j in range(m):
-                values[j] = x[start + j]
-            if counted:  # boundary by boundary over the block: vectorised compares
-                for j in range(m):
-                    ranks[j] = 0
-                for k in range(nb):
-                    b = boundaries[k]
-                    for j in range(m):
-                        ranks[j] += np.int64(b < values[j])
-            else:
-                for j in range(m):
-                    ranks[j] = _search_below(searched, values[j])
-        for j in range(m):
-            i = start + j
-            v = np.float64(x[i])
-            if looked_up:  # O(1): a table entry, then a comparison or two
-                w = np.int64(words[i])
-                rank = np.int64(lut[(w ^ (0x80000000 | ((w >> 31) * 0x7FFFFFFF))) >> RANK_SHIFT])
-                for _ in range(probes):
-                    rank += np.int64(boundaries[rank] < v)
-            else:
-                rank = ranks[j]
-            f = force[i] if forced else 0
-            # (not a chained comparison: Numba compiles `a < v < b` here into slower code)
-            if f == 0 and rank != escape and not (prune_lo < v and v < prune_below) and (
-                    protect_lo < v and v < protect_hi):
-                # the common case: a finite element coded by its level
-                d = table[rank]
-                codes[i] = rank
-                e = abs(v - d)
-                sse += e * e
-                worst = max(worst, e)
-                continue
-            nz, zero_g, flip_g = _as_coded(v, zero_lo, zero_hi, flip_lo, flip_hi)
-            nonzero -= nz
-            zeroed -= zero_g
-            flipped -= flip_g
-            finite = math.isfinite(v)
-            code = rank
+    others = np.empty(n, np.int64)  # the elements not coded by their rank
+    n_others = 0
+    for i in range(n):
+        v = np.float64(x[i])
+        if looked_up:  # O(1): a table entry, then a comparison or two
+            w = np.int64(words[i])
+            rank = np.int64(lut[(w ^ (0x80000000 | ((w >> 31) * 0x7FFFFFFF))) >> RANK_SHIFT])
+            for _ in range(probes):
+                rank += np.int64(boundaries[rank] < v)
+        else:
+            rank = np.int64(codes[i])
+        f = force[i] if forced else 0
+        code = rank
+        # (not a chained comparison: Numba compiles `a < v < b` here into slower code); the
+        # rare case stays short, which keeps the common one fast
+        if not (f == 0 and rank != escape and not (prune_lo < v and v < prune_below) and (
+                protect_lo < v and v < protect_hi)):
+            others[n_others] = i
+            n_others += 1
             if f == 2 or (prune_lo < v and v < prune_below):
                 code = zero_code
-            if f == 1 or not finite or v <= protect_lo or v >= protect_hi:
+            if f == 1 or not (protect_lo < v and v < protect_hi):  # also NaN
                 code = escape
-            if finite and v != 0.0:
-                nonzero += 1
             if code == escape:
                 positions[escapes] = i
                 escapes += 1
-                codes[i] = rank if finite else 0
+                codes[i] = rank if math.isfinite(v) else 0
                 continue
-            codes[i] = code
-            d = table[code]
-            e = abs(v - d)
-            sse += e * e
-            worst = max(worst, e)
-            if finite and v != 0.0:
-                if abs(v) < prune_below:
-                    pruned += 1
-                if d == 0.0:
-                    zeroed += 1
-                elif (v < 0.0) != (d < 0.0):
-                    flipped += 1
+        d = table[code]
+        codes[i] = code
+        e = abs(v - d)
+        sse += e * e
+        worst = max(worst, e)
+    pruned = 0
+    escaped = 0
+    for k in range(n_others):  # their counters, as error_stats counts them
+        i = others[k]
+        v = np.float64(x[i])
+        nz, zero_g, flip_g = _as_coded(v, zero_lo, zero_hi, flip_lo, flip_hi)
+        nonzero -= nz
+        zeroed -= zero_g
+        flipped -= flip_g
+        finite = math.isfinite(v)
+        if finite and v != 0.0:
+            nonzero += 1
+        if escaped < escapes and positions[escaped] == i:
+            escaped += 1
+            continue
+        d = table[codes[i]]
+        if finite and v != 0.0:
+            if abs(v) < prune_below:
+                pruned += 1
+            if d == 0.0:
+                zeroed += 1
+            elif (v < 0.0) != (d < 0.0):
+                flipped += 1
     out[0] += sse
     out[1] = worst
     out[2] += escapes
