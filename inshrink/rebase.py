@@ -40,7 +40,7 @@ def write_delta(src: str | os.PathLike, dst: str | os.PathLike, *,
     gets smaller (:func:`inshrink.codecs.delta.keep`).
     """
     if src_exact is None:
-        with File(src, threads=1) as f:
+        with File(src, threads=1, mmap=False) as f:
             return write_delta(src, dst, src_codes=src_codes, base_exact=base_exact,
                                base_codes=base_codes, base_file=base_file, level=level,
                                src_exact=Decoded(f, codes=False))
@@ -121,16 +121,15 @@ def _rebase_quant(reader, writer, entry, new, pipeline, src_codes, base_codes,
         return None
     delta, stage = deltas.for_codes(pipeline.stage, base)
     rebased = Pipeline(stage, delta, entropy)
-    stored = []
     for c in range(entry.chunk_count):
         start, stop = entry.chunk_range(c)
-        chunk = rebased.encode_codes(codes[start:stop], base[start:stop])
+        coding, payload, size = chunk = rebased.encode_codes(codes[start:stop],
+                                                             base[start:stop])
         # the escape streams are the same either way
         if c == 0 and not deltas.keep(entry.streams[0][0].length,
                                       deltas.stored_size([chunk])):
             return None  # no gain: keep the tensor standalone
-        stored.append(chunk)
-    for c, (coding, payload, size) in enumerate(stored):
+        # the first chunk decides: each chunk is written as it is encoded (none is held)
         new.streams[0].append(writer.write_chunk(coding, payload, size))
         for k in (1, 2):
             old = entry.streams[k][c]
@@ -155,14 +154,11 @@ def _rebase_lossless(reader, writer, entry, new, pipeline, src_exact, base_exact
     mine = np.ascontiguousarray(exact).reshape(-1).view(np.uint8)
     theirs = np.ascontiguousarray(base).reshape(-1).view(np.uint8)
     itemsize = entry.dtype.itemsize
-    chunks = []
     for c in range(entry.chunk_count):
         start, stop = (i * itemsize for i in entry.chunk_range(c))
         planes = rebased.encode(mine[start:stop], theirs[start:stop])
         if c == 0 and not deltas.keep(_stored(entry, 0), deltas.stored_size(planes)):
             return None
-        chunks.append(planes)
-    for planes in chunks:
         for stream, (coding, payload, size) in zip(new.streams, planes):
             stream.append(writer.write_chunk(coding, payload, size))
     return rebased

@@ -537,7 +537,9 @@ class Series:
         path = self._path(name)
         with ExitStack() as files:
             def decoded(checkpoint: Checkpoint, codes: bool) -> Decoded:
-                f = files.enter_context(File(self._path(checkpoint.file), threads=self.threads))
+                # read, not mapped: mapped pages of the file would count as the process's
+                f = files.enter_context(File(self._path(checkpoint.file), mmap=False,
+                                             threads=self.threads))
                 return Decoded(f, codes=codes)
             src_exact, src_codes = self._previous, self._previous_codes
             if self._previous_entry != entry:
