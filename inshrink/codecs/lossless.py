@@ -68,12 +68,13 @@ class ByteGroup(ArrayStage):
         if self.word == 1:
             return [chunk]
         words = chunk.view(_WORD_TYPES[self.word])
-        if words.size < SMALL_CHUNK_WORDS:
+        split = _SPLIT[self.word]
+        if words.size < SMALL_CHUNK_WORDS and not split.ready:
             return list(_split_small(words, self.rotate))
         if not words.flags.aligned:  # the kernels are compiled for aligned words only
             words = words.copy()
         planes = np.empty((self.word, words.size), np.uint8)
-        _SPLIT[self.word](words, self.rotate, planes)
+        split(words, self.rotate, planes)
         return list(planes)
 
     def decode(self, streams: list, out: np.ndarray, undo: Undo | None = None) -> None:
@@ -83,25 +84,26 @@ class ByteGroup(ArrayStage):
             out[:] = np.frombuffer(streams[0], np.uint8)
         else:
             words = out.view(_WORD_TYPES[self.word])
-            if words.size < SMALL_CHUNK_WORDS:
+            join = _JOIN[self.word]
+            if words.size < SMALL_CHUNK_WORDS and not join.ready:
                 words[:] = _join_small([np.frombuffer(plane, np.uint8) for plane in streams],
                                        self.rotate, words.dtype)
                 if undo is not None:
                     undo(out)
                 return
             target = words if words.flags.aligned else np.empty_like(words)
-            _JOIN[self.word](*[np.frombuffer(plane, np.uint8) for plane in streams],
-                             self.rotate, target)
+            join(*[np.frombuffer(plane, np.uint8) for plane in streams], self.rotate, target)
             if target is not words:
                 words[:] = target
         if undo is not None:
             undo(out)
 
 
-# Chunks of fewer words are grouped with numpy instead of the kernels: a few microseconds
-# slower per call, but a dtype that only small tensors use (step counters, biases) then
-# needs no kernel compiled, and a file of small tensors no Numba started (0.1 s per kernel
-# the first time on a machine, 0.3 s to start Numba in each process).
+# Chunks of fewer words are grouped with numpy instead of the kernels until the kernel is
+# compiled (by a larger chunk): numpy is about 10 us slower per call, but a dtype that only
+# small tensors use (step counters, biases) then needs no kernel compiled, and a file of
+# small tensors no Numba started (0.1 s per kernel the first time on a machine, 0.3 s to
+# start Numba in each process). Both give the same bytes.
 SMALL_CHUNK_WORDS = 4096
 
 

@@ -57,6 +57,11 @@ class Kernel:
         return self.compiled()(*args)
 
     @property
+    def ready(self) -> bool:
+        """Whether the kernel is compiled already (a call then starts no compilation)."""
+        return self._compiled is not None
+
+    @property
     def _numba_type_(self) -> Any:
         from numba.core import types
         return types.Dispatcher(self.compiled())
