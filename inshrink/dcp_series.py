@@ -35,13 +35,14 @@ the previous manifest, and every step it lists, as they were; the files it wrote
 the next save that commits. A changed sharding (another world size, or other shards on a rank)
 leaves the previous step whole: a keyframe.
 
-One writer: the coordinator of an :class:`InkSeries`'s first save takes an exclusive
-non-blocking ``flock`` on ``run/.lock`` before it reads the manifest or creates anything, and
-its ``InkSeries`` object holds it until :meth:`InkSeries.close` (or until it is garbage
-collected, or its process ends), whether its saves succeed or fail. A save by another job or
+One writer at a time: a save's coordinator takes an exclusive non-blocking ``flock`` on
+``run/.lock`` before it reads the manifest or creates anything, and releases it once the save
+has committed and removed what the new manifest no longer lists. A save by another job or
 another ``InkSeries`` object meanwhile fails on every rank with
 :class:`inshrink.errors.SeriesLockedError` (inside DCP's ``CheckpointException``), having
-written nothing. Loading takes no lock.
+written nothing. After a save that fails once the ranks have begun writing, the
+``InkSeries`` object keeps the lock until its next save ends or :meth:`InkSeries.close`.
+Loading takes no lock.
 
 The format of ``series.json`` and of the step directories is specified in spec/FORMAT.md,
 section 25; every check of the manifest and of a step names its rule there (``[M-5] ...``).
@@ -313,16 +314,19 @@ class InkSeries:
 
     Notes
     -----
-    One writer: the first save's coordinator (the process, or ``dcp.async_save``'s background
-    thread or process, that writes ``series.json``) takes an exclusive non-blocking ``flock``
-    on ``directory/.lock``, and this object holds it until :meth:`close` (or ``with``'s end,
-    garbage collection or the end of the process), across failed saves too. Meanwhile a save
-    through another ``InkSeries`` object or another job fails on every rank, before it writes
-    anything, with :class:`inshrink.errors.SeriesLockedError` (``dcp.save`` raises DCP's
-    ``CheckpointException`` carrying it); it never waits. Loading takes no lock. One save at
-    a time through one object (with ``dcp.async_save``, wait for the previous future before
-    the next save), and no load while a save runs: a save removes the whole files of the step
-    before it once its deltas are committed. Steps of another
+    One writer at a time: a save's coordinator (the process, or ``dcp.async_save``'s
+    background thread or process, that writes ``series.json``) holds an exclusive
+    non-blocking ``flock`` on ``directory/.lock`` from before it reads the manifest until the
+    save has committed. Meanwhile a save through another ``InkSeries`` object or another job
+    fails on every rank, before it writes anything, with
+    :class:`inshrink.errors.SeriesLockedError` (``dcp.save`` raises DCP's
+    ``CheckpointException`` carrying it); it never waits. DCP tells a storage writer nothing
+    when a save fails after planning (a rank's write failed), so then this object keeps the
+    lock until its next save ends or :meth:`close` (or ``with``'s end, its garbage collection,
+    the end of its process). Loading takes no lock. One save at a time through one object
+    (with ``dcp.async_save``, wait for the previous future before the next save), and no load
+    while a save runs: a save removes the whole files of the step before it once its deltas
+    are committed. Steps of another
     sharding (world size, or the shards each rank holds) are saved whole and start a new
     chain; any step loads into any world size (DCP reshards).
 
@@ -369,8 +373,9 @@ class InkSeries:
         self._lock_state()
 
     def _hold_lock(self) -> None:
-        """Take the series' write lock for this object, unless it holds it already;
-        SeriesLockedError at once if another object or process holds it."""
+        """Take the series' write lock for this object, unless it holds it already (a save
+        of its own failed before its commit); SeriesLockedError at once if another object or
+        process holds it."""
         with self._guard:
             if self._lock_fd is not None or fcntl is None:
                 return
@@ -397,9 +402,12 @@ class InkSeries:
             self._unlock = weakref.finalize(self, _release_lock, fd, os.getpid())
 
     def close(self) -> None:
-        """Release the write lock this object holds (if any): another ``InkSeries`` or job
-        may then save into the series. The object can still load, and save again (taking
-        the lock again)."""
+        """Release the write lock if this object holds it (after a save that failed before
+        its commit): another ``InkSeries`` or job may then save into the series. The object
+        can still load, and save again."""
+        self._release_lock()
+
+    def _release_lock(self) -> None:
         with self._guard:
             if self._unlock is not None:
                 self._unlock()
@@ -712,10 +720,12 @@ class InkSeriesWriter(InkStorageWriter):
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         self.series._hold_lock()  # before reading the manifest: it may not change under us
         try:
-            os.makedirs(self.path, exist_ok=True)
-        except OSError as exc:
-            raise InvalidArgumentError(f"{self.path}: cannot create the step directory: "
-                                       f"{exc.strerror or exc}") from None
+            return self._plan(plans)
+        except BaseException:
+            self.series._release_lock()  # nothing is written yet
+            raise
+
+    def _plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         plans = super().prepare_global_plan(plans)
         steps = self.series.checkpoints()
         _check_after(steps, self.step, self.series.directory)
@@ -733,6 +743,11 @@ class InkSeriesWriter(InkStorageWriter):
             tasks.append(dataclasses.replace(plan, storage_data=_Task(
                 plan.storage_data, None if old is None else (
                     os.path.join(previous.dir, old.file), old.sha256))))
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except OSError as exc:
+            raise InvalidArgumentError(f"{self.path}: cannot create the step directory: "
+                                       f"{exc.strerror or exc}") from None
         return tasks
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
@@ -776,6 +791,12 @@ class InkSeriesWriter(InkStorageWriter):
                         os.path.getsize(target))
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        try:
+            self._commit(metadata, results)
+        finally:  # the save is over, committed or not: another writer may save
+            self.series._release_lock()
+
+    def _commit(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         written = {}
         kept = []
         for rank_results in results:

@@ -338,40 +338,59 @@ def _failure(excinfo):
     return failure[0] if isinstance(failure, tuple) else failure
 
 
-def test_a_second_writer_is_refused_until_the_first_closes(tmp_path):
+def test_a_second_writer_is_refused_while_a_save_runs(tmp_path, monkeypatch):
     import pickle
+
+    import inshrink.dcp_series as module
     series, states = _saved_series(tmp_path, steps=1)
     run = tmp_path / "run"
     before = (run / MANIFEST).read_bytes()
-    # another object, and a pickled copy (as a process-based async_save gets): refused at
-    # once, naming the holder, having written nothing
-    for other in (InkSeries(run, threads=1), pickle.loads(pickle.dumps(series))):
-        with pytest.raises(CheckpointException) as excinfo:
-            dcp.save(_state(2, torch.Generator()), storage_writer=other.writer(2), no_dist=True)
-        error = _failure(excinfo)
-        assert type(error) is errors.SeriesLockedError, error
-        assert str(run) in str(error) and f"pid {os.getpid()}" in str(error)
-    assert (run / MANIFEST).read_bytes() == before
-    assert sorted(os.listdir(run)) == [".lock", MANIFEST, f"step_{1:012d}"]
-    assert series.verify() == []
-    # the holder saves on, and after close() the other one may
+    # another object, and a pickled copy (as a process-based async_save gets), saving while
+    # series' save of step 2 runs (its ranks rewriting step 1): refused at once, naming the
+    # holder, having written nothing
+    others = [InkSeries(run, threads=1), pickle.loads(pickle.dumps(series))]
+    refused = []
+    write_delta = module.write_delta
+
+    def meanwhile(*args, **kwargs):
+        for other in others:
+            with pytest.raises(CheckpointException) as excinfo:
+                dcp.save(_state(3, torch.Generator()), storage_writer=other.writer(3),
+                         no_dist=True)
+            refused.append(_failure(excinfo))
+        assert (run / MANIFEST).read_bytes() == before
+        return write_delta(*args, **kwargs)
+    monkeypatch.setattr(module, "write_delta", meanwhile)
     states[2] = _state(2, torch.Generator().manual_seed(2))
     dcp.save(states[2], storage_writer=series.writer(2), no_dist=True)
-    series.close()
-    with InkSeries(run, threads=1) as other:
-        states[3] = _state(3, torch.Generator().manual_seed(3))
-        dcp.save(states[3], storage_writer=other.writer(3), no_dist=True)
-        with pytest.raises(CheckpointException, match="SeriesLockedError"):
-            dcp.save(states[3], storage_writer=series.writer(4), no_dist=True)
-    dcp.save(_state(4, torch.Generator()), storage_writer=series.writer(4), no_dist=True)
+    monkeypatch.undo()
+    assert [type(e) for e in refused] == [errors.SeriesLockedError] * 2, refused
+    assert all(str(run) in str(e) and f"pid {os.getpid()}" in str(e) for e in refused)
+    assert sorted(os.listdir(run)) == [".lock", MANIFEST] + [f"step_{s:012d}" for s in (1, 2)]
+    assert series.entry(1).base == 2 and series.verify() == []
+    # committed, the save let go: the other object saves the next step
+    other = others[0]
+    states[3] = _state(3, torch.Generator().manual_seed(3))
+    dcp.save(states[3], storage_writer=other.writer(3), no_dist=True)
+    # a save that fails once the ranks write keeps the lock until its object's close()
+    monkeypatch.setattr(module, "write_delta", lambda *a, **k: 1 / 0)
+    with pytest.raises(CheckpointException, match="ZeroDivisionError"):
+        dcp.save(_state(4, torch.Generator()), storage_writer=other.writer(4), no_dist=True)
+    monkeypatch.undo()
+    with pytest.raises(CheckpointException, match="SeriesLockedError"):
+        dcp.save(_state(4, torch.Generator()), storage_writer=series.writer(4), no_dist=True)
+    other.close()
+    with series:
+        states[4] = _state(4, torch.Generator().manual_seed(4))
+        dcp.save(states[4], storage_writer=series.writer(4), no_dist=True)
     assert series.steps() == [1, 2, 3, 4] and series.verify() == []
-    for step in (1, 2, 3):
+    for step in (1, 2, 3, 4):
         base.assert_bit_equal(states[step], load_one_rank(series, step, states[step]))
 
 
 def test_2_ranks_refused_while_another_job_holds_the_series(tmp_path):
-    """Every rank gets the error (dcp.save and dcp.async_save), none hangs; once the other
-    job lets go, the same ranks save."""
+    """While another job holds the series, every rank gets the error (dcp.save and
+    dcp.async_save), none hangs, and none writes anything."""
     run_scenario("series_locked", tmp_path)
     for rank in (0, 1):
         outcome = json.loads((tmp_path / f"locked_{rank}.json").read_text())
@@ -380,8 +399,11 @@ def test_2_ranks_refused_while_another_job_holds_the_series(tmp_path):
             assert "SeriesLockedError" in outcome[kind], outcome
             assert f"pid {outcome['holder']}" in outcome[kind], outcome
     series = InkSeries(tmp_path / "run", threads=1)
-    assert series.steps() == [1, 2] and series.entry(2).world_size == 2
-    assert series.verify() == []
+    assert series.steps() == [1]
+    # only the holder's failed save left a file (its one rank's), which its next save removes
+    step_2 = tmp_path / "run" / f"step_{2:012d}"
+    assert [n[:9] for n in os.listdir(step_2)] == ["rank00000"]
+    assert [p.split(": ")[0] for p in series.verify()] == [str(step_2)]
 
 
 # -- the manifest's rules (spec/FORMAT.md section 25) ------------------------------------------
@@ -573,9 +595,17 @@ _HELD = []
 
 
 def _hold(directory):
+    """A job whose save of step 2 failed once its ranks wrote: it keeps the lock."""
+    import inshrink.dcp_series as module
     series = InkSeries(os.path.join(directory, "run"), threads=1)
     dcp.save({"r0": torch.zeros(16)}, storage_writer=series.writer(1), no_dist=True)
-    _HELD.append(series)
+    write_delta, module.write_delta = module.write_delta, None  # not callable: fails
+    try:
+        dcp.save({"r0": torch.ones(16)}, storage_writer=series.writer(2), no_dist=True)
+    except CheckpointException:
+        _HELD.append(series)
+    finally:
+        module.write_delta = write_delta
 
 
 def _refused(rank, world, directory):
@@ -597,19 +627,10 @@ def _refused(rank, world, directory):
         json.dump(outcome, f)
 
 
-def _let_go(directory):
-    _HELD.pop().close()
-
-
-def _saved_after(rank, world, directory):
-    series = InkSeries(os.path.join(directory, "run"), threads=1)
-    dcp.save({f"r{rank}": torch.full((16,), float(rank))}, storage_writer=series.writer(2))
-
-
 SCENARIOS = {  # name: ((world size, rank function) or (None, function of the directory), ...)
     "series": ((2, _series_2), (3, _series_3), (2, _series_load)),
     "series_killed": ((2, _killed), (None, _break_a_copy), (2, _load_after_kill)),
-    "series_locked": ((None, _hold), (2, _refused), (None, _let_go), (2, _saved_after)),
+    "series_locked": ((None, _hold), (2, _refused)),
 }
 
 
