@@ -90,7 +90,8 @@ from .rebase import write_delta
 from .series import LOCK, MAX_MANIFEST_BYTES, MAX_STEP, decode_link, file_sha256
 from .tensorfile import File, TensorInfo, resolve_threads
 
-__all__ = ["InkSeries", "InkSeriesWriter", "InkSeriesReader", "Step", "RankFile", "MANIFEST"]
+__all__ = ["InkSeries", "InkSeriesWriter", "InkSeriesReader", "Step", "RankFile", "MANIFEST",
+           "decode_manifest"]
 
 MANIFEST = "series.json"
 FORMAT = "inshrink-dcp-series"
