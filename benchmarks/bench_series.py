@@ -2,6 +2,7 @@
 
     python benchmarks/bench_series.py [--dir benchmarks/data/series20] [--policy balanced]
                                       [--moment-bins N] [--keyframe-every 10] [--json out.json]
+    python benchmarks/bench_series.py --dir DIR --before REV [--big-mib N] [--repeats 3]
 
 Reads every ``ckpt_<step>.safetensors`` of ``--dir`` (written by ``train.py --save-every``) and
 reports, in one run:
@@ -15,6 +16,15 @@ reports, in one run:
 3. lossless: XOR against wrapping subtraction on the weights, and a lossless series: each delta
    file against the standalone lossless file;
 4. restore time of the newest and the oldest checkpoint against loading a standalone file.
+
+``--before REV`` instead times series saves (lossy with ``--policy``, and lossless) of git
+revision ``REV``'s inshrink against the same tree with this checkout's series modules
+(:data:`SERIES_MODULES`), each in its own subprocess, taking turns on every repeat: CPU seconds
+of the saves that write a delta, the series' bytes (and whether every file is the same), and
+each save's peak RSS above the process's RSS before it plus what the series kept in memory
+from the save before (so: above the caller's own memory). ``--big-mib N`` adds to every
+checkpoint an fp32 tensor of N MiB tiled from its 2-D weights (as ``train.py --big-mb``), to
+measure memory against the largest tensor.
 """
 from __future__ import annotations
 
@@ -25,6 +35,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -183,6 +195,149 @@ def restore_times(series, ckpts, policy, tmp, reps=3):
     return best
 
 
+SERIES_MODULES = ("inshrink/series.py", "inshrink/rebase.py", "inshrink/codecs/delta.py")
+
+# runs in a revision's tree: a warm-up series, then every checkpoint saved into a new series
+SAVE_WORKER = r"""
+import hashlib, json, os, sys, time
+import numpy as np
+import inshrink
+from safetensors.numpy import load_file
+paths, work, policy, big_mib, keyframe_every = json.loads(sys.argv[1])
+
+def status(key):
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) / 1024 for l in f if l.startswith(key + ":"))
+    except (OSError, StopIteration):
+        return None
+
+def state(path):
+    tensors = load_file(path)
+    if big_mib:
+        pool = np.concatenate([v.reshape(-1) for k, v in tensors.items()
+                               if k.startswith("model.") and v.ndim == 2])
+        tensors["big.fp32"] = np.resize(pool, big_mib * 2**18).reshape(-1, 4096)
+    return tensors
+
+warm = inshrink.Series(os.path.join(work, "warm"), policy=policy, threads=1)
+for step, path in enumerate(paths[:2]):
+    warm.save(step, state(path))
+del warm
+series = inshrink.Series(os.path.join(work, "s"), policy=policy, threads=1,
+                         keyframe_every=keyframe_every)
+cpu = wall = 0.0
+peak = 0.0
+for step, path in enumerate(paths):
+    tensors = state(path)
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # the high-water mark starts again from the current RSS
+    except OSError:
+        pass
+    # what the series keeps in memory between saves (the same attributes in older revisions)
+    kept = sum(a.nbytes for d in (series._previous or {}, series._previous_codes or {})
+               for a in d.values()) / 2**20
+    before = status("VmRSS")
+    c, w = time.process_time(), time.perf_counter()
+    series.save(step, tensors)
+    if step:  # the first save writes no delta
+        cpu += time.process_time() - c
+        wall += time.perf_counter() - w
+    if before is not None:
+        peak = max(peak, status("VmHWM") - before + kept)
+    del tensors
+# a restarted writer: what the delta refers to is not in memory (the same state again)
+resumed = inshrink.Series(series.directory, policy=policy, threads=1,
+                          keyframe_every=keyframe_every)
+tensors = state(paths[-1])
+c = time.process_time()
+resumed.save(len(paths), tensors)
+resumed_cpu = time.process_time() - c
+del tensors
+digest = hashlib.sha256()
+total = 0
+for e in resumed.checkpoints():
+    with open(os.path.join(resumed.directory, e.file), "rb") as f:
+        data = f.read()
+    digest.update(data)
+    total += len(data)
+largest = max(v.nbytes for v in state(paths[0]).values()) / 2**20
+print(json.dumps(dict(cpu=cpu, wall=wall, resumed_cpu=resumed_cpu, bytes=total,
+                      sha256=digest.hexdigest(), peak_mib=peak, largest_mib=largest)))
+"""
+
+
+def export_trees(before: str, tmp: str) -> tuple[str, str, str]:
+    """``before``'s tree and the same with this checkout's series modules; its short id."""
+    commit = subprocess.run(["git", "-C", common.REPO_ROOT, "rev-parse", "--short", before],
+                            check=True, capture_output=True, text=True).stdout.strip()
+    archive = subprocess.run(["git", "-C", common.REPO_ROOT, "archive", commit, "inshrink"],
+                             check=True, capture_output=True).stdout
+    trees = []
+    for key in ("before", "after"):
+        tree = os.path.join(tmp, key, "src")
+        os.makedirs(tree)
+        subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+        trees.append(tree)
+    for module in SERIES_MODULES:
+        shutil.copyfile(os.path.join(common.REPO_ROOT, module), os.path.join(trees[1], module))
+    return trees[0], trees[1], commit
+
+
+def compare_saves(ckpts, before: str, policy: str, keyframe_every: int, big_mib: int,
+                  repeats: int) -> dict:
+    """Series saves of ``before`` against this checkout's series modules, taking turns."""
+    tmp = tempfile.mkdtemp(dir=common.tmp_root())
+    try:
+        trees = dict(zip(("before", "after"), export_trees(before, tmp)[:2]))
+        best: dict = {}
+        for repeat in range(repeats):
+            for key in ("before", "after") if repeat % 2 == 0 else ("after", "before"):
+                for mode in (policy, "lossless"):
+                    work = os.path.join(tmp, key, f"work_{mode}")
+                    shutil.rmtree(work, ignore_errors=True)
+                    os.makedirs(work)
+                    env = dict(os.environ, PYTHONPATH=trees[key], OMP_NUM_THREADS="1",
+                               XDG_CACHE_HOME=os.path.join(tmp, key, "cache"))
+                    env.pop("NUMBA_CACHE_DIR", None)
+                    arg = json.dumps([[p for _, p in ckpts], work,
+                                      None if mode == "lossless" else mode, big_mib,
+                                      keyframe_every])
+                    proc = subprocess.run([sys.executable, "-c", SAVE_WORKER, arg], env=env,
+                                          cwd=work, capture_output=True, text=True,
+                                          check=False)
+                    if proc.returncode:
+                        raise SystemExit(f"{key}: the worker failed:\n{proc.stderr}")
+                    r = json.loads(proc.stdout.strip().splitlines()[-1])
+                    old = best.get((key, mode))
+                    if old is not None:
+                        for k in ("cpu", "wall", "resumed_cpu"):
+                            r[k] = min(r[k], old[k])
+                        r["peak_mib"] = max(r["peak_mib"], old["peak_mib"])
+                    best[key, mode] = r
+        return best
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def print_comparison(best: dict, before: str, policy: str, n: int, repeats: int) -> None:
+    print(f"## Series saves: {before} against this checkout's series modules\n")
+    print(f"{n} checkpoints, {n - 1} saves that write a delta (total); best CPU seconds of {repeats} "
+          f"runs taking turns, one thread; peak MiB: the largest rise of RSS during a save "
+          f"plus what the series kept in memory since the save before, worst of the runs\n")
+    print("| series | before cpu s | after cpu s | after / before | first save after a "
+          "restart, before / after cpu s | before bytes | after bytes | same files | "
+          "largest tensor MiB | before peak MiB | after peak MiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+    for mode in (policy, "lossless"):
+        a, b = best["before", mode], best["after", mode]
+        print(f"| {mode} | {a['cpu']:.2f} | {b['cpu']:.2f} | {b['cpu'] / a['cpu']:.2f} | "
+              f"{a['resumed_cpu']:.2f} / {b['resumed_cpu']:.2f} | "
+              f"{a['bytes']:,} | {b['bytes']:,} | {'yes' if a['sha256'] == b['sha256'] else 'NO'} "
+              f"| {a['largest_mib']:.0f} | {a['peak_mib']:.0f} | {b['peak_mib']:.0f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default=os.path.join(common.REPO_ROOT, "benchmarks", "data",
@@ -192,7 +347,23 @@ def main() -> None:
                     help="the preset with Adam's exp_avg and exp_avg_sq at this many levels")
     ap.add_argument("--keyframe-every", type=int, default=10)
     ap.add_argument("--json")
+    ap.add_argument("--before", help="time series saves of this git revision against this "
+                                     "checkout's series modules (nothing else runs)")
+    ap.add_argument("--big-mib", type=int, default=0,
+                    help="with --before: add an fp32 tensor of this many MiB to each checkpoint")
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
+    if args.before:
+        ckpts = checkpoints(args.dir)
+        if len(ckpts) < 3:
+            raise SystemExit(f"need at least 3 checkpoints in {args.dir}")
+        best = compare_saves(ckpts, args.before, args.policy, args.keyframe_every,
+                             args.big_mib, args.repeats)
+        print_comparison(best, args.before, args.policy, len(ckpts), args.repeats)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({f"{k} {m}": v for (k, m), v in best.items()}, f, indent=1)
+        return
     policy = args.policy
     if args.moment_bins:
         roles = dict(inshrink.policy.resolve(policy).roles)

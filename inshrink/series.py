@@ -54,10 +54,12 @@ SEARCH_KEY = "inshrink.search"
 """Metadata key of the configuration search report (JSON) of a checkpoint."""
 SERIES_FORMAT = "inshrink-series"
 SERIES_VERSION = 1
-RETAIN_BYTES = 64 << 20
+RETAIN_BYTES = 96 << 20
 """Between saves, a series keeps what the next delta refers to (the newest checkpoint's codes
 and lossless tensors) in memory up to this many bytes; the rest is decoded back from its file
-one tensor at a time when the delta is written, so memory stays bounded whatever the size."""
+one tensor at a time when the delta is written. A save then holds at most twice this (the
+previous checkpoint's and the new one's) besides one tensor being decoded: within the largest
+tensor + 256 MB whatever the checkpoint's size."""
 MAX_MANIFEST_BYTES = 64 << 20
 """A larger manifest.json is refused as corrupt (some 300,000 checkpoints)."""
 MAX_STEP = 10 ** 12 - 1
@@ -448,6 +450,7 @@ class Series:
         """Keep what the next save's delta refers to in memory, as far as it fits in
         :data:`RETAIN_BYTES` (codes first: they cost half of what they stand for); the next
         save decodes the rest back from ``newest``'s file, one tensor at a time."""
+        self._previous = self._previous_codes = self._previous_entry = None  # before copying
         kept = 0 if codes is None else sum(c.nbytes for c in codes.values())
         if kept > RETAIN_BYTES:
             codes, kept = None, 0

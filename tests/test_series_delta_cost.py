@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import inshrink
-from inshrink import digest, series as series_module
+from inshrink import digest
+from inshrink import series as series_module
 from inshrink.rebase import Decoded, write_delta
 from inshrink.series import Series, checkpoint_file
 
