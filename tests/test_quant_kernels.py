@@ -431,6 +431,8 @@ def run_quantize(x, boundaries, table, protect, prune_below, zero_code, escape, 
         if lut.size and x.dtype != np.float32:
             continue
         codes = np.full(x.size, 0xBEEF, np.uint16)
+        if not lut.size:
+            quant.rank_chunk(x, padded, codes)
         positions = np.full(x.size, -7, np.int64)
         out = np.zeros(7)
         n = quant.quantize_chunk(x, words, padded, lut, probes, table, protect[0], protect[1],

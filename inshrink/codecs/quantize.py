@@ -163,9 +163,9 @@ class QuantEncoder:
         codes = np.empty(x.size, np.uint16)
         positions = np.empty(x.size, np.int64)
         out = np.zeros(7, np.float64)
-        lut, probes = _NO_TABLE
-        if x.dtype == np.float32 and x.size >= _RANK_TABLE_MIN:
-            lut, probes = self._rank_table
+        lut, probes = self._rank_table if x.dtype == np.float32 else _NO_TABLE
+        if not lut.size:  # the kernel reads ranks from codes
+            kernels.rank_chunk(x, self._padded, codes)
         escaped = kernels.quantize_chunk(x, x.view(np.uint32) if lut.size else _NO_WORDS,
                                          self._padded, lut, probes, self._table,
                                          -self.protect_at, self.protect_at, self.prune_below,
@@ -224,7 +224,6 @@ class QuantEncoder:
 _NO_FORCE = np.empty(0, np.int8)
 _NO_WORDS = np.empty(0, np.uint32)
 _NO_TABLE = (np.empty(0, np.uint16), 0)
-_RANK_TABLE_MIN = 1 << 15  # shorter chunks count ranks: the table costs ~0.2 ms to build
 _MAX_PROBES = 4            # more comparisons per element than this: count or search instead
 
 

@@ -16,12 +16,20 @@ Callers guarantee, for each kernel:
     ``x`` is 1-D float32 or float64; ``codes`` uint16 of ``len(x)``, each ``< len(table)`` or
     ``== escape``; ``table`` float64; ``out`` float64 of length 7, accumulated.
 
-``quantize_chunk(x, boundaries, table, protect_lo, protect_hi, prune_below, zero_code, escape,
-force, codes, positions, out)``
-    As ``assign_codes`` (``prune_below >= 0``); ``table`` is float64 with an entry for every
-    code other than ``escape`` that the assignment can produce (``len(boundaries) + 1``
-    entries, or none when ``escape == 0`` and there are no boundaries: all escaped);
-    ``positions`` is int64 of ``len(x)``; ``out`` float64 of length 7, accumulated.
+``rank_chunk(x, boundaries, codes)``
+    ``x`` is 1-D float32 or float64; ``boundaries`` float64, sorted ascending, its last entry
+    +inf, at most 65536 entries; ``codes`` uint16 of ``len(x)``.
+
+``quantize_chunk(x, words, boundaries, lut, probes, table, protect_lo, protect_hi, prune_below,
+zero_code, escape, force, codes, positions, out)``
+    As ``assign_codes`` (``prune_below >= 0``) for ``boundaries`` as in ``rank_chunk``;
+    ``table`` is float64, sorted ascending, with an entry for every code other than ``escape``
+    that the assignment can produce (``len(boundaries)`` entries, or none when
+    ``escape == 0`` and there are no boundaries: all escaped); either ``lut`` is uint16 of
+    length ``2^(32 - RANK_SHIFT)`` with entries ``<= len(boundaries) - 1``, ``probes >= 0``,
+    ``x`` float32 and ``words`` its uint32 view, or ``lut`` is empty and ``codes`` holds what
+    ``rank_chunk`` writes; ``positions`` is int64 of ``len(x)``; ``out`` float64 of length 7,
+    accumulated.
 
 ``kmeans_pp_seed(points, weights, k, uniforms, out)``
     ``points`` and ``weights`` are float64 of one length ``n >= 1``, weights finite and
@@ -355,6 +363,34 @@ RANK_SHIFT = 18  # float32 order keys >> 18: 2^14 rank-table buckets, 32 per oct
 
 
 @kernel
+def rank_chunk(x, boundaries, codes):
+    """Write each element's rank, the number of ``boundaries[:-1]`` strictly below it (0 for
+    NaN), into ``codes`` (``x`` 1-D float32 or float64; ``boundaries`` sorted, then +inf;
+    ``codes`` uint16 of ``len(x)``; at most 65535 boundaries)."""
+    n = x.shape[0]
+    nb = boundaries.shape[0] - 1
+    searched = boundaries[:nb]
+    values = np.empty(_BLOCK)
+    ranks = np.empty(_BLOCK, np.int64)
+    for start in range(0, n, _BLOCK):
+        m = min(_BLOCK, n - start)
+        for j in range(m):
+            values[j] = x[start + j]
+        if nb <= _LINEAR_RANK_MAX:  # boundary by boundary over the block: vectorised compares
+            for j in range(m):
+                ranks[j] = 0
+            for k in range(nb):
+                b = boundaries[k]
+                for j in range(m):
+                    ranks[j] += np.int64(b < values[j])
+        else:
+            for j in range(m):
+                ranks[j] = _search_below(searched, values[j])
+        for j in range(m):
+            codes[start + j] = ranks[j]
+
+
+@kernel
 def _sign_ranges(boundaries, nb, table):
     """Value ranges that make an element coded by its rank (its nearest level) zeroed or sign
     flipped, from sorted ``table[:nb + 1]`` and sorted ``boundaries[:nb]``: open intervals
@@ -408,7 +444,8 @@ def quantize_chunk(x, words, boundaries, lut, probes, table, protect_lo, protect
     ``boundaries`` ends with an extra +inf; ``table`` is sorted. With a rank table (``lut``
     not empty, ``x`` float32, ``words`` its uint32 view), an element's rank starts at
     ``lut[key >> RANK_SHIFT]`` (``key``: its bits, sign-folded into the order of the values)
-    and rises by up to ``probes`` comparisons; otherwise ranks are counted or searched first.
+    and rises by up to ``probes`` comparisons; otherwise ``codes`` holds the ranks on entry
+    (:func:`rank_chunk`).
 
     Returns
     -------
@@ -420,27 +457,6 @@ def quantize_chunk(x, words, boundaries, lut, probes, table, protect_lo, protect
     nb = boundaries.shape[0] - 1
     looked_up = lut.shape[0] > 0
     prune_lo = -prune_below
-    if not looked_up:  # ranks into codes first, block by block
-        counted = nb <= _LINEAR_RANK_MAX
-        searched = boundaries[:nb]
-        values = np.empty(_BLOCK)
-        ranks = np.empty(_BLOCK, np.int64)
-        for start in range(0, n, _BLOCK):
-            m = min(_BLOCK, n - start)
-            for j in range(m):
-                values[j] = x[start + j]
-            if counted:  # boundary by boundary over the block: vectorised compares
-                for j in range(m):
-                    ranks[j] = 0
-                for k in range(nb):
-                    b = boundaries[k]
-                    for j in range(m):
-                        ranks[j] += np.int64(b < values[j])
-            else:
-                for j in range(m):
-                    ranks[j] = _search_below(searched, values[j])
-            for j in range(m):
-                codes[start + j] = ranks[j]
     # the counters of every element as if coded by its rank, in a loop that vectorises; the
     # elements coded otherwise are corrected at the end
     zero_lo, zero_hi, flip_lo, flip_hi = _sign_ranges(boundaries, nb, table)
