@@ -38,9 +38,14 @@ class LosslessTensor:
 
     pipeline: Pipeline
     role: str | None = None
+    # a tiny tensor's one chunk as encoded while its pipeline was chosen: (its bytes, streams)
+    first: tuple[bytes, Encoded] | None = None
 
     def encode(self, raw: np.ndarray, start: int, stop: int) -> tuple[Encoded, None]:
         """Encode the chunk holding elements [start, stop): (its streams, None)."""
+        first, self.first = self.first, None  # held until the chunk is encoded, no longer
+        if first is not None and start == 0 and first[0] == raw.tobytes():
+            return first[1], None  # not encoded a third time (a fifth of a tiny tensor's save)
         return self.pipeline.encode(raw), None
 
     def report(self) -> dict | None:
@@ -139,8 +144,8 @@ def for_tensor(entry: TensorEntry, read: Read, role: str | None, config: QuantCo
     if tensor is not None:
         tensor.pipeline = replace(tensor.pipeline, entropy=entropy)
         return tensor
-    return LosslessTensor(lossless_pipeline(entry, read, entropy, tiny_bytes),
-                          role if report else None)
+    pipeline, first = _lossless_choice(entry, read, entropy, tiny_bytes)
+    return LosslessTensor(pipeline, role if report else None, first)
 
 
 def _record_bytes(payload: int) -> int:
@@ -154,17 +159,26 @@ def lossless_pipeline(entry: TensorEntry, read: Read, entropy: Entropy,
     """The dtype's byte grouping, or one plane for a tiny tensor when that file is smaller:
     every plane is a record with a 32-byte header and padding to 64 bytes, which outweighs
     what grouping saves on a few hundred bytes (norm weights, biases, their moments)."""
+    return _lossless_choice(entry, read, entropy, tiny_bytes)[0]
+
+
+def _lossless_choice(entry: TensorEntry, read: Read, entropy: Entropy,
+                     tiny_bytes: int) -> tuple[Pipeline, tuple[bytes, Encoded] | None]:
+    """:func:`lossless_pipeline`'s choice, with the tiny tensor's chunk as encoded by the
+    chosen pipeline (None when nothing was tried)."""
     pipeline = for_new_tensor(entry.dtype, entropy)
     nbytes = entry.numel * entry.dtype.itemsize
     if pipeline.stage.word == 1 or entry.chunk_count != 1 or nbytes > tiny_bytes:
-        return pipeline
+        return pipeline, None
     raw = np.frombuffer(read(0, nbytes), np.uint8)
     if raw.size != nbytes:  # a short source: the Writer reports it with a typed error
-        return pipeline
+        return pipeline, None
     one = replace(pipeline, stage=ByteGroup(1, False))
-    cost = [sum(_record_bytes(len(memoryview(payload))) for _, payload, _ in p.encode(raw))
-            for p in (pipeline, one)]
-    return one if cost[1] < cost[0] else pipeline
+    tried = [p.encode(raw) for p in (pipeline, one)]
+    cost = [sum(_record_bytes(len(memoryview(payload))) for _, payload, _ in streams)
+            for streams in tried]
+    best = 1 if cost[1] < cost[0] else 0
+    return (pipeline, one)[best], (raw.tobytes(), tried[best])
 
 
 def prepare_factored(entry: TensorEntry, read: Read, role: str, config: QuantConfig,

@@ -339,3 +339,30 @@ def test_delta_file_reads_without_its_base_where_no_tensor_needs_it(tmp_path):
         assert f["new"].tolist() == [7] * 5
         with pytest.raises(inshrink.errors.BaseMismatchError, match=r"^\[B-1\]"):
             f["w"]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tiny_tensor_is_compressed_once_per_layout_tried(tmp_path, monkeypatch, threads):
+    """The trial that chooses a tiny tensor's layout encodes its chunk both ways; the chosen
+    encoding is written, not computed a third time. A source that returns other bytes the
+    second time is encoded again (what is written is what it returned)."""
+    from inshrink import dtypes
+    from inshrink.codecs import entropy
+    calls = []
+    encode = entropy.encode
+    monkeypatch.setattr(entropy, "encode", lambda data, level=None: (
+        calls.append(memoryview(data).nbytes), encode(data, level))[1])
+    bias = np.random.default_rng(1).normal(0, 1, 1000).astype(np.float32)
+    inshrink.save(tmp_path / "b.ink", {"b": bias}, threads=threads)
+    assert len(calls) == 5  # 4 planes, then 1 plane
+    assert_bit_exact(bias, inshrink.load(tmp_path / "b.ink")["b"])
+
+    reads = []
+
+    def changing(start, stop):  # breaks the source contract: each read is new data
+        reads.append(start)
+        return (bias * len(reads)).tobytes()[start:stop]
+    with inshrink.Writer(tmp_path / "c.ink", threads=threads) as w:
+        w.add_source("b", dtypes.of_numpy(np.dtype(np.float32)), bias.shape, changing)
+    assert len(reads) == 2
+    assert_bit_exact(bias * 2, inshrink.load(tmp_path / "c.ink")["b"])
