@@ -140,9 +140,10 @@ def for_tensor(entry: TensorEntry, read: Read, role: str | None, config: QuantCo
                                   layout.MAX_CHUNK_BYTES // entry.dtype.itemsize)
         config = replace(config, domain="log")  # for a tensor that does not qualify
     if tensor is None and config is not None and entry.numel:
-        tensor = prepare(entry, read, role, config, importance, force)
+        tensor = prepare(entry, read, role, config, importance, force, entropy=entropy)
     if tensor is not None:
-        tensor.pipeline = replace(tensor.pipeline, entropy=entropy)
+        if tensor.pipeline.entropy is not entropy:  # a factored tensor's
+            tensor.pipeline = replace(tensor.pipeline, entropy=entropy)
         return tensor
     pipeline, first = _lossless_choice(entry, read, entropy, tiny_bytes)
     return LosslessTensor(pipeline, role if report else None, first)
@@ -251,10 +252,12 @@ def overrides(importance: Any, config: QuantConfig, numel: int) -> np.ndarray | 
 
 
 def prepare(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
-            importance: Any = None, force: np.ndarray | None = None) -> LossyTensor | None:
+            importance: Any = None, force: np.ndarray | None = None, *,
+            entropy: Entropy | None = None) -> LossyTensor | None:
     """Sketch the tensor and fit its quantizer; ``None`` if no bin count meets the error
     bound (the caller then stores the tensor losslessly). ``force``: the overrides of
-    ``importance`` when the caller made them already (:func:`overrides`)."""
+    ``importance`` when the caller made them already (:func:`overrides`); ``entropy``: the
+    entropy stage of its streams (default: the default one)."""
     if force is None:
         force = overrides(importance, config, entry.numel)
     sketch = quantize.Sketch.for_dtype(entry.dtype, config.alpha, config.bins)
@@ -267,7 +270,10 @@ def prepare(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
                                prune=0.0 if by_sensitivity else config.prune,
                                protect=config.protect, sigma=config.sigma, seed=config.seed,
                                zero_level=by_sensitivity and config.prune > 0)
-        tensor = LossyTensor(role, replace(config, bins=bins), encoder, sketch.sumsq, force)
+        # (a small tensor's whole fit costs a few replace() calls)
+        tensor = LossyTensor(role, config if bins == config.bins else replace(config, bins=bins),
+                             encoder, sketch.sumsq, force,
+                             pipeline=Pipeline(encoder.stage, entropy=Entropy() if entropy is None else entropy))
         if bound is None:
             return tensor
         if encoder.estimate_rel_l2(sketch) > 1.5 * bound:
