@@ -391,20 +391,28 @@ def bench_inshrink(ins, tensors, meta, nbytes: int, reps: int, threads: int = 1,
         os.remove(path)
         best_c = None
         cpu_c = None
+        main_c, main_d = [], []  # CPU time of the calling thread alone, per repetition
         for _ in range(reps):
             if os.path.exists(path):
                 os.remove(path)
             gc.collect()
-            c0, t0 = time.process_time(), time.perf_counter()
+            m0, c0, t0 = time.thread_time(), time.process_time(), time.perf_counter()
             ins.save(path, tensors, metadata=meta or None, threads=threads)
-            t1, c1 = time.perf_counter(), time.process_time()
+            t1, c1, m1 = time.perf_counter(), time.process_time(), time.thread_time()
+            main_c.append(m1 - m0)
             if best_c is None or t1 - t0 < best_c[0]:
                 best_c = (t1 - t0, c1 - c0)
             cpu_c = c1 - c0 if cpu_c is None else min(cpu_c, c1 - c0)
         csize = os.path.getsize(path)
         with open(path, "rb") as fh:
             digest = hashlib.sha256(fh.read()).hexdigest()
-        td, cd, loaded, cpu_d = timed(lambda: ins.load(path, threads=threads), reps)
+
+        def load():
+            m0 = time.thread_time()
+            loaded = ins.load(path, threads=threads)
+            main_d.append(time.thread_time() - m0)
+            return loaded
+        td, cd, loaded, cpu_d = timed(load, reps)
         exact, note = check_loaded(loaded, tensors)
         del loaded
         tc, cc = best_c
@@ -415,6 +423,7 @@ def bench_inshrink(ins, tensors, meta, nbytes: int, reps: int, threads: int = 1,
                     comp_cpu_wall=cc / tc if tc > 0 else float("nan"),
                     decomp_cpu_wall=cd / td if td > 0 else float("nan"),
                     comp_cpu_s=cpu_c, decomp_cpu_s=cpu_d,
+                    comp_main_cpu_s=min(main_c), decomp_main_cpu_s=min(main_d),
                     exact=exact, notes=("file size incl. container; " + note).rstrip("; "),
                     sha256=digest)
     finally:
@@ -573,14 +582,29 @@ def mode_threads(args) -> dict:
     base = results[0]
     rows = [[r["threads"], f"{r['comp_MBps']:.1f}", f"{r['comp_MBps'] / base['comp_MBps']:.2f}x",
              f"{r['decomp_MBps']:.1f}", f"{r['decomp_MBps'] / base['decomp_MBps']:.2f}x",
-             f"{r['comp_cpu_wall']:.2f}/{r['decomp_cpu_wall']:.2f}", f"{r['ratio']:.4f}",
+             f"{r['comp_cpu_wall']:.2f}/{r['decomp_cpu_wall']:.2f}",
+             f"{r['comp_cpu_s'] * 1e3:.0f}/{r['decomp_cpu_s'] * 1e3:.0f}",
+             f"{r['comp_main_cpu_s'] * 1e3:.0f}/{r['decomp_main_cpu_s'] * 1e3:.0f}",
+             f"{_bound(base, r, 'comp')}/{_bound(base, r, 'decomp')}", f"{r['ratio']:.4f}",
              "yes" if r["exact"] else "**NO**",
              "same" if r["sha256"] == base["sha256"] else "differs"] for r in results]
     print()
     print(md_table(["threads", "save MB/s", "save speed-up", "load MB/s", "load speed-up",
-                    "cpu/wall c/d", "ratio", "bit-exact",
+                    "cpu/wall c/d", "CPU ms c/d", "calling thread ms c/d",
+                    "speed-up bound c/d", "ratio", "bit-exact",
                     f"file vs threads={base['threads']}"], rows))
+    print("\nCPU ms: least process CPU time of any repetition; calling thread: the least CPU "
+          "time of the thread that called save/load. Speed-up bound: what the CPU times allow "
+          "with every thread on a free core, min(threads x CPU(first) / CPU, CPU(first) / "
+          "calling thread), whatever else runs on the machine.")
     return {"mode": "threads-scaling", "file": path, "orig_bytes": nbytes, "results": results}
+
+
+def _bound(base: dict, r: dict, what: str) -> str:
+    """The speed-up over ``base`` that ``r``'s CPU times allow on free cores (see the note
+    printed under the thread table)."""
+    cpu1, cpu, main = (base[f"{what}_cpu_s"], r[f"{what}_cpu_s"], r[f"{what}_main_cpu_s"])
+    return f"{min(r['threads'] * cpu1 / cpu, cpu1 / main if main > 0 else float('inf')):.2f}x"
 
 
 def _read_status(pid: int) -> dict[str, int]:
