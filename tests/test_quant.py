@@ -433,3 +433,33 @@ def test_the_sketch_fit_scans_only_the_occupied_buckets_and_agrees_with_every_bu
     used = np.flatnonzero(sketch.pos + sketch.neg)
     assert (first, stop) == (used[0], used[-1] + 1) and stop - first < sketch.pos.size // 10
     assert sketch.count == x.size
+
+
+@pytest.mark.parametrize("domain,prune,work", [("linear", 0.0, np.float32),
+                                               (None, 0.05, np.float32),
+                                               ("log", 0.0, np.float32),
+                                               ("linear", 0.02, np.float64)])
+def test_every_way_of_ranking_a_chunk_gives_the_codes_of_assign_codes(domain, prune, work):
+    """Short chunks are searched in numpy, long float32 ones take the rank table, long
+    float64 ones are counted: all three agree with the reference kernels."""
+    from inshrink.codecs import quantize
+    from inshrink.dtypes import BY_NAME
+    dtype = BY_NAME["F64" if work == np.float64 else "F32"]
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(3 * quantize._RANK_TABLE_MIN) * 0.02).astype(work)
+    if domain == "log":
+        x = x * x
+    sketch = quantize.Sketch.for_dtype(dtype, QuantConfig().alpha, 16)
+    sketch.add(x)
+    encoder = quantize.fit(sketch, dtype, bins=16, domain=domain, prune=prune, protect=0.001)
+    x[:8] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e30, *encoder.boundaries[:2]]
+    for n in (100, quantize._RANK_TABLE_MIN - 1, x.size):
+        chunk = x[:n]
+        codes, positions, stats = encoder._encode(chunk, None)
+        assigned = encoder.assign(chunk)
+        escaped = np.flatnonzero(assigned == encoder.stage.escape)
+        np.testing.assert_array_equal(positions, escaped)
+        kept = np.ones(n, bool)
+        kept[escaped] = False
+        np.testing.assert_array_equal(codes[kept], assigned[kept])
+        assert stats == encoder.stats(chunk, assigned)

@@ -163,9 +163,14 @@ class QuantEncoder:
         codes = np.empty(x.size, np.uint16)
         positions = np.empty(x.size, np.int64)
         out = np.zeros(7, np.float64)
-        lut, probes = self._rank_table if x.dtype == np.float32 else _NO_TABLE
+        lut, probes = _NO_TABLE
+        if x.dtype == np.float32 and x.size >= _RANK_TABLE_MIN:
+            lut, probes = self._rank_table
         if not lut.size:  # the kernel reads ranks from codes
-            kernels.rank_chunk(x, self._padded, codes)
+            if x.size < _RANK_TABLE_MIN:  # numpy's search: no kernel to compile for a few
+                codes[:] = np.searchsorted(self.boundaries, x, side="left")
+            else:
+                kernels.rank_chunk(x, self._padded, codes)
         escaped = kernels.quantize_chunk(x, x.view(np.uint32) if lut.size else _NO_WORDS,
                                          self._padded, lut, probes, self._table,
                                          -self.protect_at, self.protect_at, self.prune_below,
@@ -224,6 +229,7 @@ class QuantEncoder:
 _NO_FORCE = np.empty(0, np.int8)
 _NO_WORDS = np.empty(0, np.uint32)
 _NO_TABLE = (np.empty(0, np.uint16), 0)
+_RANK_TABLE_MIN = 1 << 12  # shorter chunks: a search costs less than building the table
 _MAX_PROBES = 4            # more comparisons per element than this: count or search instead
 
 
