@@ -380,12 +380,14 @@ def bench_inshrink(ins, tensors, meta, nbytes: int, reps: int, threads: int = 1,
     d = tempfile.mkdtemp(prefix="inshrink_bench_", dir=tmpdir or tmp_root())
     path = os.path.join(d, "x.ink")
     try:
-        # untimed warm-up (imports, JIT compilation) on a small slice of
-        # one tensor per dtype
-        warm = {}
-        for k, a in tensors.items():
-            if a.dtype.name not in warm:
-                warm[a.dtype.name] = np.ascontiguousarray(a.reshape(-1)[:65536])
+        # untimed warm-up (imports, JIT compilation) on a slice of the largest tensor of each
+        # dtype: a slice of a tiny tensor is grouped without the kernels and compiles none
+        largest = {}
+        for a in tensors.values():
+            if a.dtype.name not in largest or a.size > largest[a.dtype.name].size:
+                largest[a.dtype.name] = a
+        warm = {name: np.ascontiguousarray(a.reshape(-1)[:65536])
+                for name, a in largest.items()}
         ins.save(path, {f"w.{k}": v for k, v in warm.items()}, threads=threads)
         ins.load(path, threads=threads)
         os.remove(path)
