@@ -57,9 +57,9 @@ SERIES_VERSION = 1
 RETAIN_BYTES = 96 << 20
 """Between saves, a series keeps what the next delta refers to (the newest checkpoint's codes
 and lossless tensors) in memory up to this many bytes; the rest is decoded back from its file
-one tensor at a time when the delta is written. A save then holds at most twice this (the
-previous checkpoint's and the new one's) besides one tensor being decoded: within the largest
-tensor + 256 MB whatever the checkpoint's size."""
+one tensor at a time when the delta is written. A save holds at most twice this (what was
+kept of the previous checkpoint and the new one's codes) besides one tensor being decoded:
+within the largest tensor + 256 MB whatever the checkpoint's size."""
 MAX_MANIFEST_BYTES = 64 << 20
 """A larger manifest.json is refused as corrupt (some 300,000 checkpoints)."""
 MAX_STEP = 10 ** 12 - 1
@@ -471,13 +471,16 @@ class Series:
                           policy: Policy | str | None, written: list[str]
                           ) -> tuple[list[TensorInfo], dict | None, Checkpoint]:
         """Write ``step`` as a whole file; return its report, the codes of its quantized
-        tensors (None when they may not fit in :data:`RETAIN_BYTES`: then they are read back
-        from the file when needed), and its entry."""
+        tensors (None when they and what the series kept may not fit in twice
+        :data:`RETAIN_BYTES`: then they are read back from the file when needed), its entry."""
         name = checkpoint_file(step)
         path = self._path(name)
         written.append(name)  # the rename may happen even if a later step of close fails
-        # at most one code (2 bytes) per element
-        keep_codes = 2 * sum(a.size for a in arrays.values()) <= RETAIN_BYTES
+        # at most one code (2 bytes) per element, held for this save's delta and digest beside
+        # what the series kept of the previous checkpoint: twice RETAIN_BYTES in all
+        held = sum(a.nbytes for kept in (self._previous, self._previous_codes) if kept
+                   for a in kept.values())
+        keep_codes = 2 * sum(a.size for a in arrays.values()) + held <= 2 * RETAIN_BYTES
         with Writer(path, metadata, threads=self.threads, policy=policy,
                     keep_codes=keep_codes) as writer:
             for key, value in arrays.items():
