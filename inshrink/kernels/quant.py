@@ -84,11 +84,18 @@ def sketch_words(x, words, abs_mask, inf_bits, shift, counts, totals, span):
     scans only the occupied part of the table.
     """
     last = counts.shape[1] - 1
+    # the extremes of the finite non-zero magnitudes first, in a loop that vectorises (the
+    # same span as tracking each element's bucket, at a quarter of the histogram's cost)
+    lowest_bits = inf_bits
+    highest_bits = _ZERO
+    for i in range(x.shape[0]):
+        a = np.uint64(words[i]) & abs_mask
+        counted = (a != _ZERO) & (a < inf_bits)
+        lowest_bits = min(lowest_bits, a if counted else inf_bits)
+        highest_bits = max(highest_bits, a if counted else _ZERO)
     zeros = 0.0
     nonfinite = 0.0
     sumsq = 0.0
-    lowest = span[0]
-    highest = span[1]
     for i in range(x.shape[0]):
         w = np.uint64(words[i])
         a = w & abs_mask
@@ -101,14 +108,13 @@ def sketch_words(x, words, abs_mask, inf_bits, shift, counts, totals, span):
         v = np.float64(x[i])  # float() of a float32 stays float32 in numba
         sumsq += v * v
         index = min(np.int64(a >> shift), last)  # int64: uint64 mixed with int64 is float64
-        lowest = min(lowest, index)
-        highest = max(highest, index)
         counts[np.int64(a != w), index] += 1  # the sign picks the row: no branch on it
+    if highest_bits != _ZERO:
+        span[0] = min(span[0], min(np.int64(lowest_bits >> shift), last))
+        span[1] = max(span[1], min(np.int64(highest_bits >> shift), last))
     totals[0] += zeros
     totals[1] += nonfinite
     totals[2] += sumsq
-    span[0] = lowest
-    span[1] = highest
 
 
 @kernel
