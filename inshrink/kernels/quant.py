@@ -486,7 +486,8 @@ def quantize_chunk(x, words, boundaries, lut, probes, table, protect_lo, protect
         if looked_up:  # O(1): a table entry, then a comparison or two
             w = np.int64(words[i])
             rank = np.int64(lut[(w ^ (0x80000000 | ((w >> 31) * 0x7FFFFFFF))) >> RANK_SHIFT])
-            for _ in range(probes):
+            rank += np.int64(boundaries[rank] < v)  # (safe when probes == 0: the +inf)
+            for _ in range(1, probes):
                 rank += np.int64(boundaries[rank] < v)
         else:
             rank = np.int64(codes[i])
