@@ -398,31 +398,31 @@ def rank_chunk(x, boundaries, codes):
 
 @kernel
 def _sign_ranges(boundaries, nb, table):
-    """Value ranges that make an element coded by its rank (its nearest level) zeroed or sign
-    flipped, from sorted ``table[:nb + 1]`` and sorted ``boundaries[:nb]``: open intervals
-    ``(zero_lo, zero_hi)`` (the zero levels' ranks), ``(0, ...)`` below a negative level's
-    rank and ``(..., 0)`` above a positive level's rank.
+    """``(zero_lo, zero_hi, flip_lo, flip_hi)``: an element ``v`` coded by its rank (the
+    number of ``boundaries[:nb]`` below it; ``table[:nb + 1]`` sorted) is coded by a zero
+    level iff ``zero_lo < v < zero_hi``, and by a level of the other sign iff
+    ``flip_lo < v < 0`` or ``0 < v < flip_hi``.
 
-    Rank ``r`` (the number of boundaries below ``v``) is at least ``k`` iff
-    ``boundaries[k - 1] < v``, and below ``k`` iff ``v < nextafter(boundaries[k - 1], inf)``.
+    Rank ``r`` is at least ``k`` iff ``boundaries[k - 1] < v``, and below ``k`` iff
+    ``v < nextafter(boundaries[k - 1], inf)``.
     """
     n_levels = min(table.shape[0], nb + 1)
-    negative = 0  # levels below zero, then levels at or below zero
+    negative = 0  # the number of levels below zero, then of levels at or below zero
     while negative < n_levels and table[negative] < 0.0:
         negative += 1
     nonpositive = negative
     while nonpositive < n_levels and table[nonpositive] <= 0.0:
         nonpositive += 1
-    # rank >= negative: v > low; rank < nonpositive: v < high
-    low = boundaries[negative - 1] if negative > 0 else -math.inf
-    high = np.nextafter(boundaries[nonpositive - 1], math.inf) if 0 < nonpositive <= nb \
+    # a zero level: negative <= rank < nonpositive
+    zero_lo = boundaries[negative - 1] if negative > 0 else -math.inf
+    zero_hi = np.nextafter(boundaries[nonpositive - 1], math.inf) if 0 < nonpositive <= nb \
         else (math.inf if nonpositive > nb else -math.inf)
-    # flipped: v < 0 at rank >= nonpositive (a positive level); v > 0 at rank < negative
-    above = boundaries[nonpositive - 1] if 0 < nonpositive <= nb else (
+    # a positive level: rank >= nonpositive; a negative level: rank < negative
+    flip_lo = boundaries[nonpositive - 1] if 0 < nonpositive <= nb else (
         -math.inf if nonpositive == 0 else 0.0)
-    below = (np.nextafter(boundaries[negative - 1], math.inf) if negative <= nb else math.inf) \
+    flip_hi = (np.nextafter(boundaries[negative - 1], math.inf) if negative <= nb else math.inf) \
         if negative > 0 else 0.0
-    return low, high, above, below
+    return zero_lo, zero_hi, flip_lo, flip_hi
 
 
 @kernel
@@ -470,16 +470,14 @@ def quantize_chunk(x, words, boundaries, lut, probes, table, protect_lo, protect
     zeroed = 0
     flipped = 0
     for i in range(n):
-        v = np.float64(x[i])
-        nz = np.int64(v != 0.0)
+        nz, zero_g, flip_g = _as_coded(np.float64(x[i]), zero_lo, zero_hi, flip_lo, flip_hi)
         nonzero += nz
-        zeroed += nz * np.int64(zero_lo < v) * np.int64(v < zero_hi)
-        flipped += np.int64(flip_lo < v) * np.int64(v < 0.0) + np.int64(0.0 < v) * np.int64(
-            v < flip_hi)
+        zeroed += zero_g
+        flipped += flip_g
     escapes = 0
     sse = 0.0
     worst = out[1]
-    others = np.empty(n, np.int64)  # the elements not coded by their rank
+    others = np.empty(n, np.int64)  # the elements not coded by their rank, in order
     n_others = 0
     for i in range(n):
         v = np.float64(x[i])
