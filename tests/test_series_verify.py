@@ -70,9 +70,9 @@ def test_verify_is_clean_for_every_domain(tmp_path, domain):
 
 
 def test_verify_is_clean_for_a_searched_series_and_through_the_cli(tmp_path):
-    # the space Checkpointer(eval_batches=...) searches: exp_avg_sq of matrices factored
-    space = SearchSpace(bins=(4, 16), prune=(0.0,), protect=(0.0005,))
-    assert space.exp_avg_sq.domain == "factored"
+    # a searched space with exp_avg_sq of matrices factored (Adafactor's approximation)
+    space = SearchSpace(bins=(4, 16), prune=(0.0,), protect=(0.0005,),
+                        exp_avg_sq=inshrink.QuantConfig(bins=2, domain="factored"))
     series = Series(tmp_path / "s", search=Search(0.5, space=space, max_evals=3, threads=1),
                     threads=1)
     states = drifting(3, seed=1)

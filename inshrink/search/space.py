@@ -40,21 +40,21 @@ class SearchSpace:
         "magnitude" and/or "sensitivity" (the latter only when importance is given).
     exp_avg, exp_avg_sq : QuantConfig or None
         Fixed configurations of the optimizer moments (None: lossless). By default the first
-        moment (Adam's ``exp_avg``, SGD's momentum) is stored at 2 signed-log levels (sign and
-        magnitude class): ``QuantConfig(bins=0)``, zeros except its 0.05% largest entries,
-        restarts momentum at a restore and costs almost nothing, but on the fault benchmark's
-        lm five restarts in the first half of the run left +0.97% on the final loss that the
-        rest of the run did not undo (docs/decisions.md). ``exp_avg_sq`` of a matrix is
-        stored as the outer product of row and column factors (``domain="factored"``, Adafactor's
-        approximation: one restore from it did less lasting damage than 2 levels); other
-        tensors get 2 log-domain levels.
+        moment (Adam's ``exp_avg``, SGD's momentum) is stored as zeros except its 0.05%
+        largest entries, kept exactly (``bins=0``): a restore restarts momentum, which the
+        optimizer rebuilds within ~1/(1 - beta1) steps, and a third of an Adam checkpoint
+        costs almost nothing (docs/decisions.md). ``exp_avg_sq`` is stored at 4 log-domain
+        levels: as row × column factors (``QuantConfig(bins=2, domain="factored")``,
+        Adafactor's approximation, a sixth of the bytes) it left, with the restarted first
+        moment, +1.37% on the final loss of the fault benchmark's lm (seed 1) where 4 levels
+        left +0.77%; keeping the first moment at 2 levels instead (+0.60%) made the weights
+        harder to quantize afterwards (benchmarks/RESULTS.md).
     late_exp_avg : QuantConfig or None
         The first moment's configuration late in a decaying schedule, where
         :class:`inshrink.torch.Checkpointer` uses it (learning rate below
         ``inshrink.torch.LATE_LR`` of its peak): a restart of momentum there left lasting
         damage that the few small steps left did not undo (docs/decisions.md). Default: 2
-        levels in the signed-log domain, as ``exp_avg``'s default (it matters for a space
-        whose ``exp_avg`` restarts momentum). None: lossless.
+        levels in the signed-log domain (sign and magnitude class). None: lossless.
     proxy_rel_l2 : float
         Without a quality callback: the per-tensor relative L2 error bound of the weights.
     sigma : float
@@ -71,8 +71,8 @@ class SearchSpace:
     prune: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
     protect: tuple[float, ...] = (0.0005, 0.005, 0.01)
     prune_metrics: tuple[str, ...] = PRUNE_METRICS
-    exp_avg: QuantConfig | None = QuantConfig(bins=2)
-    exp_avg_sq: QuantConfig | None = QuantConfig(bins=2, domain="factored")
+    exp_avg: QuantConfig | None = QuantConfig(bins=0)
+    exp_avg_sq: QuantConfig | None = QuantConfig(bins=4)
     late_exp_avg: QuantConfig | None = QuantConfig(bins=2)
     proxy_rel_l2: float = 0.01
     sigma: float = 0.2
