@@ -63,9 +63,10 @@ measures a candidate by the live model's loss plus its output KL divergence
 (never below a tenth); the cnn task keeps its accuracy within epsilon, epsilon following the
 square of that ratio. Both: shared bins for the weights, and the search's default moment
 configurations: the first moment (Adam's ``exp_avg``, SGD's momentum) zeros plus its 0.05%
-largest entries kept exactly, Adam's ``exp_avg_sq`` of a matrix as row x column factors
-(``domain="factored"``), of a vector at 2 log-domain levels. ``--lm-beta2`` sets AdamW's beta2
-for the lm task (default 0.95).
+largest entries kept exactly (2 signed-log levels below half the peak learning rate), Adam's
+``exp_avg_sq`` at 4 log-domain levels (before commit 4b9c052, of a matrix as row x column
+factors, ``domain="factored"``, of a vector at 2 log-domain levels). ``--lm-beta2`` sets
+AdamW's beta2 for the lm task (default 0.95).
 
 Earlier studies, not in the default list, pin the search settings they were measured with
 (the loss criterion; RESULTS.md has their numbers): ``mom2`` / ``mom4`` both moments at 2 / 4
@@ -350,7 +351,10 @@ def _search_summary(step: int, info) -> dict:
                    evaluations=rep.get("evaluations_used"), cap_reached=rep.get("cap_reached"),
                    baseline=rep.get("baseline"), drop=chosen.get("drop"),
                    weights_ratio=chosen.get("ratio"), search_seconds=rep.get("seconds"),
-                   allocation=rep.get("allocation"))
+                   allocation=rep.get("allocation"),
+                   tried=[[*(e["choice"][k] for k in ("bins", "embedding_bins", "prune",
+                                                      "protect")), e.get("drop"), e["feasible"]]
+                          for e in rep.get("evaluations") or []])
     return _jsonable(out)
 
 
@@ -429,7 +433,8 @@ RUNS = {
     "early5": dict(method="inshrink", epsilon=0.05, failures=10, keep=(0, 5)),
     "late5": dict(method="inshrink", epsilon=0.05, failures=10, keep=(5, 10)),
     # the moments' share of that damage: the second moment at 4 log levels instead of row x
-    # column factors / the first moment at 2 signed-log levels from the start (no restart)
+    # column factors (the default since) / the first moment at 2 signed-log levels from the
+    # start (no restart), the second factored
     "m_v4": dict(method="inshrink", epsilon=0.05, failures=10, moment_bins=((0, None), (4, None))),
     "m_m2": dict(method="inshrink", epsilon=0.05, failures=10,
                  moment_bins=((2, None), (2, "factored"))),
