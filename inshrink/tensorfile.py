@@ -16,6 +16,7 @@ from .atomic import named_error
 from .codecs import delta as deltas
 from .codecs.chain import Pipeline
 from .codecs.entropy import Entropy, check_level
+from .codecs.lossless import PLANES, ByteGroup, planes_from
 from .codecs.quant import Quant
 from .container import layout
 from .container.index import TensorEntry, check_metadata, check_name, check_shape
@@ -233,6 +234,7 @@ class Writer:
             path = self._standalone = os.path.join(self._staging.name, "standalone.ink")
         self._container = ContainerWriter(path)
         self._pool = _executor(self._threads)
+        self._planes = PLANES  # plane buffers, recycled once their records are written
         self._closed = False
 
     def add(self, name: str, array: Any, *, importance: Any = None, wait: bool = True) -> None:
@@ -316,7 +318,11 @@ class Writer:
         self._tensors[entry.name] = tensor
         if not appended:
             self._container.tensors.append(entry)
+        grouped = isinstance(tensor.pipeline.stage, ByteGroup) and tensor.pipeline.streams > 1
         for c in range(entry.chunk_count):
+            if grouped and self._pool is not None:  # its planes come from the calling thread
+                start, stop = entry.chunk_range(c)
+                self._planes.reserve((stop - start) * entry.dtype.itemsize)
             self._submit(entry, tensor.encode, read, c)
 
     def _drain(self) -> None:
@@ -335,9 +341,10 @@ class Writer:
         if raw.size != last - first:
             raise InvalidArgumentError(f"tensor {entry.name!r}: source returned "
                                        f"{raw.size} bytes instead of {last - first}")
-        planes, extra = encoder(raw, start, stop)
+        with planes_from(self._planes) as taken:
+            planes, extra = encoder(raw, start, stop)
         return start, raw.size, [(coding, payload, size, layout.crc32(payload))
-                                 for coding, payload, size in planes], extra
+                                 for coding, payload, size in planes], extra, taken
 
     def _submit(self, entry: TensorEntry, encoder: Callable, read: Callable[[int, int], Any],
                 c: int) -> None:
@@ -353,9 +360,10 @@ class Writer:
         self._write(entry, *future.result())
 
     def _write(self, entry: TensorEntry, start: int, size: int, planes: list[tuple],
-               extra) -> None:
+               extra, taken: list[np.ndarray]) -> None:
         for stream, (coding, payload, plane_size, crc) in zip(entry.streams, planes):
             stream.append(self._container.write_chunk(coding, payload, plane_size, crc))
+        self._planes.give(taken)  # written: a raw payload was a view of one of them
         if extra is not None:  # a lossy chunk: its error stats and (quantized) codes
             stats, codes = extra
             self._tensors[entry.name].stats.merge(stats)

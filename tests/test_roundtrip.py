@@ -366,3 +366,59 @@ def test_tiny_tensor_is_compressed_once_per_layout_tried(tmp_path, monkeypatch, 
         w.add_source("b", dtypes.of_numpy(np.dtype(np.float32)), bias.shape, changing)
     assert len(reads) == 2
     assert_bit_exact(bias * 2, inshrink.load(tmp_path / "c.ink")["b"])
+
+
+def _weights_like(n: int, seed: int) -> np.ndarray:
+    """fp32 values whose exponent planes compress and mantissa planes are stored raw."""
+    return (np.random.default_rng(seed).standard_normal(n) * 0.02).astype(np.float32)
+
+
+def _save(path, tensors, threads):
+    with inshrink.Writer(path, threads=threads, chunk_bytes=256 << 10) as w:
+        for k, v in tensors.items():
+            w.add(k, v, wait=False)
+
+
+def test_recycled_plane_buffers_leave_the_file_unchanged(tmp_path):
+    # 256 KiB chunks: every chunk's planes come from the shared pool, raw mantissa planes are
+    # views of them, and up to 3 x threads chunks are in flight while buffers are handed back
+    from inshrink.codecs.lossless import PLANES
+    tensors = {"w": _weights_like(300_000, 1), "b": _weights_like(1000, 2),
+               "v": _weights_like(170_001, 3)}
+    written = []
+    for threads in (1, 2, 3, 2):
+        path = tmp_path / f"t{threads}.ink"
+        _save(path, tensors, threads)
+        written.append(path.read_bytes())
+        for k, v in inshrink.load(path, threads=threads).items():
+            assert_bit_exact(tensors[k], v)
+    assert all(data == written[0] for data in written[1:])
+    assert PLANES.free_bytes >= 256 << 10
+
+
+def test_a_second_save_fills_the_same_plane_buffers(tmp_path, monkeypatch):
+    from inshrink.codecs import lossless
+    pool = lossless.PlanePool(keep_bytes=8 << 20)
+    monkeypatch.setattr("inshrink.tensorfile.PLANES", pool)
+    tensors = {"w": _weights_like(400_000, 4)}
+    _save(tmp_path / "a.ink", tensors, 2)
+    first = {id(buf) for buf in pool._free}
+    assert first  # the buffers outlive the writer
+    allocated = []
+    monkeypatch.setattr(lossless.np, "empty", lambda *a, **k: allocated.append(a) or
+                        np.zeros(*a, **k))
+    _save(tmp_path / "b.ink", tensors, 2)
+    assert not [a for a in allocated if a and np.prod(a[0]) >= 64 << 10]  # no new planes
+    assert {id(buf) for buf in pool._free} <= first
+    assert (tmp_path / "a.ink").read_bytes() == (tmp_path / "b.ink").read_bytes()
+
+
+def test_plane_pool_keeps_the_largest_buffers_within_its_budget():
+    from inshrink.codecs.lossless import PlanePool
+    pool = PlanePool(keep_bytes=300, min_bytes=100)
+    small, mid, big = pool.take(50), pool.take(120), pool.take(200)
+    pool.give([small, mid, big])
+    assert pool.free_bytes == 200  # 200 + 120 would pass the budget; 50 is never kept
+    again = pool.take(150)
+    assert again.size == 150 and again.base is big
+    assert pool.free_bytes == 0
