@@ -129,7 +129,7 @@ def replay(directory: str, label: str, out: str | None, limit: int | None) -> No
                 "file_bytes": sum(x.stored_bytes for x in infos),
                 "walk": [[e["phase"], [e["choice"][k] for k in ("bins", "embedding_bins", "prune",
                                                                 "protect")],
-                          e["feasible"], e["stored_bytes"]]
+                          e["feasible"], e["stored_bytes"], e["drop"]]
                          for e in report.get("evaluations", [])]}
         lines.append(line)
         print(json.dumps(line), flush=True)

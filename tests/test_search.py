@@ -706,3 +706,133 @@ def test_two_sided_search_rejects_a_lucky_improvement():
     assert Search(0.05, max_evals=4).choose(state, quality).choice is not None
     result = Search(0.05, max_evals=4, two_sided=True).choose(state, quality)
     assert result.choice is None and result.report["two_sided"]
+
+
+# --- the neighbourhood walk led by predicted drops ---------------------------------------
+
+class Drops:
+    """A quality oracle whose relative drop is ``scale * exp(w · point)``: falling with
+    precision on every axis, growing from one checkpoint to the next by ``scale``."""
+
+    def __init__(self, weights, scale=1.0):
+        self.weights, self.scale, self.calls = np.asarray(weights, float), scale, 0
+
+    def drop(self, point):
+        return self.scale * math.exp(float(self.weights @ np.asarray(point, float)))
+
+    def quality(self, state):
+        self.calls += 1
+        if "cfg" not in state:
+            return 1.0
+        choice = Choice.from_dict(json.loads(state["cfg"].tobytes()))
+        return 1.0 + self.drop(SPACE.point(choice))
+
+
+def run_walk(oracle, epsilons, growth, **kwargs):
+    """One Search over checkpoints with falling epsilon and growing drops; per checkpoint the
+    report, after checking that the choice was measured within epsilon on that checkpoint."""
+    search, reports = Search(epsilon=epsilons[0], max_evals=10_000, **kwargs), []
+    for eps in epsilons:
+        search.epsilon = eps
+        result = search.choose(STATE, oracle.quality)
+        report = result.report
+        if result.choice is not None:
+            chosen = [e for e in report["evaluations"]
+                      if e["choice"] == result.choice.to_dict()]
+            assert chosen and chosen[0]["feasible"] and chosen[0]["drop"] <= eps
+            assert report["chosen_result"] is chosen[0]
+        reports.append(report)
+        oracle.scale *= growth
+    return reports
+
+
+def test_predicted_walk_costs_about_one_evaluation_per_checkpoint(monotone_sizes):
+    oracle = Drops([-0.6, -0.4, -0.3, -0.5], scale=0.02)
+    epsilons = list(np.geomspace(0.01, 0.001, 12))
+    reports = run_walk(oracle, epsilons, growth=1.1)
+    later = [r["evaluations_used"] for r in reports[1:]]
+    assert all(r["mode"] == "neighbourhood" for r in reports[1:])
+    assert sum(later) / len(later) <= 1.5
+    # the walk without predictions needs more on the same inputs
+    search = Search(epsilon=epsilons[0], max_evals=10_000)
+    oracle.scale, plain = 0.02, []
+    for eps in epsilons:
+        search.epsilon = eps
+        plain.append(search.choose(STATE, oracle.quality).report["evaluations_used"])
+        search._drops = None  # forget what was measured: the ordered walk
+        oracle.scale *= 1.1
+    assert sum(plain[1:]) > sum(later)
+
+
+def test_previous_choice_predicted_infeasible_is_not_evaluated_first(monotone_sizes):
+    oracle = Drops([-0.6, -0.4, -0.3, -0.5], scale=0.02)
+    search = Search(epsilon=0.01, max_evals=10_000)
+    search.choose(STATE, oracle.quality)
+    start = SPACE.point(search.previous)
+    search.epsilon = 0.5 * oracle.drop(start)  # far below the drop measured last time
+    result = search.choose(STATE, oracle.quality)
+    first = result.report["evaluations"][0]
+    assert SPACE.point(Choice.from_dict(first["choice"])) != start
+    assert result.report["evaluations_used"] == 1 and first["feasible"]
+    assert "predicted" in result.report["reason"]
+
+
+def test_predicted_walk_falls_back_when_nothing_near_is_feasible(monotone_sizes):
+    oracle = Drops([-0.6, -0.4, -0.3, -0.5], scale=0.02)
+    search = Search(epsilon=0.01, max_evals=10_000)
+    search.choose(STATE, oracle.quality)
+    start = SPACE.point(search.previous)
+    corner = tuple(min(s + 1, t) for s, t in zip(start, SPACE.top()))
+    search.epsilon = 0.5 * oracle.drop(corner)
+    result = search.choose(STATE, oracle.quality)
+    near = [e for e in result.report["evaluations"] if e["phase"] == "neighbourhood"]
+    assert len(near) == 1 and not near[0]["feasible"]  # the corner: every neighbour fails
+    assert result.report["mode"] == "fallback"
+    assert oracle.drop(SPACE.point(result.choice)) <= search.epsilon
+
+
+@SYNTHETIC
+@given(st.tuples(*(st.floats(-1.0, 0.0) for _ in range(4))), st.floats(0.002, 0.2),
+       st.lists(st.floats(0.3, 1.2), min_size=2, max_size=6),
+       st.lists(st.floats(0.5, 3.0), min_size=6, max_size=6), st.booleans())
+def test_predicted_walk_chooses_only_measured_feasible_candidates(
+        synthetic_encoding, weights, scale, eps_steps, growth, two_sided):
+    oracle = Drops(weights, scale)
+    search = Search(epsilon=0.01, max_evals=10_000, two_sided=two_sided)
+    previous = None
+    for step, g in zip(eps_steps, growth):
+        search.epsilon *= step
+        result = search.choose(STATE, oracle.quality)
+        if result.choice is not None:
+            chosen = result.report["chosen_result"]
+            assert chosen in result.report["evaluations"]
+            assert chosen["feasible"] and abs(chosen["drop"]) <= search.epsilon
+            if previous is not None:  # never more aggressive than the previous choice
+                assert all(a >= b for a, b in zip(SPACE.point(result.choice),
+                                                  SPACE.point(previous)))
+            previous = result.choice
+        else:
+            assert all(oracle.drop(p) > search.epsilon for p in POINTS
+                       if previous is None or all(a >= b for a, b in
+                                                  zip(p, SPACE.point(previous))))
+        oracle.scale *= g
+
+
+def test_drop_model_learns_the_axes_and_the_drift():
+    from inshrink.search.predict import DropModel
+    weights, model = np.array([-0.6, -0.4, -0.3, -0.5]), DropModel(SPACE.axes())
+    points = [(0, 0, 0, 0), (1, 0, 2, 1), (2, 1, 0, 0), (0, 3, 1, 2), (3, 2, 4, 1)]
+    for scale in (0.01, 0.015, 0.0225):  # drops grow by half from one checkpoint to the next
+        model.observe({(p, "magnitude"): {"quality": 1.0, "drop": scale * math.exp(
+            weights @ p)} for p in points}, two_sided=False)
+    np.testing.assert_allclose(model.weights, weights, rtol=0.02)
+    target = (4, 4, 5, 2)  # never measured: from the nearest point, the axes and the drift
+    predicted = model.predict(target, "magnitude", {})
+    assert predicted == pytest.approx(0.0225 * 1.5 * math.exp(weights @ target), rel=0.05)
+    today = {((3, 2, 4, 1), "magnitude"): 0.05}  # a measurement here replaces the drift
+    assert model.predict(target, "magnitude", today) == pytest.approx(
+        0.05 * math.exp(weights @ np.subtract(target, (3, 2, 4, 1))), rel=0.05)
+    assert model.predict(target, "sensitivity", {}) is None  # nothing measured with it
+    rejected = {"quality": None, "drop": None}  # the error bound's rejections teach nothing
+    model.observe({((0, 0, 0, 0), "magnitude"): rejected}, two_sided=False)
+    assert model.predict(target, "magnitude", {}) == pytest.approx(predicted)

@@ -15,6 +15,7 @@ from ..errors import InvalidArgumentError
 from ..policy import LOSSY_DTYPES, Policy, QuantConfig, role_of
 from .allocation import allocation
 from .evaluate import Evaluator
+from .predict import DropModel
 from .space import Choice, Quality, SearchSpace
 from .walk import guided, neighbourhood
 
@@ -106,6 +107,7 @@ class Search:
         self.threads = threads
         self.previous: Choice | None = None
         self._size_table: tuple[tuple, np.ndarray] | None = None
+        self._drops: DropModel | None = None  # what earlier checkpoints measured
 
     def proxy_policy(self) -> Policy:
         """Without a callback: per tensor, the fewest bins meeting the error bound."""
@@ -185,8 +187,13 @@ class Search:
                 choice, why = guided(ev, (0,) * 4, self.space.top(), metrics, "guided")
                 report.update(mode="guided", reason=why)
             else:
-                choice, why, mode = neighbourhood(ev, self.previous, metrics)
+                model = self._drops if self._drops is not None and \
+                    self._drops.axes == self.space.axes() else None
+                choice, why, mode = neighbourhood(ev, self.previous, metrics, model)
                 report.update(mode=mode, reason=why)
+            if self._drops is None or self._drops.axes != self.space.axes():
+                self._drops = DropModel(self.space.axes())
+            self._drops.observe(ev.results, self.two_sided)
             report.update(baseline=ev.baseline, evaluations=ev.log,
                           evaluations_used=len(ev.log),
                           cap_reached=len(ev.log) >= self.max_evals,

@@ -8,12 +8,17 @@ import itertools
 import math
 
 from .evaluate import Evaluator
+from .predict import DropModel, measured_drop
 from .space import Choice, Point
 
 NEIGHBOURHOOD = 1
 """Radius of the neighbourhood search, in steps along each axis."""
 SIGNIFICANT = 0.25
 """The other prune metric is adopted when it lowers the quality drop by this share of ε."""
+MARGIN = 0.2
+"""A neighbour whose predicted drop exceeds ε by more than this share is evaluated only after
+the others (on the fault benchmark's lm, 0.1 chose 2.6% larger files, 0.4 cost 1.7
+evaluations per checkpoint instead of 1.4)."""
 
 
 def _diagonal(lo: Point, hi: Point) -> list[Point]:
@@ -110,38 +115,98 @@ def _guided_one(ev: Evaluator, lo: Point, hi: Point, metric: str, phase: str) ->
                                        sub_lo, sub_hi))
 
 
-def neighbourhood(ev: Evaluator, previous: Choice,
-                   metrics: list[str]) -> tuple[Choice | None, str, str]:
+def neighbourhood(ev: Evaluator, previous: Choice, metrics: list[str],
+                  model: DropModel | None = None) -> tuple[Choice | None, str, str]:
     """Around the previous choice, never more aggressive; the guided search above it
-    when nothing there is feasible."""
+    when nothing there is feasible.
+
+    With a ``model`` that predicts the drops from earlier checkpoints, the candidates
+    (the previous choice and its neighbours) predicted within ``(1 + MARGIN) * epsilon`` are
+    evaluated first, smallest expected size first, and the first one measured feasible wins;
+    the others only when none of those is left (the previous choice too, which a falling
+    epsilon often rules out). Without predictions (no history, e.g. a resumed series): the
+    previous choice, then (if it fails) the neighbourhood's most precise corner, then the
+    neighbours smallest first. Either way, a choice is a candidate measured feasible here."""
     space = ev.space
     start = space.point(previous)
     metric = previous.prune_metric if previous.prune_metric in metrics else metrics[0]
-    current = ev.evaluate(start, metric, "neighbourhood")
+    eps = ev.search.epsilon
+    predicted = model is not None and model.predict(start, metric, {}) is not None
     why = []
-    for other in (m for m in metrics if m != metric):
-        alt = ev.evaluate(start, other, "metric check")
-        if current is not None and alt is not None and alt["drop"] is not None and (
-                current["drop"] is None or
-                alt["drop"] < current["drop"] - SIGNIFICANT * ev.search.epsilon):
-            metric, current = other, alt
-            why.append(f"switched prune metric to {other}")
+    if not predicted or model.predict(start, metric, {}) <= eps * (1 + MARGIN):
+        current = ev.evaluate(start, metric, "neighbourhood")
+        for other in (m for m in metrics if m != metric):
+            alt = ev.evaluate(start, other, "metric check")
+            if current is not None and alt is not None and alt["drop"] is not None and (
+                    current["drop"] is None or
+                    alt["drop"] < current["drop"] - SIGNIFICANT * eps):
+                metric, current = other, alt
+                why.append(f"switched prune metric to {other}")
     top = space.top()
     ranges = [range(s, min(s + NEIGHBOURHOOD, t) + 1) for s, t in zip(start, top)]
     corner = tuple(r[-1] for r in ranges)
+    candidates = sorted(itertools.product(*ranges), key=ev.expected_bits)
+    if predicted:
+        found = _predicted_walk(ev, model, candidates, start, corner, metric)
+        why.append("first neighbour measured feasible, in order of predicted feasibility "
+                   "and expected size")
+    else:
+        found = _ordered_walk(ev, candidates, start, corner, metric)
+        why.append("least precise feasible neighbour of the previous choice")
+    if found is not None:
+        return space.choice(found, metric), "; ".join(why), "neighbourhood"
+    choice, reason = guided(ev, start, top, metrics, "fallback")
+    return choice, "; ".join(why[:-1] + ["no feasible neighbour: " + reason]), "fallback"
+
+
+def _ordered_walk(ev: Evaluator, candidates: list[Point], start: Point, corner: Point,
+                  metric: str) -> Point | None:
+    """Without predictions: the first feasible neighbour in order of expected size."""
+    current = ev.results.get((start, metric))
     if current is not None and not current["feasible"] and corner != start:
         # the neighbourhood's most precise point first: if it fails, so does every other
         # neighbour (monotonicity), and one evaluation sends us to the fallback
         ev.evaluate(corner, metric, "neighbourhood")
-    candidates = sorted(itertools.product(*ranges), key=ev.expected_bits)
     for point in candidates:
         if ev.known(point, metric) is False:
             continue
         result = ev.evaluate(point, metric, "neighbourhood")
         if result is None:
-            break
+            return None
         if result["feasible"]:
-            why.append("least precise feasible neighbour of the previous choice")
-            return space.choice(point, metric), "; ".join(why), "neighbourhood"
-    choice, reason = guided(ev, start, top, metrics, "fallback")
-    return choice, "; ".join(why + ["no feasible neighbour: " + reason]), "fallback"
+            return point
+    return None
+
+
+def _predicted_walk(ev: Evaluator, model: DropModel, candidates: list[Point], start: Point,
+                    corner: Point, metric: str) -> Point | None:
+    """The neighbours predicted feasible first, smallest expected size first, predictions
+    renewed after each evaluation; the first measured feasible wins. When none is predicted
+    feasible, the corner first: if it fails, every neighbour does."""
+    eps = ev.search.epsilon * (1 + MARGIN)
+    probe = None
+    if (start, metric) in ev.results and ev.results[(start, metric)]["feasible"]:
+        return start
+    while True:
+        pending = [p for p in candidates
+                   if (p, metric) not in ev.results and ev.known(p, metric) is not False]
+        if not pending:
+            break
+        today = {key: d for key, r in ev.results.items()
+                 if (d := measured_drop(r, ev.search.two_sided)) is not None}
+        likely = [p for p in pending
+                  if (d := model.predict(p, metric, today)) is not None and d <= eps]
+        if likely:
+            point = likely[0]
+        elif probe is None and corner in pending and corner != start:
+            point = probe = corner
+        else:
+            point = pending[0]
+        result = ev.evaluate(point, metric, "neighbourhood")
+        if result is None:
+            break  # cap reached
+        if result["feasible"] and point != probe:
+            return point
+    if probe is not None and ev.results.get((probe, metric), {}).get("feasible"):
+        return probe
+    return None
