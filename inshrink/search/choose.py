@@ -49,7 +49,10 @@ class SearchResult:
 
 
 class Search:
-    """Chooses a configuration per checkpoint; remembers the previous choice.
+    """Chooses a configuration per checkpoint; remembers the previous choice and the quality
+    drops measured so far, which order the next checkpoint's candidates (the one predicted
+    feasible and smallest first); a choice is always one measured within the bound on its own
+    checkpoint.
 
     Parameters
     ----------
