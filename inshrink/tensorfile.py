@@ -235,6 +235,12 @@ class Writer:
         self._container = ContainerWriter(path)
         self._pool = _executor(self._threads)
         self._planes = PLANES  # plane buffers, recycled once their records are written
+        # chunks are numbered as submitted and written in that order by the pool threads
+        self._order = threading.Lock()
+        self._encoded: dict[int, tuple] = {}  # encoded, waiting for a predecessor's write
+        self._submitted = self._written = 0
+        self._writing = False  # whether a pool thread is writing chunks now
+        self._failed: BaseException | None = None
         self._closed = False
 
     def add(self, name: str, array: Any, *, importance: Any = None, wait: bool = True) -> None:
@@ -330,7 +336,10 @@ class Writer:
         while self._preparing:
             self._start_oldest()
         while self._pending:
-            self._write_oldest()
+            self._wait_oldest()
+        if self._failed is not None:  # a chunk is missing: the file cannot be finished
+            raise InvalidArgumentError(f"the file cannot be finished: a chunk failed "
+                                       f"({self._failed})") from self._failed
 
     def _encode(self, entry: TensorEntry, encoder: Callable, read: Callable[[int, int], Any],
                 c: int) -> tuple:
@@ -349,18 +358,55 @@ class Writer:
     def _submit(self, entry: TensorEntry, encoder: Callable, read: Callable[[int, int], Any],
                 c: int) -> None:
         if self._pool is None:
-            self._write(entry, *self._encode(entry, encoder, read, c))
+            start, size, *rest = self._encode(entry, encoder, read, c)
+            self._write(entry, start, *rest)
+            if self._progress is not None:
+                self._progress(size)
             return
-        self._pending.append((entry, self._pool.submit(self._encode, entry, encoder, read, c)))
+        seq, self._submitted = self._submitted, self._submitted + 1
+        self._pending.append(self._pool.submit(self._encode_and_write, seq, entry, encoder,
+                                               read, c))
         while len(self._pending) > 2 * self._threads:
-            self._write_oldest()
+            self._wait_oldest()
 
-    def _write_oldest(self) -> None:
-        entry, future = self._pending.popleft()
-        self._write(entry, *future.result())
+    def _wait_oldest(self) -> None:
+        size = self._pending.popleft().result()
+        if self._progress is not None:
+            self._progress(size)
 
-    def _write(self, entry: TensorEntry, start: int, size: int, planes: list[tuple],
-               extra, taken: list[np.ndarray]) -> None:
+    def _encode_and_write(self, seq: int, entry: TensorEntry, encoder: Callable,
+                          read: Callable[[int, int], Any], c: int) -> int:
+        """Encode chunk number ``seq`` of the file, then write every encoded chunk whose
+        predecessors are written, unless another thread is doing so (runs on a pool thread:
+        the records go out in order while the calling thread only waits, and each payload is
+        most often written by the thread that made it, from its cache). Returns the chunk's
+        size in bytes."""
+        try:
+            start, size, *rest = self._encode(entry, encoder, read, c)
+        except BaseException as exc:
+            self._failed = self._failed or exc  # the chunks after it can never be written
+            raise
+        with self._order:
+            self._encoded[seq] = (entry, start, *rest)
+            if self._writing:  # that thread writes this chunk too when its turn comes
+                return size
+            self._writing = True
+        while True:
+            with self._order:
+                item = None if self._failed else self._encoded.pop(self._written, None)
+                if item is None:
+                    self._writing = False
+                    return size
+                self._written += 1
+            try:
+                self._write(*item)
+            except BaseException as exc:
+                with self._order:
+                    self._failed, self._writing = self._failed or exc, False
+                raise
+
+    def _write(self, entry: TensorEntry, start: int, planes: list[tuple], extra,
+               taken: list[np.ndarray]) -> None:
         for stream, (coding, payload, plane_size, crc) in zip(entry.streams, planes):
             stream.append(self._container.write_chunk(coding, payload, plane_size, crc))
         self._planes.give(taken)  # written: a raw payload was a view of one of them
@@ -369,8 +415,6 @@ class Writer:
             self._tensors[entry.name].stats.merge(stats)
             if self._codes is not None and codes is not None:
                 self._codes[entry.name][start:start + codes.size] = codes
-        if self._progress is not None:
-            self._progress(size)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -410,7 +454,7 @@ class Writer:
         """Discard the file being written; any previous file at the path is kept."""
         if self._closed:
             return
-        for _, future in self._pending:
+        for future in self._pending:
             future.cancel()
         for _, _, future in self._preparing:
             future.cancel()

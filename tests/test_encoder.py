@@ -71,3 +71,39 @@ def test_bad_importance_fails_in_add_with_threads(tmp_path):
             w.add("w.weight", tensors(1)["layer0.weight"], importance=np.ones(3), wait=False)
         w.add("w.weight", tensors(1)["layer0.weight"], wait=False)
     assert list(inshrink.load(tmp_path / "x.ink")) == ["w.weight"]
+
+
+def test_records_are_written_by_the_pool_threads_in_order(tmp_path, monkeypatch):
+    from inshrink.container.writer import ContainerWriter
+    writers, original = set(), ContainerWriter.write_chunk
+
+    def write_chunk(self, *args, **kwargs):
+        writers.add(threading.current_thread().name)
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(ContainerWriter, "write_chunk", write_chunk)
+    data = {"w": (np.random.default_rng(5).standard_normal(200_000) * 0.02).astype(np.float32),
+            **tensors(3)}
+    sizes = []
+    for threads in (2, 1):
+        with inshrink.Writer(tmp_path / f"t{threads}.ink", policy=POLICY, threads=threads,
+                             chunk_bytes=64 << 10, progress=sizes.append) as w:
+            for name, x in data.items():
+                w.add(name, x, wait=False)
+        if threads == 2:
+            assert writers and all(name.startswith("inshrink") for name in writers)
+    assert (tmp_path / "t1.ink").read_bytes() == (tmp_path / "t2.ink").read_bytes()
+    assert sum(sizes) == 2 * sum(x.nbytes for x in data.values())  # progress: every chunk
+
+
+def test_a_chunk_that_fails_on_a_pool_thread_leaves_no_file(tmp_path):
+    x = np.arange(100_000, dtype=np.float32).view(np.uint8)
+
+    def read(start, stop):  # the third chunk comes back short
+        return x[start:stop - 4] if start == 2 * 8192 else x[start:stop]
+    w = inshrink.Writer(tmp_path / "x.ink", threads=2, chunk_bytes=8192)
+    with pytest.raises(errors.InvalidArgumentError, match="returned"):
+        w.add_source("a", F32, (25_000,), read)
+        w.add("b", np.ones(10, np.float32))  # waits for everything added before it
+    with pytest.raises(errors.InvalidArgumentError, match="cannot be finished"):
+        w.close()
+    assert list(tmp_path.iterdir()) == []
