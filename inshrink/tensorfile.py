@@ -153,6 +153,12 @@ class Writer:
     ``path`` until :meth:`close` succeeds; leaving a ``with`` block by an exception discards
     the new file and keeps any previous one.
 
+    With threads, the encoder threads also write the records (in order); the calling thread
+    only waits. A chunk that fails to encode makes :meth:`close` fail. Byte-grouping planes
+    come from buffers shared by the process's writers, of which up to 32 MiB stay allocated
+    between saves (:data:`inshrink.codecs.lossless.PLANES`), so that saving again does not
+    fault their pages in again.
+
     Parameters
     ----------
     path : str or os.PathLike
