@@ -426,3 +426,27 @@ def test_plane_pool_keeps_the_largest_buffers_within_its_budget():
     again = pool.take(150)
     assert again.size == 150 and again.base is big
     assert pool.free_bytes == 0
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_child_forked_while_the_plane_pool_is_locked_can_save(tmp_path):
+    import os
+    import signal
+    import time
+
+    from inshrink.codecs.lossless import PLANES
+    with PLANES._lock:  # as if another thread were taking a buffer at fork time
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _save(tmp_path / "c.ink", {"w": _weights_like(100_000, 6)}, 2)
+            finally:
+                os._exit(0)
+    deadline = time.monotonic() + 20
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on the plane pool's lock")
+        time.sleep(0.01)
+    assert inshrink.load(tmp_path / "c.ink")["w"].size == 100_000

@@ -7,6 +7,7 @@ chunk each per element range. See spec/FORMAT.md, "Stage bytegroup".
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -200,6 +201,8 @@ class PlanePool:
 # Shared by every writer of the process: 7 chunks of the default 4 MiB are in flight with 2
 # threads; a checkpoint saved again finds them mapped.
 PLANES = PlanePool(keep_bytes=32 << 20)
+# a child forked while another thread held the pool's lock would wait for it forever
+os.register_at_fork(after_in_child=lambda: PLANES.__init__(32 << 20))
 
 
 _lent = threading.local()
