@@ -12,7 +12,8 @@ scores, epsilon and whether the late first-moment configuration applied; plus th
 time (steps only). No failure is injected: the search sees one undisturbed run.
 
 ``replay`` runs one fresh ``Search`` over those checkpoints in order, as the Checkpointer does
-(the model set to each checkpoint's weights, the KL quality callback reset), and per
+(the model set to each checkpoint's weights, the KL quality callback reset; ``--predict``:
+``Search(predict=True)``), and per
 checkpoint times ``Search.choose``, counts the quality calls, and times a plain
 ``inshrink.save`` of the state with the chosen policy. The inshrink it imports is the one on
 ``PYTHONPATH``, so two revisions replay the same recorded inputs. The JSON lines it prints
@@ -78,7 +79,8 @@ def _record(directory: str, series: str, seed: int) -> None:
           f"({train_cpu:.1f} CPU-s), checkpointer {ck.seconds:.1f} s")
 
 
-def replay(directory: str, label: str, out: str | None, limit: int | None) -> None:
+def replay(directory: str, label: str, out: str | None, limit: int | None,
+           predict: bool = False) -> None:
     import inshrink
     from inshrink.search import Search, SearchSpace
     from inshrink.torch.quality import quality_from
@@ -89,7 +91,8 @@ def replay(directory: str, label: str, out: str | None, limit: int | None) -> No
     settings = task.search_settings
     criterion = settings.get("criterion", "loss")
     space = SearchSpace()
-    search = Search(EPSILON / RESTORES, space=space, max_evals=24, two_sided=True, threads=1)
+    search = Search(EPSILON / RESTORES, space=space, max_evals=24, two_sided=True, threads=1,
+                    **({"predict": True} if predict else {}))
     lines = []
     checkpoints = run["checkpoints"][:limit]
     for i, meta in enumerate(checkpoints, 1):
@@ -174,11 +177,12 @@ def main(argv=None) -> int:
     ap.add_argument("--label", default="current")
     ap.add_argument("--out", help="JSON of the replay")
     ap.add_argument("--limit", type=int, help="replay only the first N checkpoints")
+    ap.add_argument("--predict", action="store_true", help="Search(predict=True)")
     args = ap.parse_args(argv)
     if args.action == "record":
         record(args.dir, args.seed)
     else:
-        replay(args.dir, args.label, args.out, args.limit)
+        replay(args.dir, args.label, args.out, args.limit, args.predict)
     return 0
 
 

@@ -731,7 +731,7 @@ class Drops:
 def run_walk(oracle, epsilons, growth, **kwargs):
     """One Search over checkpoints with falling epsilon and growing drops; per checkpoint the
     report, after checking that the choice was measured within epsilon on that checkpoint."""
-    search, reports = Search(epsilon=epsilons[0], max_evals=10_000, **kwargs), []
+    search, reports = Search(epsilon=epsilons[0], max_evals=10_000, predict=True, **kwargs), []
     for eps in epsilons:
         search.epsilon = eps
         result = search.choose(STATE, oracle.quality)
@@ -753,20 +753,37 @@ def test_predicted_walk_costs_about_one_evaluation_per_checkpoint(monotone_sizes
     later = [r["evaluations_used"] for r in reports[1:]]
     assert all(r["mode"] == "neighbourhood" for r in reports[1:])
     assert sum(later) / len(later) <= 1.5
-    # the walk without predictions needs more on the same inputs
+    # the default walk (the cheapest feasible neighbour) needs more on the same inputs
     search = Search(epsilon=epsilons[0], max_evals=10_000)
     oracle.scale, plain = 0.02, []
     for eps in epsilons:
         search.epsilon = eps
         plain.append(search.choose(STATE, oracle.quality).report["evaluations_used"])
-        search._drops = None  # forget what was measured: the ordered walk
         oracle.scale *= 1.1
     assert sum(plain[1:]) > sum(later)
 
 
+def test_default_walk_skips_only_the_corner_probe_that_predictions_call_feasible(
+        monotone_sizes):
+    epsilons = list(np.geomspace(0.01, 0.001, 12))
+    runs = {}
+    for remember in (True, False):
+        oracle = Drops([-0.6, -0.4, -0.3, -0.5], scale=0.02)
+        search, runs[remember] = Search(epsilon=epsilons[0], max_evals=10_000), []
+        for eps in epsilons:
+            search.epsilon = eps
+            result = search.choose(STATE, oracle.quality)
+            runs[remember].append((result.choice, result.report["evaluations_used"]))
+            if not remember:
+                search._drops = None  # as after a resume: nothing measured to predict from
+            oracle.scale *= 1.1
+    assert [c for c, _ in runs[True]] == [c for c, _ in runs[False]]  # the same choices
+    assert sum(n for _, n in runs[True][1:]) < sum(n for _, n in runs[False][1:])
+
+
 def test_previous_choice_predicted_infeasible_is_not_evaluated_first(monotone_sizes):
     oracle = Drops([-0.6, -0.4, -0.3, -0.5], scale=0.02)
-    search = Search(epsilon=0.01, max_evals=10_000)
+    search = Search(epsilon=0.01, max_evals=10_000, predict=True)
     search.choose(STATE, oracle.quality)
     start = SPACE.point(search.previous)
     search.epsilon = 0.5 * oracle.drop(start)  # far below the drop measured last time
@@ -779,7 +796,7 @@ def test_previous_choice_predicted_infeasible_is_not_evaluated_first(monotone_si
 
 def test_predicted_walk_falls_back_when_nothing_near_is_feasible(monotone_sizes):
     oracle = Drops([-0.6, -0.4, -0.3, -0.5], scale=0.02)
-    search = Search(epsilon=0.01, max_evals=10_000)
+    search = Search(epsilon=0.01, max_evals=10_000, predict=True)
     search.choose(STATE, oracle.quality)
     start = SPACE.point(search.previous)
     corner = tuple(min(s + 1, t) for s, t in zip(start, SPACE.top()))
@@ -794,11 +811,11 @@ def test_predicted_walk_falls_back_when_nothing_near_is_feasible(monotone_sizes)
 @SYNTHETIC
 @given(st.tuples(*(st.floats(-1.0, 0.0) for _ in range(4))), st.floats(0.002, 0.2),
        st.lists(st.floats(0.3, 1.2), min_size=2, max_size=6),
-       st.lists(st.floats(0.5, 3.0), min_size=6, max_size=6), st.booleans())
-def test_predicted_walk_chooses_only_measured_feasible_candidates(
-        synthetic_encoding, weights, scale, eps_steps, growth, two_sided):
+       st.lists(st.floats(0.5, 3.0), min_size=6, max_size=6), st.booleans(), st.booleans())
+def test_walks_choose_only_measured_feasible_candidates(
+        synthetic_encoding, weights, scale, eps_steps, growth, two_sided, predict):
     oracle = Drops(weights, scale)
-    search = Search(epsilon=0.01, max_evals=10_000, two_sided=two_sided)
+    search = Search(epsilon=0.01, max_evals=10_000, two_sided=two_sided, predict=predict)
     previous = None
     for step, g in zip(eps_steps, growth):
         search.epsilon *= step
@@ -820,7 +837,7 @@ def test_predicted_walk_chooses_only_measured_feasible_candidates(
 
 def test_drop_model_learns_the_axes_and_the_drift():
     from inshrink.search.predict import DropModel
-    weights, model = np.array([-0.6, -0.4, -0.3, -0.5]), DropModel(SPACE.axes())
+    weights, model = np.array([-0.6, -0.5, -0.45, -0.7]), DropModel(SPACE.axes())
     points = [(0, 0, 0, 0), (1, 0, 2, 1), (2, 1, 0, 0), (0, 3, 1, 2), (3, 2, 4, 1)]
     for scale in (0.01, 0.015, 0.0225):  # drops grow by half from one checkpoint to the next
         model.observe({(p, "magnitude"): {"quality": 1.0, "drop": scale * math.exp(

@@ -15,6 +15,8 @@ GROWTH = 3
 """Checkpoints whose drift of the drops (from one checkpoint to the next) is averaged."""
 RIDGE = 0.1
 """Pull of the per-axis fit towards "a step changes nothing", for axes seldom stepped."""
+STEP = -0.4
+"""The least log-drop change credited to one step along an axis (a cut by a third)."""
 
 
 def measured_drop(result: dict, two_sided: bool) -> float | None:
@@ -80,6 +82,9 @@ class DropModel:
             logs = np.array([y for _, y in self.rows])
             gram = steps.T @ steps + RIDGE * np.eye(steps.shape[1])
             # more precision never costs quality: a positive step is noise
-            self.weights = np.minimum(np.linalg.solve(gram, steps.T @ logs), 0.0)
+            # a step is assumed to cut the drop by a third at least: an axis that the fit
+            # cannot tell from the others (the guided search moves them together) is tried
+            # rather than written off, which once locked a run into ever more bins
+            self.weights = np.minimum(np.linalg.solve(gram, steps.T @ logs), STEP)
         if today:
             self.last = today

@@ -131,9 +131,10 @@ def neighbourhood(ev: Evaluator, previous: Choice, metrics: list[str],
     start = space.point(previous)
     metric = previous.prune_metric if previous.prune_metric in metrics else metrics[0]
     eps = ev.search.epsilon
-    predicted = model is not None and model.predict(start, metric, {}) is not None
+    guess = None if model is None else model.predict(start, metric, {})
+    predicted = guess is not None and ev.search.predict
     why = []
-    if not predicted or model.predict(start, metric, {}) <= eps * (1 + MARGIN):
+    if not predicted or guess <= eps * (1 + MARGIN):
         current = ev.evaluate(start, metric, "neighbourhood")
         for other in (m for m in metrics if m != metric):
             alt = ev.evaluate(start, other, "metric check")
@@ -151,7 +152,7 @@ def neighbourhood(ev: Evaluator, previous: Choice, metrics: list[str],
         why.append("first neighbour measured feasible, in order of predicted feasibility "
                    "and expected size")
     else:
-        found = _ordered_walk(ev, candidates, start, corner, metric)
+        found = _ordered_walk(ev, model, candidates, start, corner, metric)
         why.append("least precise feasible neighbour of the previous choice")
     if found is not None:
         return space.choice(found, metric), "; ".join(why), "neighbourhood"
@@ -159,14 +160,19 @@ def neighbourhood(ev: Evaluator, previous: Choice, metrics: list[str],
     return choice, "; ".join(why[:-1] + ["no feasible neighbour: " + reason]), "fallback"
 
 
-def _ordered_walk(ev: Evaluator, candidates: list[Point], start: Point, corner: Point,
-                  metric: str) -> Point | None:
-    """Without predictions: the first feasible neighbour in order of expected size."""
+def _ordered_walk(ev: Evaluator, model: DropModel | None, candidates: list[Point],
+                  start: Point, corner: Point, metric: str) -> Point | None:
+    """The first feasible neighbour in order of expected size (the cheapest feasible)."""
     current = ev.results.get((start, metric))
     if current is not None and not current["feasible"] and corner != start:
-        # the neighbourhood's most precise point first: if it fails, so does every other
-        # neighbour (monotonicity), and one evaluation sends us to the fallback
-        ev.evaluate(corner, metric, "neighbourhood")
+        today = {key: d for key, r in ev.results.items()
+                 if (d := measured_drop(r, ev.search.two_sided)) is not None}
+        guess = None if model is None else model.predict(corner, metric, today)
+        if guess is None or guess > ev.search.epsilon:
+            # the neighbourhood's most precise point first: if it fails, so does every
+            # other neighbour (monotonicity), and one evaluation sends us to the fallback;
+            # not when the drops measured so far predict it feasible (it decides nothing)
+            ev.evaluate(corner, metric, "neighbourhood")
     for point in candidates:
         if ev.known(point, metric) is False:
             continue
