@@ -10,11 +10,11 @@ whose quality stays within a relative ``epsilon`` of the uncompressed state:
   the sub-cubes that can hold a smaller feasible point are searched next, most promising
   first (branch and bound on an expected size);
 * later checkpoints get the *neighbourhood search*: the previous choice and its neighbours one
-  step towards more precision (never more aggressive); those whose quality drop, predicted
-  from the drops measured on earlier checkpoints (:class:`~.predict.DropModel`), is within
-  epsilon (with a margin) are evaluated first, smallest expected size first, and the first
-  measured feasible wins; when none is feasible, the guided search over the cube above the
-  previous choice.
+  step towards more precision (never more aggressive), smallest expected size first, the first
+  feasible one wins (with ``Search(predict=True)``: those whose quality drop, predicted from
+  the drops measured on earlier checkpoints by :class:`~.predict.DropModel`, is within
+  epsilon first); when none is feasible, the guided search over the cube above the previous
+  choice.
 
 Every evaluation compresses the searched tensors with the candidate configuration, decodes
 them and calls the callback, so a chosen configuration is one whose *actual* encoding was

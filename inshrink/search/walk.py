@@ -120,13 +120,14 @@ def neighbourhood(ev: Evaluator, previous: Choice, metrics: list[str],
     """Around the previous choice, never more aggressive; the guided search above it
     when nothing there is feasible.
 
-    With a ``model`` that predicts the drops from earlier checkpoints, the candidates
-    (the previous choice and its neighbours) predicted within ``(1 + MARGIN) * epsilon`` are
-    evaluated first, smallest expected size first, and the first one measured feasible wins;
-    the others only when none of those is left (the previous choice too, which a falling
-    epsilon often rules out). Without predictions (no history, e.g. a resumed series): the
-    previous choice, then (if it fails) the neighbourhood's most precise corner, then the
-    neighbours smallest first. Either way, a choice is a candidate measured feasible here."""
+    By default the previous choice, then (if it fails) the neighbourhood's most precise
+    corner unless ``model`` predicts it feasible, then the neighbours smallest first: the
+    cheapest feasible neighbour. With ``Search(predict=True)`` and a ``model`` that predicts
+    the drops from earlier checkpoints, the candidates (the previous choice and its
+    neighbours) predicted within ``(1 + MARGIN) * epsilon`` are evaluated first, smallest
+    expected size first, and the first one measured feasible wins; the others only when
+    none of those is left (the previous choice too, which a falling epsilon often rules
+    out). Either way, a choice is a candidate measured feasible here."""
     space = ev.space
     start = space.point(previous)
     metric = previous.prune_metric if previous.prune_metric in metrics else metrics[0]
