@@ -81,10 +81,10 @@ class DropModel:
             steps = np.array([s for s, _ in self.rows], dtype=float)
             logs = np.array([y for _, y in self.rows])
             gram = steps.T @ steps + RIDGE * np.eye(steps.shape[1])
-            # more precision never costs quality: a positive step is noise
-            # a step is assumed to cut the drop by a third at least: an axis that the fit
-            # cannot tell from the others (the guided search moves them together) is tried
-            # rather than written off, which once locked a run into ever more bins
+            # more precision never costs quality, and a step is credited with a cut by a third
+            # at least: an axis the fit cannot tell from the others (the guided search moves
+            # them together) is then tried rather than written off, which once locked a run
+            # into ever more bins
             self.weights = np.minimum(np.linalg.solve(gram, steps.T @ logs), STEP)
         if today:
             self.last = today
