@@ -10,6 +10,13 @@ import io
 import os
 import tempfile
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock, one writer is the caller's responsibility
+    fcntl = None  # type: ignore[assignment]
+
+from .errors import SeriesLockedError
+
 
 def named_error(exc: OSError, path: str) -> OSError:
     """``exc`` as an error about writing ``path`` (unchanged if it names ``path`` already or
@@ -114,6 +121,45 @@ def fsync_directory(directory: str) -> None:
         return
     try:
         os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def take_write_lock(path: str, where: str, busy: str) -> int | None:
+    """An exclusive ``flock`` on ``path`` (created if missing), taken without waiting; its
+    descriptor, or None where there is no ``flock``. The holder's pid is written into the
+    file for the message a second writer gets: :class:`SeriesLockedError`
+    ``"{where}: another writer (pid N) {busy}"``."""
+    if fcntl is None:
+        return None
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        raise SeriesLockedError(
+            f"{where}: another writer{f' (pid {holder})' if holder else ''} {busy}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass
+    return fd
+
+
+def release_write_lock(fd: int, owner_pid: int | None = None) -> None:
+    """Unlock and close a descriptor from :func:`take_write_lock`. With ``owner_pid``, a
+    forked child (another pid) only closes it: the lock is its parent's."""
+    try:
+        if owner_pid is None or os.getpid() == owner_pid:
+            os.ftruncate(fd, 0)  # no stale pid for the next holder's contenders
+            fcntl.flock(fd, fcntl.LOCK_UN)
     except OSError:
         pass
     finally:

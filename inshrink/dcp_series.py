@@ -68,18 +68,13 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-try:
-    import fcntl
-except ImportError:  # not POSIX: no lock, as inshrink.Series
-    fcntl = None  # type: ignore[assignment]
-
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem, SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from . import digest as _digest
-from .atomic import AtomicFile
+from .atomic import AtomicFile, release_write_lock, take_write_lock
 from .dcp import (_RANK_FILE, METADATA_FILE, InkStorageReader, InkStorageWriter, _checked_output,
                   _consolidate_to, _describe, _done, _named, _RankFiles, _read_metadata)
 from .errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError,
@@ -378,29 +373,16 @@ class InkSeries:
         of its own failed before its commit); SeriesLockedError at once if another object or
         process holds it."""
         with self._guard:
-            if self._lock_fd is not None or fcntl is None:
+            if self._lock_fd is not None:
                 return
             os.makedirs(self.directory, exist_ok=True)
-            fd = os.open(self._path(LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-                os.close(fd)
-                raise SeriesLockedError(
-                    f"{self.directory}: another writer{f' (pid {holder})' if holder else ''} "
-                    f"holds this DCP series; it takes one writer at a time (close() the other "
-                    f"InkSeries, or end its job)") from None
-            except BaseException:
-                os.close(fd)
-                raise
-            try:  # who holds it, for the message a second writer gets
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            except OSError:
-                pass
+            fd = take_write_lock(self._path(LOCK), self.directory,
+                                 "holds this DCP series; it takes one writer at a time "
+                                 "(close() the other InkSeries, or end its job)")
+            if fd is None:  # no flock on this platform
+                return
             self._lock_fd = fd
-            self._unlock = weakref.finalize(self, _release_lock, fd, os.getpid())
+            self._unlock = weakref.finalize(self, release_write_lock, fd, os.getpid())
 
     def close(self) -> None:
         """Release the write lock if this object holds it (after a save that failed before
@@ -665,18 +647,6 @@ def _check_metadata_files(metadata: Metadata, entry: Step, path: str) -> None:
         raise CorruptError(f"[M-17] {os.path.join(path, odd)}: {METADATA_FILE} and the series "
                            f"manifest disagree on the step's rank files (one names it, the "
                            f"other does not)")
-
-
-def _release_lock(fd: int, pid: int) -> None:
-    """Unlock and close; in a forked child only close (the lock is its parent's)."""
-    try:
-        if os.getpid() == pid:
-            os.ftruncate(fd, 0)  # no stale pid for the next holder's contenders
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _remove(path: str) -> None:

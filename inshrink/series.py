@@ -32,13 +32,8 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-try:
-    import fcntl
-except ImportError:  # not POSIX: no lock, one writer is the caller's responsibility
-    fcntl = None  # type: ignore[assignment]
-
 from . import digest as _digest
-from .atomic import AtomicFile
+from .atomic import AtomicFile, release_write_lock, take_write_lock
 from .dtypes import as_numpy
 from .errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError,
                      SeriesLockedError)
@@ -271,12 +266,7 @@ class Series:
             yield
         finally:
             if fd is not None:
-                try:
-                    os.ftruncate(fd, 0)  # no stale pid for the next holder's contenders
-                except OSError:
-                    pass
-                fcntl.flock(fd, fcntl.LOCK_UN)  # also if a forked child shares the descriptor
-                os.close(fd)
+                release_write_lock(fd)  # unlocks also if a forked child shares the descriptor
 
     def _debris(self) -> list[str]:
         """Files an interrupted save left: temporaries of the series' own files, and
@@ -291,26 +281,8 @@ class Series:
 
     def _lock(self) -> int | None:
         """Take the exclusive lock without waiting; SeriesLockedError if someone holds it."""
-        if fcntl is None:
-            return None
-        fd = os.open(self._path(LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-            os.close(fd)
-            raise SeriesLockedError(
-                f"{self.directory}: another writer{f' (pid {holder})' if holder else ''} is "
-                f"saving into this series; a series takes one writer at a time") from None
-        except BaseException:
-            os.close(fd)
-            raise
-        try:  # who holds it, for the message a second writer gets
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError:
-            pass
-        return fd
+        return take_write_lock(self._path(LOCK), self.directory,
+                               "is saving into this series; a series takes one writer at a time")
 
     # -- manifest --------------------------------------------------------------------------
 
