@@ -407,10 +407,15 @@ def _file(path: str, output: str | None, bytes_in: int, bytes_out: int, *,
 
 
 def _report(command: str, started: float, inputs: list[str], outputs: list[str],
-            files: list[dict], uncompressed: int, compressed: int,
+            files: list[dict], uncompressed: int | None = None, compressed: int | None = None,
             problems: list[str] | None = None) -> dict:
-    """The one JSON shape of every command (README.md, "Command line")."""
+    """The one JSON shape of every command (README.md, "Command line"). The ratio is
+    ``uncompressed / compressed``: by default the tensors' bytes over the input files'."""
     infos = [t for f in files for t in f["tensors"]]
+    if uncompressed is None:
+        uncompressed = sum(t.nbytes for t in infos)
+    if compressed is None:
+        compressed = sum(f["bytes_in"] for f in files)
     lossy = [t for t in infos if not t.lossless]
     errors = [e for e in map(_rel_l2, lossy) if e is not None]
     problems = list(problems or []) + [f"{f['input']}: {f['error']}" for f in files
@@ -620,9 +625,7 @@ def cmd_info(args, started: float) -> int:
         check_ink(path)
         details = _ink_details(path)
         files.append(_file(path, None, os.path.getsize(path), 0, **details))
-    report = _report("info", started, [args.input], [], files,
-                     sum(t.nbytes for f in files for t in f["tensors"]),
-                     sum(f["bytes_in"] for f in files))
+    report = _report("info", started, [args.input], [], files)
     if args.json:
         _print_json(report)
         return EXIT_OK
@@ -721,8 +724,7 @@ def cmd_verify(args, started: float) -> int:
             files.append(_file(path, None, _size(path), 0,
                                error=f"{type(exc).__name__}: {message}"))
     report = _report("verify", started, list(args.input), [], files,
-                     sum(t.nbytes for f in files for t in f["tensors"]),
-                     sum(f["bytes_in"] for f in files), problems=problems)
+                     problems=problems)
     if args.json:
         _print_json(report)
     else:
@@ -834,9 +836,7 @@ def _dcp_info(args, started: float) -> int:
     path = args.input
     metadata, rows, infos = _dcp_details(path)
     files = _dcp_files(path, infos)
-    report = _report("info", started, [path], [], files,
-                     sum(t.nbytes for f in files for t in f["tensors"]),
-                     sum(f["bytes_in"] for f in files))
+    report = _report("info", started, [path], [], files)
     if args.json:
         _print_json(report)
         return EXIT_OK
@@ -922,9 +922,7 @@ def _dcp_series_files(path: str):
 def _dcp_series_info(args, started: float) -> int:
     path = args.input
     _, files = _dcp_series_files(path)
-    report = _report("info", started, [path], [], files,
-                     sum(t.nbytes for f in files for t in f["tensors"]),
-                     sum(f["bytes_in"] for f in files))
+    report = _report("info", started, [path], [], files)
     if args.json:
         _print_json(report)
         return EXIT_OK
@@ -1030,8 +1028,7 @@ def cmd_series(args, started: float) -> int:
     problems = series.verify() if args.series_command == "verify" else []
     files = [_checkpoint_file(args.directory, e) for e in series.checkpoints()]
     report = _report(f"series {args.series_command}", started, [args.directory], [], files,
-                     sum(t.nbytes for f in files for t in f["tensors"]),
-                     sum(f["bytes_in"] for f in files), problems=problems)
+                     problems=problems)
     if args.json:
         _print_json(report)
     elif args.series_command == "ls":
@@ -1077,9 +1074,7 @@ def _series_report(args, series, started: float) -> int:
     files = [{**_checkpoint_file(args.directory, e),
               "search": {k: by_step[e.step][k] for k in _r.SEARCH_FIELDS}}
              for e in series.checkpoints()]
-    report = _report("series report", started, [args.directory], [dst] if dst else [], files,
-                     sum(t.nbytes for f in files for t in f["tensors"]),
-                     sum(f["bytes_in"] for f in files))
+    report = _report("series report", started, [args.directory], [dst] if dst else [], files)
     if dst is not None:
         report["bytes_out"] = os.path.getsize(dst)
     if args.json:
