@@ -154,7 +154,7 @@ def _quantizer(arr: np.ndarray, dtype: dtypes.DType, ranges: list, bins: int, do
             continue  # clearly too coarse: skip the exact pass
         total = ChunkStats()
         for x in work:
-            total.merge(encoder.stats(x, encoder.assign(x)))
+            total.merge(encoder.error(x))
         if total.rel_l2(sketch.sumsq) <= max_rel_l2:
             return encoder, sketch.sumsq, tried
     return None

@@ -153,6 +153,11 @@ class QuantEncoder:
         kernels.error_stats(x, codes, self._table, self.stage.escape, self.prune_below, out)
         return _stats(x.size, out)
 
+    def error(self, x: np.ndarray) -> "ChunkStats":
+        """The error quantizing one chunk (``x`` in the work dtype) makes, in the one pass
+        :meth:`quantize` takes (:meth:`assign` and :meth:`stats` are its two-pass reference)."""
+        return self._encode(x, None)[2]
+
     def _encode(self, x: np.ndarray, force: np.ndarray | None
                 ) -> tuple[np.ndarray, np.ndarray, "ChunkStats"]:
         """(codes, escaped positions, error) of one chunk in one pass (``x`` in the work
