@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import os
 import tempfile
 import threading
@@ -90,13 +91,21 @@ def resolve_threads(threads: int | None) -> int:
     return threads
 
 
-def pipeline_for(entry: TensorEntry, has_base: bool = True) -> Pipeline:
+def pipeline_for(entry: TensorEntry, has_base: bool = True,
+                 known: dict | None = None) -> Pipeline:
     """Validate a tensor entry's chain and stream sizes; return its pipeline.
 
     ``has_base``: whether the file names a base (a delta chain is invalid otherwise).
-    Rules C-1 ... C-5 of spec section 16, in their order.
+    Rules C-1 ... C-5 of spec section 16, in their order. ``known``: pipelines of chains
+    already validated (a dict this fills in), so that the tensors of a file that share a
+    chain validate it once.
     """
-    pipeline = Pipeline.from_chain(entry.codec, entry.dtype, has_base, entry.name)
+    key = _chain_key(entry, has_base) if known is not None else None
+    pipeline = known.get(key) if key is not None else None
+    if pipeline is None:
+        pipeline = Pipeline.from_chain(entry.codec, entry.dtype, has_base, entry.name)
+        if key is not None:
+            known[key] = pipeline
     if len(entry.streams) != pipeline.streams:
         raise CorruptError(f"[C-4] tensor {entry.name!r}: {len(entry.streams)} streams, its "
                            f"codec needs {pipeline.streams}")
@@ -107,6 +116,19 @@ def pipeline_for(entry: TensorEntry, has_base: bool = True) -> Pipeline:
             raise CorruptError(f"[C-5] tensor {entry.name!r}: chunk {c} sizes do not match "
                                f"its element range")
     return pipeline
+
+
+def _chain_key(entry: TensorEntry, has_base: bool) -> tuple | None:
+    """What :meth:`Pipeline.from_chain` depends on, as a dict key; None for a chain with a
+    list or object value (rare, and not worth a key). The types are part of the key: JSON's
+    ``true`` and ``1`` are equal in Python but not to the validator."""
+    try:
+        key = (entry.dtype.name, has_base, tuple(
+            tuple((k, type(v), v) for k, v in stage.items()) for stage in entry.codec))
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def file_minor(pipelines, reports: bool) -> int:
@@ -140,6 +162,11 @@ def _checked_source(name: str, read: Callable[[int, int], Any]) -> Callable[[int
 
 def _executor(threads: int) -> Executor | None:
     return ThreadPoolExecutor(threads, thread_name_prefix="inshrink") if threads > 1 else None
+
+
+def _writer_pool(threads: int) -> Executor | None:
+    """The threads a Writer encodes on (None: it encodes on the calling thread)."""
+    return _executor(threads)
 
 
 class Writer:
@@ -239,13 +266,23 @@ class Writer:
                 raise named_error(exc, os.fspath(path)) from exc
             path = self._standalone = os.path.join(self._staging.name, "standalone.ink")
         self._container = ContainerWriter(path)
-        self._pool = _executor(self._threads)
+        self._pool = _writer_pool(self._threads)
         self._planes = PLANES  # plane buffers, recycled once their records are written
-        # chunks are numbered as submitted and written in that order by the pool threads
+        # Records go out in file order, (tensor number, chunk number), written by the pool
+        # threads: the thread that encodes the next chunk to write writes it and any later
+        # ones already encoded. A tensor's chunk count is known once it is prepared.
         self._order = threading.Lock()
-        self._encoded: dict[int, tuple] = {}  # encoded, waiting for a predecessor's write
-        self._submitted = self._written = 0
+        self._encoded: dict[tuple[int, int], tuple] = {}  # waiting for a predecessor's write
+        self._counts: dict[int, int] = {}  # tensor number -> chunks, once prepared
+        self._next = (0, 0)  # the next chunk to write
+        self._added = 0  # tensors numbered so far
         self._writing = False  # whether a pool thread is writing chunks now
+        # jobs on the pool not waited for yet: (future, tensor bytes, tensor number, entry of a
+        # whole-tensor job or None for one chunk); at most _window_bytes of tensor data once
+        # there are more than 2 per thread, never more than _window_jobs
+        self._window_bytes = 2 * self._threads * chunk_bytes
+        self._window_jobs = 32 * self._threads
+        self._pending_bytes = 0
         self._failed: BaseException | None = None
         self._closed = False
 
@@ -300,52 +337,118 @@ class Writer:
         if self._pool is None:
             self._start(entry, read, encoder.for_tensor(*args, **options))
             return
-        # the sketch and fit run on the pool too, beside other tensors' (chunks wait for them)
-        self._tensors[name] = None
+        number, self._added = self._added, self._added + 1
+        self._tensors[name] = None  # until it is prepared
         self._container.tensors.append(entry)
-        self._preparing.append((entry, read,
+        if entry.chunk_count <= 1:
+            # one job prepares, encodes and writes the whole tensor: the calling thread does
+            # not wait for it to be prepared (most tensors of a checkpoint are one chunk)
+            if config is None and ByteGroup.for_dtype(dtype).word > 1:  # lossless, planes
+                self._planes.reserve(entry.nbytes)
+            self._make_room()
+            future = self._pool.submit(self._tensor_job, number, args, options)
+            self._pending.append((future, entry.nbytes, number, entry))
+            self._pending_bytes += entry.nbytes
+            return
+        # the sketch and fit run on the pool too, beside other tensors' (chunks wait for them)
+        self._preparing.append((number, entry, read,
                                 self._pool.submit(encoder.for_tensor, *args, **options)))
-        while self._preparing and (self._preparing[0][2].done()
+        while self._preparing and (self._preparing[0][3].done()
                                    or len(self._preparing) > self._threads):
             self._start_oldest()
 
     def _start_oldest(self) -> None:
         """Wait for the oldest tensor being prepared and submit its chunks."""
-        entry, read, future = self._preparing.popleft()
+        number, entry, read, future = self._preparing.popleft()
         try:
             tensor = future.result()
         except BaseException:  # as if the tensor had never been added: the writer stays usable
-            self._container.tensors.remove(entry)
-            del self._tensors[entry.name]
+            self._drop(number, entry)
             raise
-        self._start(entry, read, tensor, appended=True)
+        self._start(entry, read, tensor, number)
 
-    def _start(self, entry: TensorEntry, read: Callable[[int, int], Any],
-               tensor: encoder.TensorEncoder, appended: bool = False) -> None:
-        """Record how a prepared tensor is stored and submit its chunks."""
+    def _drop(self, number: int, entry: TensorEntry) -> None:
+        """Forget a tensor that failed to be prepared (nothing of it was written)."""
+        self._container.tensors.remove(entry)
+        del self._tensors[entry.name]
+        self._set_count(number, 0)
+
+    def _set_count(self, number: int, count: int) -> None:
+        """Record how many chunks tensor ``number`` has; one of none lets the records of
+        the next tensors go out."""
+        with self._order:
+            self._counts[number] = count
+        if count == 0:
+            self._write_ready()
+
+    def _prepared(self, entry: TensorEntry, tensor: encoder.TensorEncoder) -> None:
+        """Record how a prepared tensor is stored."""
         if self._codes is not None and isinstance(tensor, encoder.LossyTensor):
             self._codes[entry.name] = np.empty(entry.numel, np.uint16)
         entry.codec = tensor.pipeline.chain()
         entry.streams = [[] for _ in range(tensor.pipeline.streams)]
         self._tensors[entry.name] = tensor
-        if not appended:
+
+    def _start(self, entry: TensorEntry, read: Callable[[int, int], Any],
+               tensor: encoder.TensorEncoder, number: int | None = None) -> None:
+        """Record how a prepared tensor is stored and submit its chunks (``number``: the
+        tensor's in the file's order, with threads)."""
+        self._prepared(entry, tensor)
+        if self._pool is None:
             self._container.tensors.append(entry)
+            for c in range(entry.chunk_count):
+                start, size, *rest = self._encode(entry, tensor.encode, read, c)
+                self._write(entry, start, *rest)
+                if self._progress is not None:
+                    self._progress(size)
+            return
+        self._set_count(number, entry.chunk_count)
         grouped = isinstance(tensor.pipeline.stage, ByteGroup) and tensor.pipeline.streams > 1
         for c in range(entry.chunk_count):
-            if grouped and self._pool is not None:  # its planes come from the calling thread
-                start, stop = entry.chunk_range(c)
-                self._planes.reserve((stop - start) * entry.dtype.itemsize)
-            self._submit(entry, tensor.encode, read, c)
+            start, stop = entry.chunk_range(c)
+            nbytes = (stop - start) * entry.dtype.itemsize
+            if grouped:  # its planes come from the calling thread
+                self._planes.reserve(nbytes)
+            self._make_room()
+            future = self._pool.submit(self._chunk_job, number, entry, tensor.encode, read, c)
+            self._pending.append((future, nbytes, number, None))
+            self._pending_bytes += nbytes
+
+    def _make_room(self) -> None:
+        """Wait until one more job fits in the window (the oldest jobs first, a tensor
+        being prepared before the jobs that follow it in the file)."""
+        while self._pending and (len(self._pending) >= self._window_jobs
+                                 or (len(self._pending) >= 2 * self._threads
+                                     and self._pending_bytes >= self._window_bytes)):
+            if self._preparing and self._preparing[0][0] < self._pending[0][2]:
+                self._start_oldest()
+            else:
+                self._wait_oldest()
 
     def _drain(self) -> None:
         """Encode and write everything added so far."""
-        while self._preparing:
-            self._start_oldest()
-        while self._pending:
-            self._wait_oldest()
+        while self._preparing or self._pending:
+            if self._preparing and (not self._pending
+                                    or self._preparing[0][0] < self._pending[0][2]):
+                self._start_oldest()
+            else:
+                self._wait_oldest()
         if self._failed is not None:  # a chunk is missing: the file cannot be finished
             raise InvalidArgumentError(f"the file cannot be finished: a chunk failed "
                                        f"({self._failed})") from self._failed
+
+    def _wait_oldest(self) -> None:
+        future, nbytes, number, entry = self._pending.popleft()
+        self._pending_bytes -= nbytes
+        try:
+            size = future.result()
+        except BaseException:
+            if entry is not None and self._tensors.get(entry.name) is None:
+                self._container.tensors.remove(entry)  # it failed before it was prepared
+                del self._tensors[entry.name]
+            raise
+        if self._progress is not None and size is not None:
+            self._progress(size)
 
     def _encode(self, entry: TensorEntry, encoder: Callable, read: Callable[[int, int], Any],
                 c: int) -> tuple:
@@ -361,28 +464,27 @@ class Writer:
         return start, raw.size, [(coding, payload, size, layout.crc32(payload))
                                  for coding, payload, size in planes], extra, taken
 
-    def _submit(self, entry: TensorEntry, encoder: Callable, read: Callable[[int, int], Any],
-                c: int) -> None:
-        if self._pool is None:
-            start, size, *rest = self._encode(entry, encoder, read, c)
-            self._write(entry, start, *rest)
-            if self._progress is not None:
-                self._progress(size)
-            return
-        seq, self._submitted = self._submitted, self._submitted + 1
-        self._pending.append(self._pool.submit(self._encode_and_write, seq, entry, encoder,
-                                               read, c))
-        while len(self._pending) > 2 * self._threads:
-            self._wait_oldest()
+    def _tensor_job(self, number: int, args: tuple, options: dict) -> int | None:
+        """Prepare a tensor of at most one chunk, encode it and write it in its turn (runs on
+        a pool thread). Returns its size in bytes (None: no chunk). A tensor that fails to
+        be prepared counts as never added."""
+        entry, read = args[0], args[1]
+        try:
+            tensor = encoder.for_tensor(*args, **options)
+        except BaseException:
+            self._set_count(number, 0)
+            raise
+        self._prepared(entry, tensor)
+        with self._order:
+            self._counts[number] = entry.chunk_count
+        if entry.chunk_count == 0:
+            self._write_ready()
+            return None
+        return self._chunk_job(number, entry, tensor.encode, read, 0)
 
-    def _wait_oldest(self) -> None:
-        size = self._pending.popleft().result()
-        if self._progress is not None:
-            self._progress(size)
-
-    def _encode_and_write(self, seq: int, entry: TensorEntry, encoder: Callable,
-                          read: Callable[[int, int], Any], c: int) -> int:
-        """Encode chunk number ``seq`` of the file, then write every encoded chunk whose
+    def _chunk_job(self, number: int, entry: TensorEntry, encoder: Callable,
+                   read: Callable[[int, int], Any], c: int) -> int:
+        """Encode chunk ``c`` of tensor ``number``, then write every encoded chunk whose
         predecessors are written, unless another thread is doing so (runs on a pool thread:
         the records go out in order while the calling thread only waits, and each payload is
         most often written by the thread that made it, from its cache). Returns the chunk's
@@ -393,23 +495,40 @@ class Writer:
             self._failed = self._failed or exc  # the chunks after it can never be written
             raise
         with self._order:
-            self._encoded[seq] = (entry, start, *rest)
-            if self._writing:  # that thread writes this chunk too when its turn comes
-                return size
+            self._encoded[number, c] = (entry, start, *rest)
+        self._write_ready()
+        return size
+
+    def _write_ready(self) -> None:
+        """Write the chunks that are next in the file and encoded, unless another thread is
+        doing so (it then writes them too)."""
+        with self._order:
+            if self._writing:
+                return
             self._writing = True
         while True:
             with self._order:
-                item = None if self._failed else self._encoded.pop(self._written, None)
+                item = None if self._failed else self._next_encoded()
                 if item is None:
                     self._writing = False
-                    return size
-                self._written += 1
+                    return
             try:
                 self._write(*item)
             except BaseException as exc:
                 with self._order:
                     self._failed, self._writing = self._failed or exc, False
                 raise
+
+    def _next_encoded(self) -> tuple | None:
+        """The next chunk of the file if it is encoded, taken out (holding ``_order``)."""
+        number, c = self._next
+        while c >= self._counts.get(number, c + 1):  # that tensor is written: the next one
+            number, c = number + 1, 0
+        self._next = number, c
+        item = self._encoded.pop((number, c), None)
+        if item is not None:
+            self._next = number, c + 1
+        return item
 
     def _write(self, entry: TensorEntry, start: int, planes: list[tuple], extra,
                taken: list[np.ndarray]) -> None:
@@ -460,12 +579,13 @@ class Writer:
         """Discard the file being written; any previous file at the path is kept."""
         if self._closed:
             return
-        for future in self._pending:
-            future.cancel()
-        for _, _, future in self._preparing:
+        jobs = [job[0] for job in self._pending] + [job[3] for job in self._preparing]
+        for future in jobs:
             future.cancel()
         self._pending.clear()
         self._preparing.clear()
+        self._failed = self._failed or InvalidArgumentError("the file was discarded")
+        concurrent.futures.wait(jobs)  # nothing writes into the file any more
         self._shutdown()
         self._container.abort()
 
@@ -524,7 +644,8 @@ class File:
         try:
             self._entries = {e.name: e for e in self._reader.index.tensors}
             has_base = self._reader.index.base is not None
-            self._pipelines = {name: pipeline_for(e, has_base)
+            known: dict = {}
+            self._pipelines = {name: pipeline_for(e, has_base, known)
                                for name, e in self._entries.items()}
         except BaseException:
             self._reader.close()
@@ -591,9 +712,7 @@ class File:
         """Decode one tensor into a new array (raises for a corrupt or truncated file)."""
         entry = self._entry(name)
         out = self._allocate(entry.nbytes, f"tensor {name!r}")
-        for size in self._in_order(self._decode_job, self._jobs(entry, out)):
-            if progress is not None:
-                progress(size)
+        self._decode_all([entry], [out], progress)
         return out.view(entry.dtype.numpy).reshape(entry.shape)
 
     @staticmethod
@@ -607,17 +726,83 @@ class File:
         skip = -raw.ctypes.data % layout.ALIGNMENT
         return raw[skip:skip + nbytes]
 
-    def _jobs(self, entry: TensorEntry, out: np.ndarray) -> Iterator[tuple]:
-        """One decode job per chunk: (entry, chunk index, the output bytes it fills)."""
-        itemsize = entry.dtype.itemsize
-        for c in range(entry.chunk_count):
-            start, stop = entry.chunk_range(c)
-            yield entry, c, out[start * itemsize:stop * itemsize]
+    def _decode_all(self, entries: list[TensorEntry], outs: list[np.ndarray],
+                    progress: Progress | None) -> None:
+        """Decode every chunk of ``entries`` into ``outs`` (uint8, one per entry).
 
-    def _decode_job(self, job: tuple) -> int:
-        entry, c, view = job
-        self._decode_chunk(entry, c, view)
-        return view.size
+        Their record headers are checked first, all at once; then each chunk's payloads are
+        checked and decoded. The calling thread decodes too, taking the next chunk in order
+        like the pool's threads; a failure raises the error of the first chunk in order that
+        fails, as one thread would.
+        """
+        jobs = []
+        for entry, out in zip(entries, outs):
+            step = entry.chunk_elements * entry.dtype.itemsize
+            jobs += [(entry, c, out[c * step:(c + 1) * step]) for c in range(entry.chunk_count)]
+        checked = self._reader.headers_match(
+            [stream[c] for entry in entries for stream in entry.streams
+             for c in range(entry.chunk_count)])
+
+        def run(job: tuple) -> int:
+            entry, c, view = job
+            self._decode_chunk(entry, c, view, checked)
+            return view.size
+
+        if self._pool is None or len(jobs) < 2:
+            for job in jobs:
+                size = run(job)
+                if progress is not None:
+                    progress(size)
+            return
+        self._share(run, jobs, progress)
+
+    def _share(self, run: Callable[[tuple], int], jobs: list, progress: Progress | None) -> None:
+        """``run`` every job, on the calling thread and ``threads - 1`` of the pool's, each
+        taking the next job not yet taken (whole chunks: no thread waits on another)."""
+        order = iter(range(len(jobs)))
+        lock = threading.Lock()
+        failed: dict[int, BaseException] = {}
+        stop = [len(jobs)]      # no job from this index on is started: an earlier one failed
+        finished: list[int] = []
+
+        def work() -> None:
+            for i in order:  # next() on a range iterator is atomic under the GIL
+                if i >= stop[0]:
+                    return
+                try:
+                    finished.append(run(jobs[i]))
+                except BaseException as exc:
+                    with lock:
+                        failed[i] = exc
+                        stop[0] = min(stop[0], i)
+                    return
+
+        helpers = [self._pool.submit(work) for _ in range(self._threads - 1)]
+        reported = 0
+        try:
+            for i in order:
+                if i >= stop[0]:
+                    break
+                try:
+                    finished.append(run(jobs[i]))
+                except BaseException as exc:
+                    with lock:
+                        failed[i] = exc
+                        stop[0] = min(stop[0], i)
+                    break
+                if progress is not None:
+                    done = len(finished)
+                    progress(sum(finished[reported:done]))
+                    reported = done
+        except BaseException:  # e.g. KeyboardInterrupt in progress(): the helpers stop too
+            stop[0] = -1
+            raise
+        for helper in helpers:
+            helper.result()
+        if failed:
+            raise failed[min(failed)]
+        if progress is not None and reported < len(finished):
+            progress(sum(finished[reported:]))
 
     def read_into(self, name: str, sink: Callable[[int, np.ndarray], None],
                   progress: Progress | None = None, *, in_order: bool = True) -> None:
@@ -637,11 +822,13 @@ class File:
             size = (stop - start) * itemsize
             # an unordered sink is done with the chunk before this thread decodes the next
             chunk = np.empty(size, np.uint8) if in_order else self._scratch(size)
-            self._decode_chunk(entry, c, chunk)
+            self._decode_chunk(entry, c, chunk, checked)
             if not in_order:
                 sink(start * itemsize, chunk)
             return start * itemsize, chunk
 
+        checked = self._reader.headers_match([stream[c] for stream in entry.streams
+                                              for c in range(entry.chunk_count)])
         for offset, chunk in self._in_order(decode, range(entry.chunk_count)):
             if in_order:
                 sink(offset, chunk)
@@ -668,12 +855,21 @@ class File:
         while window:
             yield window.popleft().result()
 
-    def _decode_chunk(self, entry: TensorEntry, c: int, out: np.ndarray) -> Any:
+    def _decode_chunk(self, entry: TensorEntry, c: int, out: np.ndarray,
+                      checked: bool = False) -> Any:
+        """Decode chunk ``c`` of a tensor into ``out``; ``checked``: the headers of its records
+        passed :meth:`ContainerReader.headers_match`."""
         pipeline = self._pipelines[entry.name]
         # the base is checked (rules B-1, B-2) before any record of the tensor is read
         ref = self._chunk_ref(entry, pipeline, c) if pipeline.is_delta else None
         chunks = [stream[c] for stream in entry.streams]
-        payloads = self._reader.read_chunks(chunks)
+        payloads = None
+        if checked:
+            payloads = [self._reader.payload(chunk) for chunk in chunks]
+            if any(payload is None for payload in payloads):  # a checksum fails
+                payloads = None
+        if payloads is None:  # record by record: the error of the first check that fails
+            payloads = self._reader.read_chunks(chunks)
         return pipeline.decode([(chunk.coding, payload, chunk.size)
                                 for chunk, payload in zip(chunks, payloads)], out, ref)
 
@@ -750,10 +946,7 @@ class File:
         block = self._allocate(total, "the checkpoint")
         outs = {name: block[offsets[name]:offsets[name] + e.nbytes]
                 for name, e in entries.items()}
-        jobs = (job for name, entry in entries.items() for job in self._jobs(entry, outs[name]))
-        for size in self._in_order(self._decode_job, jobs):
-            if progress is not None:
-                progress(size)
+        self._decode_all(list(entries.values()), list(outs.values()), progress)
         return {name: outs[name].view(e.dtype.numpy).reshape(e.shape)
                 for name, e in entries.items()}
 
