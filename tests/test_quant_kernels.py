@@ -135,7 +135,7 @@ def test_sketch_buckets_bound_the_relative_error():
 
 
 # ---------------------------------------------------------------------------------------------
-# kmeans_pp_seed
+# kmeans_1d: seeding (uniforms given, no iteration)
 
 def oracle_seed(points, weights, k, uniforms):
     mass = weights.copy() if weights.sum() > 0 else np.ones_like(weights)
@@ -167,9 +167,10 @@ def weighted_points(draw, min_size=1, max_size=60):
 
 
 def run_seed(points, weights, k, uniforms):
+    """The seeds, sorted (the kernel sorts its draws)."""
     out = np.full(k, np.nan)
-    chosen = quant.kmeans_pp_seed(points, weights, k, uniforms, out)
-    assert 1 <= chosen <= k
+    chosen, iterations = quant.kmeans_1d(points, weights, uniforms[:k], out, 0, 0.0)
+    assert 1 <= chosen <= k and iterations == 0
     assert np.isnan(out[chosen:]).all()
     return out[:chosen]
 
@@ -179,7 +180,7 @@ def test_seed_matches_oracle(pw, k, seed):
     points, weights = pw
     uniforms = np.random.default_rng(seed).random(k)
     centroids = run_seed(points, weights, k, uniforms)
-    np.testing.assert_array_equal(centroids, oracle_seed(points, weights, k, uniforms))
+    np.testing.assert_array_equal(centroids, np.sort(oracle_seed(points, weights, k, uniforms)))
     np.testing.assert_array_equal(run_seed(points, weights, k, uniforms), centroids)
 
 
@@ -203,7 +204,7 @@ def test_seed_inverse_cdf_edges():
     # all weights zero: all points count once
     zero = np.zeros(3)
     assert run_seed(points, zero, 1, np.array([0.0])).tolist() == [1.0]
-    assert run_seed(points, zero, 3, np.array([0.5, 0.0, 0.0])).tolist() == [2.0, 1.0, 3.0]
+    assert run_seed(points, zero, 3, np.array([0.5, 0.0, 0.0])).tolist() == [1.0, 2.0, 3.0]
     # one point, or one distinct value: one centroid
     assert run_seed(np.array([5.0]), np.array([3.0]), 4, np.zeros(4)).tolist() == [5.0]
     assert run_seed(np.full(9, -2.5), np.ones(9), 3, np.full(3, 0.7)).tolist() == [-2.5]
@@ -217,7 +218,7 @@ def test_seed_prefers_far_heavy_points():
 
 
 # ---------------------------------------------------------------------------------------------
-# kmeans_1d
+# kmeans_1d: Lloyd iterations
 
 def oracle_lloyd(points, weights, centroids, max_iter, tol):
     c = [float(v) for v in centroids]
@@ -249,9 +250,14 @@ def weighted_sse(points, weights, centroids):
 
 
 def seeded_centroids(points, weights, k, seed):
-    out = np.empty(k)
-    chosen = quant.kmeans_pp_seed(points, weights, k, np.random.default_rng(seed).random(k), out)
-    return np.sort(out[:chosen])
+    return run_seed(points, weights, k, np.random.default_rng(seed).random(k))
+
+
+def lloyd(points, weights, centroids, max_iter, tol):
+    """Lloyd iterations from ``centroids`` (no seeding); the number run."""
+    count, iterations = quant.kmeans_1d(points, weights, np.empty(0), centroids, max_iter, tol)
+    assert count == centroids.size
+    return iterations
 
 
 @given(pw=weighted_points(), k=st.integers(1, 10), seed=st.integers(0, 2**32 - 1),
@@ -260,12 +266,12 @@ def test_lloyd_matches_oracle(pw, k, seed, max_iter, tol):
     points, weights = pw
     start = seeded_centroids(points, weights, k, seed)
     centroids = start.copy()
-    iterations = quant.kmeans_1d(points, weights, centroids, max_iter, tol)
+    iterations = lloyd(points, weights, centroids, max_iter, tol)
     expected, expected_iterations = oracle_lloyd(points, weights, start, max_iter, tol)
     assert iterations == expected_iterations <= max_iter
     np.testing.assert_array_equal(centroids, expected)
     again = start.copy()
-    assert quant.kmeans_1d(points, weights, again, max_iter, tol) == iterations
+    assert lloyd(points, weights, again, max_iter, tol) == iterations
     np.testing.assert_array_equal(again, centroids)
 
 
@@ -277,13 +283,13 @@ def test_lloyd_never_increases_the_weighted_error(pw, k, seed):
     slack = 1e-20 * weights.sum() * np.max(points ** 2)
     before = weighted_sse(points, weights, start)
     centroids = start.copy()
-    quant.kmeans_1d(points, weights, centroids, 50, 0.0)
+    lloyd(points, weights, centroids, 50, 0.0)
     assert (np.diff(centroids) >= 0).all()
     after = weighted_sse(points, weights, centroids)
     assert after <= before * (1 + 1e-9) + slack
     # more iterations never hurt either
     one = start.copy()
-    quant.kmeans_1d(points, weights, one, 1, 0.0)
+    lloyd(points, weights, one, 1, 0.0)
     assert after <= weighted_sse(points, weights, one) * (1 + 1e-9) + slack
 
 
@@ -291,25 +297,25 @@ def test_lloyd_ties_and_empty_clusters():
     points = np.array([0.0, 1.0, 2.0])
     centroids = np.array([0.0, 2.0])
     # 1.0 sits on the midpoint and joins the lower centroid
-    assert quant.kmeans_1d(points, np.ones(3), centroids, 10, 0.0) == 2
+    assert lloyd(points, np.ones(3), centroids, 10, 0.0) == 2
     assert centroids.tolist() == [0.5, 2.0]
     # a centroid with no points, or only weightless ones, keeps its value
     centroids = np.array([-1.0, 50.0, 100.0])
-    quant.kmeans_1d(np.array([-3.0, -1.0, 49.0, 99.0]), np.array([1.0, 1.0, 0.0, 2.0]),
+    lloyd(np.array([-3.0, -1.0, 49.0, 99.0]), np.array([1.0, 1.0, 0.0, 2.0]),
                     centroids, 10, 0.0)
     assert centroids.tolist() == [-2.0, 50.0, 99.0]
 
 
 def test_lloyd_iteration_limits_and_empty_points():
     centroids = np.array([1.0, 2.0])
-    assert quant.kmeans_1d(np.array([0.0, 3.0]), np.ones(2), centroids, 0, 0.0) == 0
+    assert lloyd(np.array([0.0, 3.0]), np.ones(2), centroids, 0, 0.0) == 0
     assert centroids.tolist() == [1.0, 2.0]
-    assert quant.kmeans_1d(np.empty(0), np.empty(0), centroids, 5, 0.0) == 1
+    assert lloyd(np.empty(0), np.empty(0), centroids, 5, 0.0) == 1
     assert centroids.tolist() == [1.0, 2.0]
     # a loose tolerance stops after one iteration
     points = np.linspace(0.0, 1.0, 101)
     loose = np.array([0.0, 0.01])
-    assert quant.kmeans_1d(points, np.ones(101), loose, 100, 1.0) == 1
+    assert lloyd(points, np.ones(101), loose, 100, 1.0) == 1
 
 
 def test_seed_and_lloyd_recover_separated_clusters():
@@ -320,11 +326,39 @@ def test_seed_and_lloyd_recover_separated_clusters():
     best = None
     for seed in range(4):
         centroids = seeded_centroids(points, weights, 5, seed)
-        quant.kmeans_1d(points, weights, centroids, 100, 1e-9)
+        lloyd(points, weights, centroids, 100, 1e-9)
         sse = weighted_sse(points, weights, centroids)
         if best is None or sse < best[0]:
             best = (sse, centroids)
     np.testing.assert_allclose(best[1], centres, atol=0.05)
+
+
+def test_lloyd_matches_oracle_on_many_points():
+    # runs that move by a few points an iteration: the sums of unchanged runs are reused
+    rng = np.random.default_rng(3)
+    points = np.sort(rng.standard_t(3, 600))
+    weights = rng.choice([0.0, 1.0, 3.0, 50.0], points.size)
+    for k, seed in ((16, 0), (5, 1), (40, 2)):
+        start = seeded_centroids(points, weights, k, seed)
+        centroids = start.copy()
+        iterations = lloyd(points, weights, centroids, 100, 0.0)
+        expected, expected_iterations = oracle_lloyd(points, weights, start, 100, 0.0)
+        assert iterations == expected_iterations > 5
+        np.testing.assert_array_equal(centroids, expected)
+
+
+@given(pw=weighted_points(), k=st.integers(1, 10), seed=st.integers(0, 2**32 - 1),
+       max_iter=st.integers(0, 30))
+def test_seeding_then_lloyd_in_one_call(pw, k, seed, max_iter):
+    points, weights = pw
+    uniforms = np.random.default_rng(seed).random(k)
+    start = run_seed(points, weights, k, uniforms)
+    expected = start.copy()
+    expected_iterations = lloyd(points, weights, expected, max_iter, 1e-6)
+    out = np.full(k, np.nan)
+    count, iterations = quant.kmeans_1d(points, weights, uniforms, out, max_iter, 1e-6)
+    assert (count, iterations) == (start.size, expected_iterations)
+    np.testing.assert_array_equal(out[:count], expected)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -652,7 +686,7 @@ def test_quantise_pack_and_decode_pipeline(float_type):
     sample = np.sort(x[np.isfinite(x)].astype(np.float64)[::10])
     weights = np.ones(sample.size)
     centroids = seeded_centroids(sample, weights, 15, 0)
-    quant.kmeans_1d(sample, weights, centroids, 50, 1e-6)
+    lloyd(sample, weights, centroids, 50, 1e-6)
     levels = centroids.astype(float_type)
     boundaries = 0.5 * (centroids[1:] + centroids[:-1])
     zero_code, escape, bits = 15, 16, 5

@@ -87,10 +87,21 @@ class Sketch:
 
     def add(self, x: np.ndarray) -> None:
         """Count one chunk (``x`` contiguous, in the work dtype)."""
+        self.__dict__.pop("buckets", None)  # counts change
         word = _FLOAT_BITS[self.work.itemsize][0]
         abs_mask = np.uint64((1 << (8 * self.work.itemsize - 1)) - 1)
         kernels.sketch_words(x, x.view(word), abs_mask, self._inf_bits(self.work),
                              np.uint64(self.shift), self.counts, self.totals, self.span)
+
+    @functools.cached_property
+    def buckets(self) -> "Buckets":
+        """The occupied buckets, what the fit works on (computed once per sketch: a fit
+        scans only these, and a search fits several bin counts)."""
+        first, stop = self.occupied
+        pos, neg = self.pos[first:stop], self.neg[first:stop]
+        occupied = np.flatnonzero(pos | neg)
+        index = occupied + first
+        return Buckets(index, pos[occupied], neg[occupied], self.center(index))
 
     @property
     def zeros(self) -> int:
@@ -125,6 +136,17 @@ class Sketch:
         """Representative magnitude of a bucket: the geometric middle of its edges."""
         lo, hi = self.lower(index), self.upper(index)
         return np.where(lo > 0, np.sqrt(lo * hi), hi / 2)
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """The occupied buckets of a sketch, ascending: their indices, counts per sign and
+    representative magnitudes (:meth:`Sketch.center`)."""
+
+    index: np.ndarray    # int64
+    pos: np.ndarray      # int64
+    neg: np.ndarray      # int64
+    centers: np.ndarray  # float64
 
 
 # --- the fit --------------------------------------------------------------------------------
@@ -295,12 +317,10 @@ def _thresholds(sketch: Sketch, prune: float, protect: float) -> tuple[int, int,
     """Buckets to fit levels on (indices strictly between lo and hi) and the prune/protect
     magnitudes: the smallest ``prune`` and the largest ``protect`` fraction of the finite
     elements, rounded outward to whole buckets."""
-    first, stop = sketch.occupied  # no bucket outside counts
+    buckets = sketch.buckets  # cumulative counts only change at occupied buckets
     size = sketch.pos.size
-    window = sketch.pos[first:stop] + sketch.neg[first:stop]
-    occupied = np.flatnonzero(window)  # cumulative counts only change at occupied buckets
-    counts = window[occupied]
-    occupied += first
+    occupied = buckets.index
+    counts = buckets.pos + buckets.neg
     cumulative = np.cumsum(counts)
     finite = int(cumulative[-1]) + sketch.zeros if occupied.size else sketch.zeros
     lo, prune_below = -1, 0.0
@@ -342,24 +362,18 @@ def _kmeans(points: np.ndarray, weights: np.ndarray, k: int, seed: int) -> np.nd
     """Weighted k-means++ then Lloyd on sorted 1-D points; at most k sorted centroids."""
     if points.size <= k:
         return points.copy()
-    uniforms = _uniforms(seed, k).copy()
-    seeds = np.empty(k, np.float64)
-    m = kernels.kmeans_pp_seed(points, weights, k, uniforms, seeds)
-    centroids = _unique(seeds[:m])
-    kernels.kmeans_1d(points, weights, centroids, 100, 1e-7)
-    return _unique(centroids)
+    centroids = np.empty(k, np.float64)
+    m, _ = kernels.kmeans_1d(points, weights, _uniforms(seed, k), centroids, 100, 1e-7)
+    return _unique(centroids[:m])
 
 
 def _fit_centroids(sketch: Sketch, lo: int, hi: int, bins: int, domain: str | None,
                    sigma: float, seed: int) -> np.ndarray:
     """Centroids (value domain, float64) of the buckets strictly between lo and hi."""
-    first, stop = sketch.occupied  # a fine sketch has ~10^5 buckets, few occupied
-    first = max(first, lo + 1)
-    stop = max(min(stop, hi), first)
-    pos, neg = sketch.pos[first:stop], sketch.neg[first:stop]
-    occupied = np.flatnonzero(pos | neg)
-    centers = sketch.center(occupied + first).astype(np.float64)
-    pos, neg = pos[occupied], neg[occupied]
+    buckets = sketch.buckets  # a fine sketch has ~10^5 buckets, few occupied
+    a = int(np.searchsorted(buckets.index, lo, side="right"))
+    b = max(int(np.searchsorted(buckets.index, hi, side="left")), a)
+    centers, pos, neg = buckets.centers[a:b], buckets.pos[a:b], buckets.neg[a:b]
     if domain == "linear":
         points = np.concatenate([-centers[::-1][neg[::-1] > 0], centers[pos > 0]])
         freq = np.concatenate([neg[::-1][neg[::-1] > 0], pos[pos > 0]]).astype(np.float64)
@@ -402,8 +416,8 @@ def fit(sketch: Sketch, dtype: DType, *, bins: int, domain: str | None, prune: f
     ``prune`` and ``protect`` fractions, k-means ``sigma`` and ``seed``); ``zero_level``
     forces an exact zero level, for pruning decided outside the sketch.
     """
-    first, stop = sketch.occupied
-    positive, negative = sketch.pos[first:stop].any(), sketch.neg[first:stop].any()
+    buckets = sketch.buckets
+    positive, negative = buckets.pos.any(), buckets.neg.any()
     if domain == "log" and negative:
         domain = "signed_log"
     if domain != "linear" and bins == 1 and positive and negative:

@@ -31,15 +31,12 @@ zero_code, escape, force, codes, positions, out)``
     ``rank_chunk`` writes; ``positions`` is int64 of ``len(x)``; ``out`` float64 of length 7,
     accumulated.
 
-``kmeans_pp_seed(points, weights, k, uniforms, out)``
-    ``points`` and ``weights`` are float64 of one length ``n >= 1``, weights finite and
-    ``>= 0``; ``k >= 1``; ``uniforms`` is float64 of length ``>= k`` with values in ``[0, 1)``;
-    ``out`` is float64 of length ``>= k``.
-
-``kmeans_1d(points, weights, centroids, max_iter, tol)``
+``kmeans_1d(points, weights, uniforms, centroids, max_iter, tol)``
     ``points`` is float64, sorted ascending and finite; ``weights`` is float64 of the same
-    length, finite and ``>= 0``; ``centroids`` is float64 of length ``>= 1``, sorted ascending
-    and distinct; ``max_iter >= 0``.
+    length, finite and ``>= 0``; ``max_iter >= 0``; either ``uniforms`` is float64 of length
+    ``k >= 1`` with values in ``[0, 1)``, ``len(points) >= 1`` and ``centroids`` float64 of
+    length ``>= k``, or ``uniforms`` is empty and ``centroids`` is float64 of length ``>= 1``,
+    sorted ascending and distinct.
 
 ``assign_codes(x, boundaries, protect_lo, protect_hi, prune_lo, prune_hi, zero_code, escape,
 force, codes)``
@@ -159,120 +156,117 @@ def error_stats(x, codes, table, escape, prune_below, out):
     out[6] += nonzero
 
 
-@kernel
-def _pick(cumulative_target, mass):
-    """Index of the first ``j`` whose running sum of ``mass`` exceeds the target.
+@kernel(signatures=["UniTuple(int64, 2)(Array(float64, 1, 'C', readonly=True), "
+                     "Array(float64, 1, 'C', readonly=True), Array(float64, 1, 'C', readonly=True), "
+                     "float64[::1], int64, float64)"])
+def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol):
+    """Weighted k-means in one dimension: k-means++ seeding (when ``uniforms`` is not empty),
+    then Lloyd iterations on sorted points, in ``centroids``. One kernel: each kernel a save
+    compiles costs a few tenths of a second in a fresh environment.
 
-    Falls back to the last ``j`` with positive mass when rounding leaves the target unreached.
-    """
-    running = 0.0
-    last_positive = 0
-    for j in range(mass.shape[0]):
-        if mass[j] > 0.0:
-            running += mass[j]
-            last_positive = j
-            if running > cumulative_target:
-                return j
-    return last_positive
+    Seeding (``k = len(uniforms)``): the first centroid is drawn with probability
+    proportional to weight, each later one with probability proportional to weight times
+    squared distance to the nearest chosen centroid; draw ``i`` uses ``uniforms[i]`` by
+    inverse CDF (the first point whose running sum of that mass exceeds ``uniforms[i]`` times
+    the total, else the last point with mass). All weights count as 1 when they sum to 0.
+    The draws, all distinct, go to ``centroids`` sorted: fewer than ``k`` when every point
+    that carries weight already coincides with a centroid. With ``uniforms`` empty, the
+    iterations start from ``centroids`` as given.
 
-
-@kernel
-def kmeans_pp_seed(points, weights, k, uniforms, out):
-    """Weighted k-means++ seeding in one dimension.
-
-    The first centroid is drawn with probability proportional to weight, each later one with
-    probability proportional to weight times squared distance to the nearest chosen centroid;
-    draw ``i`` uses ``uniforms[i]`` by inverse CDF. All weights count as 1 when they sum to 0.
-
-    Returns
-    -------
-    int
-        The number of centroids written to ``out``, all distinct: fewer than ``k`` when every
-        point that carries weight already coincides with a centroid.
-    """
-    n = points.shape[0]
-    total = 0.0
-    for j in range(n):
-        total += weights[j]
-    mass = np.empty(n)
-    if total > 0.0:
-        for j in range(n):
-            mass[j] = weights[j]
-    else:
-        for j in range(n):
-            mass[j] = 1.0
-        total = float(n)
-    first = points[_pick(uniforms[0] * total, mass)]
-    out[0] = first
-    nearest = np.empty(n)
-    for j in range(n):
-        d = points[j] - first
-        nearest[j] = d * d
-    weight = mass.copy()
-    chosen = 1
-    while chosen < k:
-        total = 0.0
-        for j in range(n):
-            mass[j] = nearest[j] * weight[j]
-            total += mass[j]
-        if not total > 0.0:
-            break
-        c = points[_pick(uniforms[chosen] * total, mass)]
-        out[chosen] = c
-        chosen += 1
-        for j in range(n):
-            d = points[j] - c
-            d = d * d
-            if d < nearest[j]:
-                nearest[j] = d
-    return chosen
-
-
-@kernel
-def kmeans_1d(points, weights, centroids, max_iter, tol):
-    """Weighted Lloyd iterations on sorted 1-D points, refining ``centroids`` in place.
-
-    A point goes to the nearest centroid (one exactly at a midpoint goes to the lower one); a
-    centroid whose points weigh nothing keeps its value; centroids are re-sorted after each
-    iteration. Iteration stops once no centroid moved by more than
+    Lloyd: a point goes to the nearest centroid (one exactly at a midpoint goes to the lower
+    one); a centroid whose points weigh nothing keeps its value; centroids are re-sorted after
+    each iteration. Iteration stops once no centroid moved by more than
     ``tol * (max(points) - min(points))``.
 
     Returns
     -------
-    int
-        The number of iterations run.
+    (int, int)
+        The number of centroids (the leading entries of ``centroids``) and of iterations run.
     """
     n = points.shape[0]
+    k = uniforms.shape[0]
     m = centroids.shape[0]
+    if k > 0:  # k-means++ seeding
+        total = 0.0
+        for j in range(n):
+            total += weights[j]
+        weight = np.empty(n)
+        if total > 0.0:
+            for j in range(n):
+                weight[j] = weights[j]
+        else:
+            for j in range(n):
+                weight[j] = 1.0
+            total = float(n)
+        mass = weight.copy()  # what the next draw is proportional to; total its sum
+        nearest = np.full(n, math.inf)
+        m = 0
+        while m < k and total > 0.0:
+            target = uniforms[m] * total
+            running = 0.0
+            picked = -1
+            for j in range(n):
+                if mass[j] > 0.0:
+                    running += mass[j]
+                    picked = j
+                    if running > target:
+                        break
+            drawn = points[picked]
+            centroids[m] = drawn
+            m += 1
+            if m == k:
+                break
+            # the next draw's mass, in the pass that updates the nearest distances
+            total = 0.0
+            for j in range(n):
+                gap = points[j] - drawn
+                gap = gap * gap
+                if gap < nearest[j]:
+                    nearest[j] = gap
+                mass[j] = nearest[j] * weight[j]
+                total += mass[j]
+        for c in range(1, m):  # insertion sort: a few values, nearly sorted
+            v = centroids[c]
+            d = c - 1
+            while d >= 0 and centroids[d] > v:
+                centroids[d + 1] = centroids[d]
+                d -= 1
+            centroids[d + 1] = v
+    # Lloyd. Points are sorted, so each centroid's points are a run [start, end): a run is
+    # found from where it ended in the previous iteration, and its sums (in point order, from
+    # zero) are recomputed only when it changed
     span = points[n - 1] - points[0] if n > 0 else 0.0
     threshold = tol * span
-    sum_w = np.empty(m)
-    sum_wp = np.empty(m)
+    ends = np.zeros(m, np.int64)
+    summed_from = np.full(m, -1, np.int64)  # the run the sums below are of
+    summed_to = np.full(m, -1, np.int64)
+    sum_w = np.zeros(m)
+    sum_wp = np.zeros(m)
     iterations = 0
     while iterations < max_iter:
         iterations += 1
+        start = 0
         for c in range(m):
-            sum_w[c] = 0.0
-            sum_wp[c] = 0.0
-        # points are sorted, so each centroid's points are consecutive: its sums run in
-        # registers and are stored once (the same additions in the same order)
-        c = 0
-        w_total = 0.0
-        wp_total = 0.0
-        mid = 0.5 * (centroids[0] + centroids[1]) if m > 1 else math.inf
-        for j in range(n):
-            p = points[j]
-            while c < m - 1 and p > mid:
-                sum_w[c] = w_total
-                sum_wp[c] = wp_total
+            end = n
+            if c < m - 1:  # the first point past the midpoint (a point on it goes lower)
+                mid = 0.5 * (centroids[c] + centroids[c + 1])
+                end = max(ends[c], start)
+                while end > start and points[end - 1] > mid:
+                    end -= 1
+                while end < n and not points[end] > mid:
+                    end += 1
+            ends[c] = end
+            if start != summed_from[c] or end != summed_to[c]:
                 w_total = 0.0
                 wp_total = 0.0
-                c += 1
-                mid = 0.5 * (centroids[c] + centroids[c + 1]) if c < m - 1 else math.inf
-            w_total += weights[j]
-            wp_total += weights[j] * p
-        sum_w[c] = w_total
-        sum_wp[c] = wp_total
+                for j in range(start, end):
+                    w_total += weights[j]
+                    wp_total += weights[j] * points[j]
+                sum_w[c] = w_total
+                sum_wp[c] = wp_total
+                summed_from[c] = start
+                summed_to[c] = end
+            start = end
         largest_move = 0.0
         for c in range(m):
             if sum_w[c] > 0.0:
@@ -281,7 +275,7 @@ def kmeans_1d(points, weights, centroids, max_iter, tol):
                 if move > largest_move:
                     largest_move = move
                 centroids[c] = updated
-        for c in range(1, m):
+        for c in range(1, m):  # insertion sort: a few values, nearly sorted
             v = centroids[c]
             d = c - 1
             while d >= 0 and centroids[d] > v:
@@ -290,7 +284,7 @@ def kmeans_1d(points, weights, centroids, max_iter, tol):
             centroids[d + 1] = v
         if largest_move <= threshold:
             break
-    return iterations
+    return m, iterations
 
 
 @kernel
