@@ -81,7 +81,7 @@ from .errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgu
                      LimitExceededError, SeriesLockedError, UnsupportedVersionError)
 from .policy import Policy
 from .policy import resolve as resolve_policy
-from .rebase import write_delta
+from .rebase import Decoded, write_delta
 from .series import LOCK, MAX_MANIFEST_BYTES, MAX_STEP, decode_link, file_sha256
 from .tensorfile import File, TensorInfo, resolve_threads
 
@@ -751,12 +751,15 @@ class InkSeriesWriter(InkStorageWriter):
         if not os.path.isfile(source) or file_sha256(source) != sha256:
             return None
         target = delta_name(source)
-        with _named(source, lambda: File(source, threads=1)) as f:
-            src_codes = {i.name: f.codes(i.name) for i in f.infos() if i.quantized}
         base = os.path.join(step_dir(self.step), task.file)
-        _named(source, lambda: write_delta(
-            source, target, src_codes=src_codes, base_exact=exact, base_codes=codes,
-            base_file=_digest.base_reference(base, exact, codes)))
+        # the previous file decodes tensor by tensor as the delta needs it, so the rewrite
+        # holds one of its tensors at a time; read, not mapped: mapped pages would count
+        # as the process's
+        with _named(source, lambda: File(source, threads=1, mmap=False)) as f:
+            _named(source, lambda: write_delta(
+                source, target, src_exact=Decoded(f, codes=False),
+                src_codes=Decoded(f, codes=True), base_exact=exact, base_codes=codes,
+                base_file=_digest.base_reference(base, exact, codes)))
         name = os.path.basename(old)
         return RankFile(self.rank, name, delta_name(name), file_sha256(target),
                         os.path.getsize(target))

@@ -276,6 +276,61 @@ def test_bad_series_input_is_a_typed_error_naming_the_file(tmp_path):
         series.writer(5)
 
 
+def test_the_previous_file_is_rewritten_one_tensor_at_a_time_into_the_same_bytes(
+        tmp_path, monkeypatch):
+    """A rank rewriting its previous file as a delta decodes that file tensor by tensor (it
+    holds about one tensor's codes, not the file's), and writes the bytes that decoding the
+    whole file first gives."""
+    import hashlib
+    import tracemalloc
+
+    import inshrink.dcp_series as module
+    from inshrink import digest
+    from inshrink.rebase import write_delta
+    from inshrink.tensorfile import File
+    gen = torch.Generator().manual_seed(0)
+    series = InkSeries(tmp_path / "run", policy="balanced", threads=1)
+    state = {"model": {f"w{i}": torch.randn(128, 1024, generator=gen) for i in range(8)},
+             "b": torch.randn(1000, generator=gen)}  # lossless: an XOR delta
+    dcp.save(state, storage_writer=series.writer(1), no_dist=True)
+    fresh = load_one_rank(series, 1, state)  # while it is whole
+    whole = tmp_path / "run" / series.entry(1).dir / series.entry(1).files[0].file
+    shutil.copy(whole, tmp_path / "previous.ink")
+    for tensor in state["model"].values():
+        tensor.add_(1e-3 * torch.randn(tensor.shape, generator=gen))
+    state["b"] += 1e-4 * torch.randn(1000, generator=gen)
+    rewrite, seen = module.InkSeriesWriter._rewrite_previous, {}
+
+    def measured(self, task, exact, codes):
+        seen.update(exact=exact, codes=codes, base=os.path.join(module.step_dir(self.step),
+                                                                task.file))
+        tracemalloc.start()
+        try:
+            return rewrite(self, task, exact, codes)
+        finally:
+            seen["peak"] = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+    monkeypatch.setattr(module.InkSeriesWriter, "_rewrite_previous", measured)
+    dcp.save(state, storage_writer=series.writer(2), no_dist=True)
+    delta = tmp_path / "run" / series.entry(1).dir / series.entry(1).files[0].file
+    assert {r["codec"] for r in series.describe(1)} == {"codedelta+quant+zstd",
+                                                        "xor+bytegroup+zstd"}
+    # the codes of one tensor and the buffers of its delta: about 5 tensors' codes here;
+    # every code of the file decoded first: above 12
+    one_tensor = 128 * 1024 * 2  # its codes: uint16
+    assert seen["peak"] < 8 * one_tensor, seen["peak"] / one_tensor
+    # the same bytes as a delta written from every code of the file decoded up front
+    with File(tmp_path / "previous.ink", threads=1) as f:
+        all_codes = {i.name: f.codes(i.name) for i in f.infos() if i.quantized}
+    assert len(all_codes) == 8
+    write_delta(tmp_path / "previous.ink", tmp_path / "eager.d.ink", src_codes=all_codes,
+                base_exact=seen["exact"], base_codes=seen["codes"],
+                base_file=digest.base_reference(seen["base"], seen["exact"], seen["codes"]))
+    assert (hashlib.sha256(delta.read_bytes()).digest()
+            == hashlib.sha256((tmp_path / "eager.d.ink").read_bytes()).digest())
+    base.assert_bit_equal(fresh, load_one_rank(series, 1, state))
+
+
 def test_a_failed_rewrite_keeps_the_previous_manifest(tmp_path, monkeypatch):
     series, states = _saved_series(tmp_path, steps=2)
     before = (tmp_path / "run" / MANIFEST).read_bytes()
