@@ -164,9 +164,44 @@ def _executor(threads: int) -> Executor | None:
     return ThreadPoolExecutor(threads, thread_name_prefix="inshrink") if threads > 1 else None
 
 
-def _writer_pool(threads: int) -> Executor | None:
-    """The threads a Writer encodes on (None: it encodes on the calling thread)."""
-    return _executor(threads)
+# The Writer's pools, one per thread count, kept from one save to the next: starting the
+# threads again for every save cost a few hundred page faults each (their stacks and zstd
+# contexts) and delayed the first chunks.
+_WRITER_POOLS: dict[int, ThreadPoolExecutor] = {}
+_WRITER_POOLS_LOCK = threading.Lock()
+_in_writer_pool = threading.local()
+
+
+def _forget_writer_pools() -> None:
+    """In a forked child: the pools' threads are not there (work given to them would wait
+    forever), and the lock may have been held by a thread of the parent."""
+    global _WRITER_POOLS_LOCK
+    _WRITER_POOLS.clear()
+    _WRITER_POOLS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_writer_pools)
+
+
+def _mark_writer_thread() -> None:
+    _in_writer_pool.active = True
+
+
+def _writer_pool(threads: int) -> tuple[Executor | None, bool]:
+    """The threads a Writer encodes on (None: it encodes on the calling thread), and whether
+    the pool is shared (kept for the next saves) rather than the Writer's own. A Writer
+    created on a thread of a shared pool gets its own pool, so that it never waits for work
+    queued behind itself."""
+    if threads <= 1:
+        return None, False
+    if getattr(_in_writer_pool, "active", False):
+        return _executor(threads), False
+    with _WRITER_POOLS_LOCK:
+        pool = _WRITER_POOLS.get(threads)
+        if pool is None:
+            pool = _WRITER_POOLS[threads] = ThreadPoolExecutor(
+                threads, thread_name_prefix="inshrink", initializer=_mark_writer_thread)
+    return pool, True
 
 
 class Writer:
@@ -266,7 +301,7 @@ class Writer:
                 raise named_error(exc, os.fspath(path)) from exc
             path = self._standalone = os.path.join(self._staging.name, "standalone.ink")
         self._container = ContainerWriter(path)
-        self._pool = _writer_pool(self._threads)
+        self._pool, self._shared_pool = _writer_pool(self._threads)
         self._planes = PLANES  # plane buffers, recycled once their records are written
         # Records go out in file order, (tensor number, chunk number), written by the pool
         # threads: the thread that encodes the next chunk to write writes it and any later
@@ -591,7 +626,7 @@ class Writer:
 
     def _shutdown(self) -> None:
         self._closed = True
-        if self._pool is not None:
+        if self._pool is not None and not self._shared_pool:
             self._pool.shutdown(wait=True)
         if self._staging is not None:
             self._staging.cleanup()

@@ -1,0 +1,152 @@
+"""The reader's checks done for many records at once (record headers, the index's chunk
+entries, the codec chains shared by tensors) accept and reject exactly what the checks one
+record at a time do, and report the failure the spec's check order names first (section 16),
+with one thread or several."""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import inshrink
+from inshrink.container import layout
+from inshrink.errors import ChecksumError, CorruptError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fuzz"))
+import ink_repair  # noqa: E402
+
+
+@given(st.lists(st.tuples(st.integers(0, 2**63), st.integers(0, 0xFFFFFFFF)), max_size=20),
+       st.sampled_from([layout.KIND_CHUNK, layout.KIND_INDEX]))
+def test_record_headers_equal_record_header_row_by_row(rows, kind):
+    lengths = np.array([r[0] for r in rows], np.uint64)
+    crcs = np.array([r[1] for r in rows], np.uint64)
+    headers = layout.record_headers(kind, lengths, crcs)
+    assert headers.shape == (len(rows), layout.RECORD_HEADER_SIZE)
+    for row, (length, crc) in zip(headers, rows):
+        assert bytes(row) == layout.record_header(kind, length, crc)
+        assert int.from_bytes(bytes(row[28:]), "little") == zlib.crc32(bytes(row[:28]))
+
+
+def _file(path: Path) -> list:
+    """Two fp32 tensors of 3 chunks each (4 records per chunk); the chunk entries in order."""
+    with inshrink.Writer(path, chunk_bytes=256, threads=1) as writer:
+        writer.add("a", np.linspace(-1, 1, 192, dtype=np.float32))
+        writer.add("b", np.linspace(-2, 2, 192, dtype=np.float32))
+    with inshrink.open(path) as f:
+        return [[list(s) for s in e.streams] for e in f._reader.index.tensors]
+
+
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 1
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_bad_payload_before_a_bad_header_is_reported_first(tmp_path, threads):
+    """The headers are compared for the whole load at once; a failure there must still report
+    the first failing check in the spec's order: here the payload checksum (R-5) of tensor
+    a's chunk 0, before the record header (R-1) of tensor b's last chunk."""
+    path = tmp_path / "x.ink"
+    streams = _file(path)
+    first = streams[0][0][0]                   # tensor a, stream 0, chunk 0
+    _flip(path, first.offset + layout.RECORD_HEADER_SIZE)
+    _flip(path, streams[1][3][2].offset)       # tensor b, stream 3, chunk 2: its tag
+    with pytest.raises(ChecksumError, match=rf"\[R-5\] .* offset {first.offset}$"):
+        inshrink.load(path, threads=threads)
+    with inshrink.open(path, threads=threads) as f:
+        with pytest.raises(CorruptError, match=r"\[R-1\]"):
+            f["b"]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_first_failing_chunk_in_order_is_reported(tmp_path, threads):
+    path = tmp_path / "x.ink"
+    streams = _file(path)
+    for tensor in (1, 0):
+        chunk = streams[tensor][2][2]          # stream 2, chunk 2 of b, then of a
+        _flip(path, chunk.offset + layout.RECORD_HEADER_SIZE)
+    want = streams[0][2][2].offset
+    for _ in range(5):  # whichever thread reaches the chunks first
+        with pytest.raises(ChecksumError, match=rf"offset {want}$"):
+            inshrink.load(path, threads=threads)
+
+
+def _with_index(path: Path, edit) -> None:
+    data = path.read_bytes()
+    offset, doc = ink_repair.read_index(data)
+    edit(doc)
+    path.write_bytes(ink_repair.replace_index(data, offset, json.dumps(doc).encode()))
+
+
+def test_index_rules_follow_the_tensor_order(tmp_path):
+    """Chunk entries are checked for the whole file at once, but a bad chunk entry of the
+    first tensor (I-13) is still reported before a bad name of the second (I-7)."""
+    path = tmp_path / "x.ink"
+    _file(path)
+
+    def edit(doc):
+        doc["tensors"][0]["streams"][1][1][0] += 1    # an unaligned offset
+        doc["tensors"][1]["name"] = ""
+    _with_index(path, edit)
+    with pytest.raises(CorruptError, match=r"\[I-13\]"):
+        inshrink.open(path)
+
+
+@pytest.mark.parametrize("field,value,rule", [
+    (0, 1 << 63, "I-13"), (1, -1, "I-13"), (2, 1 << 32, "I-13"), (3, True, "I-13"),
+    (4, "lz4", "I-13"), (0, 7.0, "I-13")])
+def test_each_bad_chunk_field_is_refused(tmp_path, field, value, rule):
+    path = tmp_path / "x.ink"
+    _file(path)
+
+    def edit(doc):
+        doc["tensors"][1]["streams"][3][2][field] = value
+    _with_index(path, edit)
+    with pytest.raises(inshrink.InshrinkError, match=rf"\[{rule}\]"):
+        inshrink.open(path)
+
+
+def test_overlapping_records_are_refused(tmp_path):
+    path = tmp_path / "x.ink"
+    _file(path)
+
+    def edit(doc):
+        doc["tensors"][1]["streams"][0][1][0] = doc["tensors"][0]["streams"][2][0][0]
+    _with_index(path, edit)
+    with pytest.raises(CorruptError, match=r"\[I-15\]"):
+        inshrink.open(path)
+
+
+def test_a_chain_shared_by_tensors_is_validated_with_its_types(tmp_path):
+    """The tensors' pipelines are built once per distinct chain; JSON's ``1`` equals
+    ``true`` in Python but is still refused as the rotate flag (C-3)."""
+    path = tmp_path / "x.ink"
+    _file(path)
+
+    def edit(doc):
+        doc["tensors"][1]["codec"][0]["rotate"] = 1
+    _with_index(path, edit)
+    with pytest.raises(CorruptError, match=r"\[C-3\] .*rotate"):
+        inshrink.open(path)
+
+
+def test_two_thread_load_reports_progress_on_the_calling_thread(tmp_path):
+    path = tmp_path / "x.ink"
+    state = {f"t{i}": np.linspace(-i, i, 5000 + 77 * i, dtype=np.float32) for i in range(9)}
+    inshrink.save(path, state, threads=1)
+    calls = []
+    with inshrink.File(path, threads=2) as f:
+        out = f.load(lambda n: calls.append((n, threading.get_ident())))
+    assert sum(n for n, _ in calls) == sum(a.nbytes for a in state.values())
+    assert {ident for _, ident in calls} == {threading.get_ident()}
+    for name, array in state.items():
+        assert np.array_equal(out[name], array)
