@@ -113,6 +113,7 @@ import ft_models as fm
 inshrink, _inshrink_err = common.import_inshrink(("Series", "open"))
 
 RESULTS = os.path.join(common.REPO_ROOT, "benchmarks", "results")
+SEARCH_PREDICT = False  # --search-predict: Search(predict=True) in the searched runs
 
 
 def group_of(name: str) -> str:
@@ -315,6 +316,8 @@ class InshrinkMethod(Method):
             kwargs["policy"] = preset
             settings = {}
         self.ck = Checkpointer(self.dir, self.model, self.optimizer, **kwargs, **settings)
+        if SEARCH_PREDICT and self.ck.search is not None:
+            self.ck.search.predict = True  # --search-predict
         self.epsilon = epsilon
         self.log = []
 
@@ -335,7 +338,11 @@ class InshrinkMethod(Method):
         evals = [e.get("evaluations") or 0 for e in self.log]
         return {"checkpointer_seconds": getattr(self.ck, "seconds", None),
                 "search_seconds": sum(e.get("search_seconds") or 0 for e in self.log),
-                "evaluations": sum(evals), "lossless_weights": sum(
+                "evaluations": sum(evals),
+                "evaluations_stopped": sum(e.get("evaluations_stopped") or 0 for e in self.log),
+                # forward passes of the quality callback over one calibration batch
+                "quality_passes": getattr(self.ck.quality, "passes", None),
+                "lossless_weights": sum(
                     1 for e in self.log if "mode" in e and e.get("chosen") is None),
                 "saves_log": self.log}
 
@@ -349,6 +356,7 @@ def _search_summary(step: int, info) -> dict:
         chosen = rep.get("chosen_result") or {}
         out.update(mode=rep.get("mode"), chosen=rep.get("chosen"),
                    evaluations=rep.get("evaluations_used"), cap_reached=rep.get("cap_reached"),
+                   evaluations_stopped=rep.get("evaluations_stopped"),
                    baseline=rep.get("baseline"), drop=chosen.get("drop"),
                    weights_ratio=chosen.get("ratio"), search_seconds=rep.get("seconds"),
                    allocation=rep.get("allocation"),
@@ -859,7 +867,11 @@ def main(argv=None) -> int:
                                        "(same seed and settings) instead of running it")
     ap.add_argument("--workdir", default=common.tmp_root(),
                     help="where the series directories go (default /dev/shm)")
+    ap.add_argument("--search-predict", action="store_true",
+                    help="the searched runs with Search(predict=True)")
     args = ap.parse_args(argv)
+    global SEARCH_PREDICT
+    SEARCH_PREDICT = args.search_predict
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True, warn_only=True)

@@ -13,7 +13,8 @@ time (steps only). No failure is injected: the search sees one undisturbed run.
 
 ``replay`` runs one fresh ``Search`` over those checkpoints in order, as the Checkpointer does
 (the model set to each checkpoint's weights, the KL quality callback reset; ``--predict``:
-``Search(predict=True)``), and per
+``Search(predict=True)``; ``--complete``: the callback's ``bounded`` hidden, so that every
+evaluation runs every batch), and per
 checkpoint times ``Search.choose``, counts the quality calls, and times a plain
 ``inshrink.save`` of the state with the chosen policy. The inshrink it imports is the one on
 ``PYTHONPATH``, so two revisions replay the same recorded inputs. The JSON lines it prints
@@ -79,8 +80,25 @@ def _record(directory: str, series: str, seed: int) -> None:
           f"({train_cpu:.1f} CPU-s), checkpointer {ck.seconds:.1f} s")
 
 
+class _Counting:
+    """The quality callback, its calls counted; ``bounded`` passed on only when asked."""
+
+    def __init__(self, base, calls: list, bounded: bool) -> None:
+        self.base, self.calls = base, calls
+        if bounded and hasattr(base, "bounded"):
+            self.bounded = self._bounded
+
+    def __call__(self, state):
+        self.calls.append(1)
+        return self.base(state)
+
+    def _bounded(self, state, limit):
+        self.calls.append(1)
+        return self.base.bounded(state, limit)
+
+
 def replay(directory: str, label: str, out: str | None, limit: int | None,
-           predict: bool = False) -> None:
+           predict: bool = False, bounded: bool = True) -> None:
     import inshrink
     from inshrink.search import Search, SearchSpace
     from inshrink.torch.quality import quality_from
@@ -103,10 +121,8 @@ def replay(directory: str, label: str, out: str | None, limit: int | None,
                                     for n in live})
         base = quality_from(task.model, task.calib_batches, task.loss_fn, criterion=criterion)
         calls = []
-
-        def quality(s, base=base, calls=calls):
-            calls.append(1)
-            return base(s)
+        passes = getattr(base, "passes", 0)
+        quality = _Counting(base, calls, bounded)
         search.epsilon = meta["epsilon"]
         search.space = space if not meta["late"] else \
             SearchSpace(exp_avg=space.late_exp_avg)
@@ -123,6 +139,9 @@ def replay(directory: str, label: str, out: str | None, limit: int | None,
                 "search_seconds": search_s, "save_seconds": save_s,
                 "search_cpu": search_cpu, "save_cpu": save_cpu,
                 "quality_calls": len(calls), "evaluations": report.get("evaluations_used"),
+                "evaluations_stopped": report.get("evaluations_stopped", 0),
+                "batch_passes": getattr(base, "passes", 0) - passes,
+                "batches": len(task.calib_batches),
                 "tensor_encodings": report.get("tensor_encodings"),
                 **{k: report.get(k) for k in ("quality_seconds", "encode_seconds",
                                               "size_table_seconds")},
@@ -146,6 +165,11 @@ def replay(directory: str, label: str, out: str | None, limit: int | None,
         "later_search_s_mean": sum(x["search_seconds"] for x in later) / len(later),
         "later_evaluations_mean": sum(x["evaluations"] for x in later) / len(later),
         "later_quality_calls_mean": sum(x["quality_calls"] for x in later) / len(later),
+        # forward passes over the calibration batches in units of one complete evaluation
+        "first_passes_in_evaluations": lines[0]["batch_passes"] / lines[0]["batches"],
+        "later_passes_in_evaluations_mean": sum(x["batch_passes"] / x["batches"]
+                                                for x in later) / len(later),
+        "chosen_bytes_total": sum(x["chosen_bytes"] or 0 for x in lines),
         **{f"later_{k}_mean": sum(x[k] for x in later) / len(later)
            for k in ("quality_seconds", "encode_seconds") if later[0].get(k) is not None},
         "later_save_s_mean": sum(x["save_seconds"] for x in later) / len(later),
@@ -178,11 +202,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="JSON of the replay")
     ap.add_argument("--limit", type=int, help="replay only the first N checkpoints")
     ap.add_argument("--predict", action="store_true", help="Search(predict=True)")
+    ap.add_argument("--complete", action="store_true",
+                    help="hide the callback's bounded(): every evaluation runs every batch")
     args = ap.parse_args(argv)
     if args.action == "record":
         record(args.dir, args.seed)
     else:
-        replay(args.dir, args.label, args.out, args.limit, args.predict)
+        replay(args.dir, args.label, args.out, args.limit, args.predict, not args.complete)
     return 0
 
 

@@ -853,3 +853,82 @@ def test_drop_model_learns_the_axes_and_the_drift():
     rejected = {"quality": None, "drop": None}  # the error bound's rejections teach nothing
     model.observe({((0, 0, 0, 0), "magnitude"): rejected}, two_sided=False)
     assert model.predict(target, "magnitude", {}) == pytest.approx(predicted)
+
+
+# --- callbacks that stop an evaluation once it is proven infeasible ---------------------
+
+class BoundedDrops(Drops):
+    """:class:`Drops` with ``bounded``: above the limit it answers a lower bound between the
+    limit and the quality (``lie``: a value below the limit, which proves nothing)."""
+
+    def __init__(self, weights, scale=1.0, lie=False):
+        super().__init__(weights, scale)
+        self.lie, self.stopped, self.full = lie, 0, 0
+
+    def bounded(self, state, limit):
+        value = self.quality(state)
+        if value > limit:
+            self.stopped += 1
+            return (limit - 1e-6 if self.lie else (limit + value) / 2), False
+        return value, True
+
+    def __call__(self, state):
+        self.full += 1
+        return self.quality(state)
+
+
+@SYNTHETIC
+@given(st.tuples(*(st.floats(-1.0, 0.0) for _ in range(4))), st.floats(0.002, 0.2),
+       st.lists(st.floats(0.3, 1.2), min_size=2, max_size=6),
+       st.lists(st.floats(0.5, 3.0), min_size=6, max_size=6), st.booleans())
+def test_stopped_evaluations_leave_the_default_walks_choices_unchanged(
+        synthetic_encoding, weights, scale, eps_steps, growth, two_sided):
+    runs = {}
+    for bounded in (False, True):
+        oracle = BoundedDrops(weights, scale)
+        search = Search(epsilon=0.01, max_evals=10_000, two_sided=two_sided)
+        runs[bounded] = []
+        for step, g in zip(eps_steps, growth):
+            search.epsilon *= step
+            result = search.choose(STATE, oracle if bounded else oracle.quality)
+            report = result.report
+            runs[bounded].append(result.choice)
+            for e in report["evaluations"]:
+                assert e["complete"] or (not e["feasible"] and e["drop"] > search.epsilon)
+                assert e["complete"] == (not bounded or e["feasible"] or
+                                         e["drop"] <= search.epsilon)
+            assert report["evaluations_stopped"] == \
+                sum(not e["complete"] for e in report["evaluations"])
+            if result.choice is not None:
+                assert report["chosen_result"]["complete"]
+            oracle.scale *= g
+        if bounded:  # every evaluation went through bounded(), the baselines did not
+            assert oracle.full == len(runs[bounded])
+    assert runs[True] == runs[False]
+
+
+def test_a_stop_that_proves_nothing_is_measured_again(monotone_sizes):
+    oracle = BoundedDrops([-0.6, -0.4, -0.3, -0.5], scale=0.02, lie=True)
+    result = Search(epsilon=0.01, max_evals=10_000).choose(STATE, oracle)
+    infeasible = [e for e in result.report["evaluations"] if not e["feasible"]]
+    assert infeasible and oracle.stopped == len(infeasible)
+    assert oracle.full == 1 + len(infeasible)  # the baseline, and each stop measured again
+    assert all(e["complete"] for e in result.report["evaluations"])
+    assert result.report["chosen_result"]["drop"] <= 0.01
+
+
+def test_bounded_is_not_used_for_a_higher_is_better_quality_and_is_checked(monotone_sizes):
+    class Accuracy:
+        def __call__(self, state):
+            return 1.0 if "cfg" not in state else 0.999
+
+        def bounded(self, state, limit):
+            raise AssertionError("an accuracy cannot stop early")
+    result = Search(0.01, higher_is_better=True, max_evals=3).choose(STATE, Accuracy())
+    assert result.choice is not None
+
+    class Broken(Accuracy):
+        def bounded(self, state, limit):
+            return 2.0  # not a (value, complete) pair
+    with pytest.raises(InvalidArgumentError, match="bounded"):
+        Search(0.01, max_evals=3).choose(STATE, Broken())

@@ -429,6 +429,32 @@ def test_quality_kl_is_the_live_loss_plus_the_output_divergence():
     assert now != pytest.approx(live) and quality({}) == pytest.approx(now, rel=1e-6)
 
 
+def test_quality_kl_stops_once_the_batches_prove_the_limit_exceeded():
+    from inshrink.search import BoundedQuality
+    model = mlp(norm=True)
+    train(model, adamw(model), 2)
+    batches = [data(16, seed=s) for s in range(80, 86)]
+    quality = quality_from(model, batches, criterion="kl")
+    assert isinstance(quality, BoundedQuality)
+    assert not isinstance(quality_from(model, batches), BoundedQuality)  # a loss cannot stop
+    live = quality({})
+    other = mlp(seed=3, norm=True)
+    moved = {"model." + k: v.numpy() for k, v in other.state_dict().items()}
+    full = quality(moved)
+    assert full > live
+    # a limit it stays under, or no limit: the complete value, bit for bit
+    assert quality.bounded(moved, full + 1.0) == (full, True)
+    assert quality.bounded(moved, math.inf) == (full, True)
+    # a limit the first batches already exceed: fewer passes, a lower bound above the limit
+    limit = live + 0.05 * (full - live)
+    passes = quality.passes
+    value, complete = quality.bounded(moved, limit)
+    assert not complete and limit < value <= full
+    assert quality.passes - passes < len(batches)
+    assert quality(moved) == full  # the batch order it learned does not change the value
+    assert quality.bounded(moved, live)[1] is False
+
+
 def test_quality_kl_rejects_a_metric_and_unknown_criteria(tmp_path):
     model = mlp()
     batches = [data(8, seed=1)]

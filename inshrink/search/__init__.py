@@ -18,7 +18,8 @@ whose quality stays within a relative ``epsilon`` of the uncompressed state:
 
 Every evaluation compresses the searched tensors with the candidate configuration, decodes
 them and calls the callback, so a chosen configuration is one whose *actual* encoding was
-measured within ``epsilon``; a hard cap bounds the evaluations, and when nothing feasible is
+measured within ``epsilon`` (a callback with ``bounded``, :class:`~.space.BoundedQuality`,
+may stop on a candidate once it is proven infeasible); a hard cap bounds the evaluations, and when nothing feasible is
 found the weights are stored losslessly. Optimizer moments are not seen by a model-quality
 callback: they get the fixed configurations of the search space. All weight tensors share a
 configuration's bins unless ``SearchSpace.per_tensor_bins`` spreads them by curvature
@@ -31,9 +32,9 @@ quality drops), :mod:`.walk` (the guided and neighbourhood walks) and :mod:`.cho
 from .allocation import ALLOCATION_SAMPLE, MAX_SHIFT_BITS, Shifts, allocation, shifted
 from .choose import SEARCHED_ROLES, Search, SearchResult
 from .evaluate import SAMPLE, Evaluator
-from .space import Choice, Point, Quality, SearchSpace
+from .space import BoundedQuality, Choice, Point, Quality, SearchSpace
 from .walk import NEIGHBOURHOOD, SIGNIFICANT, guided, neighbourhood
 
 __all__ = ["ALLOCATION_SAMPLE", "MAX_SHIFT_BITS", "NEIGHBOURHOOD", "SAMPLE", "SEARCHED_ROLES",
-           "SIGNIFICANT", "Choice", "Evaluator", "Point", "Quality", "Search", "SearchResult",
+           "SIGNIFICANT", "BoundedQuality", "Choice", "Evaluator", "Point", "Quality", "Search", "SearchResult",
            "SearchSpace", "Shifts", "allocation", "guided", "neighbourhood", "shifted"]

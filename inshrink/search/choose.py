@@ -142,7 +142,12 @@ class Search:
             The checkpoint's state (weights, optimizer state...).
         quality : callable or None
             ``quality(state) -> float`` on a dict like ``tensors`` with some tensors replaced
-            by their decoded versions. None: proxy mode (per-tensor error bounds).
+            by their decoded versions. None: proxy mode (per-tensor error bounds). One that
+            also has ``bounded(state, limit)`` (:class:`~inshrink.search.BoundedQuality`,
+            e.g. ``quality_from(..., criterion="kl")``) is given the largest feasible quality
+            and may stop evaluating a candidate once it exceeds it: the same decisions, fewer
+            batches (such a candidate's ``quality`` and ``drop`` in the report are lower
+            bounds, ``complete`` False).
         importance : mapping of str to array-like, optional
             Sensitivity scores (|g·w|) per tensor; enables the "sensitivity" prune metric.
         curvature : mapping of str to array-like, optional
@@ -209,6 +214,7 @@ class Search:
             self._drops.observe(ev.results, self.two_sided)
             report.update(baseline=ev.baseline, evaluations=ev.log,
                           evaluations_used=len(ev.log),
+                          evaluations_stopped=sum(not r["complete"] for r in ev.log),
                           cap_reached=len(ev.log) >= self.max_evals,
                           raw_bytes=ev.raw_bytes, tensor_encodings=ev.encode.encodings,
                           **{f"{part}_seconds": t for part, t in ev.seconds.items()})

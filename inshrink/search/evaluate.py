@@ -41,7 +41,7 @@ class Evaluator:
         self.budget = search.max_evals  # a phase may lower it to share the cap
         # where the time goes, for the report: the callback, candidate encodings, size table
         self.seconds = {"quality": 0.0, "encode": 0.0, "size_table": 0.0}
-        self.baseline = self._call(tensors)
+        self.baseline, _ = self._call(tensors)
         if not math.isfinite(self.baseline):
             raise InvalidArgumentError(f"the quality of the uncompressed state is "
                                        f"{self.baseline}; the search needs a finite value")
@@ -55,15 +55,34 @@ class Evaluator:
         cached = search._size_table
         self.bits = cached[1] if cached and cached[0] == self.key else None
 
-    def _call(self, state: dict[str, np.ndarray]) -> float:
+    def _call(self, state: dict[str, np.ndarray],
+              limit: float | None = None) -> tuple[float, bool]:
+        """(the quality of ``state``, whether it is complete): with a ``limit`` and a callback
+        that has ``bounded`` (:class:`~.space.BoundedQuality`), possibly a lower bound above
+        ``limit`` instead (``complete`` False)."""
         started = time.perf_counter()
-        value = self.quality(state)
+        bounded = None if limit is None else getattr(self.quality, "bounded", None)
+        if callable(bounded):
+            out = bounded(state, limit)
+            if not (isinstance(out, tuple) and len(out) == 2):
+                raise InvalidArgumentError(f"the quality callback's bounded() returned "
+                                           f"{out!r}, not a (value, complete) pair")
+            value, complete = out
+        else:
+            value, complete = self.quality(state), True
         self.seconds["quality"] += time.perf_counter() - started
         try:
-            return float(value)
+            return float(value), bool(complete)
         except (TypeError, ValueError):
             raise InvalidArgumentError(f"the quality callback returned {value!r}, "
                                        f"not a number") from None
+
+    def limit(self) -> float | None:
+        """The largest feasible quality, for a callback that can stop an evaluation once it is
+        exceeded; None for a higher-is-better quality (its evaluations run to the end)."""
+        if self.search.higher_is_better:
+            return None
+        return self.baseline + self.search.epsilon * (abs(self.baseline) or 1.0)
 
     @property
     def left(self) -> int:
@@ -144,8 +163,11 @@ class Evaluator:
                 return False
         return None
 
-    def evaluate(self, point: Point, metric: str, phase: str) -> dict | None:
-        """Evaluate (cached); None when the cap is reached."""
+    def evaluate(self, point: Point, metric: str, phase: str,
+                 exact: bool = False) -> dict | None:
+        """Evaluate (cached); None when the cap is reached. An infeasible candidate's quality
+        may be a lower bound (``complete`` False in its result) unless ``exact``: its drop is
+        then only known to exceed epsilon."""
         if (point, metric) in self.results:
             return self.results[(point, metric)]
         if self.space.choice(point, metric).prune == 0:
@@ -160,20 +182,26 @@ class Evaluator:
         decoded, stored, rel_l2 = self.roundtrip(choice)
         self.seconds["encode"] += time.perf_counter() - started
         bound = self.search.max_rel_l2
+        complete = True
         if bound is not None and not rel_l2 <= bound:
             # too coarse whatever the quality says: the callback is not called
             value = drop = None
             feasible = False
         else:
-            value = self._call({**self.tensors, **decoded})
+            state = {**self.tensors, **decoded}
+            value, complete = self._call(state, None if exact else self.limit())
             drop = self.drop(value)
+            if not complete and not drop > self.search.epsilon:
+                # the callback stopped without proving the candidate infeasible: measure all
+                value, complete = self._call(state)
+                drop = self.drop(value)
             # two-sided: a quality that improves by more than epsilon on a few batches is a
             # large perturbation that happened to help there, not a safe one
             feasible = (abs(drop) if self.search.two_sided else drop) <= self.search.epsilon
         result = {"choice": choice.to_dict(), "phase": phase, "quality": value,
                   "drop": drop if drop is not None and math.isfinite(drop) else None,
                   "rel_l2": rel_l2 if math.isfinite(rel_l2) else None,
-                  "feasible": feasible, "stored_bytes": stored,
+                  "feasible": feasible, "complete": complete, "stored_bytes": stored,
                   "ratio": self.raw_bytes / stored if stored else None}
         self.results[(point, metric)] = result
         self.log.append(result)

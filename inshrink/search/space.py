@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -12,6 +12,28 @@ from ..policy import MAX_BINS, PRUNE_METRICS, Policy, QuantConfig
 from .allocation import Shifts, shifted
 
 Quality = Callable[[dict[str, np.ndarray]], float]
+
+
+@runtime_checkable
+class BoundedQuality(Protocol):
+    """A quality callback (lower is better) that may stop an evaluation early.
+
+    Besides ``quality(state) -> float`` it has ``bounded(state, limit) -> (value, complete)``:
+    with ``complete`` True, ``value`` is exactly what ``quality(state)`` returns; with
+    ``complete`` False, the batches evaluated so far prove that quality above ``limit``, and
+    ``value`` is a lower bound of it, itself above ``limit``. The search passes the largest
+    feasible quality as ``limit``, so a stopped candidate is infeasible whatever the remaining
+    batches say, and every decision is the one a complete evaluation would have made. Only a
+    quality that can only grow with each batch can stop: a mean of a loss over batches
+    cannot (a later batch may bring it back down), a loss plus a mean of divergences, each
+    at least zero, can (``quality_from(..., criterion="kl")``). It is not used with
+    ``Search(higher_is_better=True)``.
+    """
+
+    def __call__(self, state: dict[str, np.ndarray]) -> float: ...
+
+    def bounded(self, state: dict[str, np.ndarray],
+                limit: float) -> tuple[float, bool]: ...
 Point = tuple[int, ...]  # indices on the axes, higher = more precise
 
 

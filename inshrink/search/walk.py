@@ -136,9 +136,11 @@ def neighbourhood(ev: Evaluator, previous: Choice, metrics: list[str],
     predicted = guess is not None and ev.search.predict
     why = []
     if not predicted or guess <= eps * (1 + MARGIN):
-        current = ev.evaluate(start, metric, "neighbourhood")
+        # the metric check compares drops: measured to the end when there is one to make
+        exact = len(metrics) > 1 and space.choice(start, metric).prune > 0
+        current = ev.evaluate(start, metric, "neighbourhood", exact)
         for other in (m for m in metrics if m != metric):
-            alt = ev.evaluate(start, other, "metric check")
+            alt = ev.evaluate(start, other, "metric check", exact)
             if current is not None and alt is not None and alt["drop"] is not None and (
                     current["drop"] is None or
                     alt["drop"] < current["drop"] - SIGNIFICANT * eps):
@@ -217,3 +219,4 @@ def _predicted_walk(ev: Evaluator, model: DropModel, candidates: list[Point], st
     if probe is not None and ev.results.get((probe, metric), {}).get("feasible"):
         return probe
     return None
+

@@ -3,6 +3,7 @@ batches with candidate weights substituted."""
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -61,13 +62,27 @@ def _forward(model: torch.nn.Module, values: dict[str, torch.Tensor], inputs: An
 CRITERIA = ("loss", "kl")
 
 
+SLACK = 1e-5
+"""How far below zero one batch's divergence may come out in float32 arithmetic: an
+evaluation stops only once the batches so far exceed the limit with this much to spare for
+each batch left."""
+
+
 class _OutputKL:
     """``criterion="kl"`` of :func:`quality_from`: the live model's loss plus the mean KL
-    divergence of a candidate's output distribution from the live model's."""
+    divergence of a candidate's output distribution from the live model's.
+
+    It is a :class:`inshrink.search.BoundedQuality`: every batch's divergence is at least
+    zero, so once the batches evaluated so far put the quality above the search's limit the
+    rest cannot bring it back, and the evaluation stops. The batches that diverged most on
+    the last candidate go first (nearby candidates diverge on the same batches), and a
+    complete evaluation sums them in their own order, so its value does not depend on it."""
 
     def __init__(self, model: torch.nn.Module, batches: list, loss_fn: Callable) -> None:
         self.model, self.batches, self.loss_fn = model, batches, loss_fn
         self.reference: tuple[float, list[torch.Tensor]] | None = None
+        self.order = list(range(len(batches)))
+        self.passes = 0  # forward passes over one batch so far (the reference's included)
 
     def reset(self) -> None:
         """Forget the live model's outputs (it has trained since)."""
@@ -79,12 +94,18 @@ class _OutputKL:
             loss, log_probs = 0.0, []
             for inputs, targets in self.batches:
                 outputs = _forward(self.model, live, inputs)
+                self.passes += 1
                 loss += float(self.loss_fn(outputs, targets))
                 log_probs.append(torch.log_softmax(outputs.float(), dim=-1))
             self.reference = loss / len(self.batches), log_probs
         return self.reference
 
     def __call__(self, state: dict[str, np.ndarray]) -> float:
+        return self.bounded(state, math.inf)[0]
+
+    def bounded(self, state: dict[str, np.ndarray], limit: float) -> tuple[float, bool]:
+        """``(quality, True)``, or ``(lower bound, False)`` as soon as the batches evaluated
+        so far prove the quality above ``limit`` (the bound is then above it too)."""
         with _eval_mode(self.model), torch.no_grad():
             fresh = self.reference is None
             loss, reference = self._reference()
@@ -92,12 +113,32 @@ class _OutputKL:
             if fresh:  # the weights the reference was just made from need no second pass
                 live = _substitute(self.model, {})
                 if all(torch.equal(values[name], live[name]) for name in values):
-                    return loss
+                    return loss, True
+            count = len(self.batches)
+            kls: list[float | None] = [None] * count
+            done = 0.0
+            for k, i in enumerate(self.order):
+                ref = reference[i]
+                outputs = _forward(self.model, values, self.batches[i][0])
+                self.passes += 1
+                log_q = torch.log_softmax(outputs.float(), dim=-1)
+                kls[i] = float((ref.exp() * (ref - log_q)).sum(-1).mean())
+                done += kls[i]
+                left = count - k - 1
+                bound = loss + (done - SLACK * left) / count
+                if left and bound > limit:
+                    self._reorder(kls)
+                    return bound, False
+            self._reorder(kls)
             kl = 0.0
-            for (inputs, _), ref in zip(self.batches, reference):
-                log_q = torch.log_softmax(_forward(self.model, values, inputs).float(), dim=-1)
-                kl += float((ref.exp() * (ref - log_q)).sum(-1).mean())
-        return loss + kl / len(self.batches)
+            for value in kls:  # the batches' own order: the value does not depend on `order`
+                kl += value
+        return loss + kl / count, True
+
+    def _reorder(self, kls: list[float | None]) -> None:
+        """Next time, the batches that diverged most on this candidate first."""
+        measured = sorted((i for i in self.order if kls[i] is not None), key=lambda i: -kls[i])
+        self.order = measured + [i for i in self.order if kls[i] is None]
 
 
 def quality_from(model: torch.nn.Module, batches: Sequence[tuple[Any, Any]],
@@ -129,7 +170,11 @@ def quality_from(model: torch.nn.Module, batches: Sequence[tuple[Any, Any]],
         at every position over every class, where the loss difference on targets averages
         changes of either sign; docs/decisions.md). The live model's log-probabilities are
         kept between calls (batches × positions × classes × 4 bytes) until ``reset()``,
-        which the returned callable then has.
+        which the returned callable then has. It also has ``bounded(state, limit)``
+        (:class:`inshrink.search.BoundedQuality`): the search stops evaluating a candidate
+        as soon as the batches so far prove it infeasible (each batch's divergence is at
+        least zero), with the same decisions as complete evaluations. ``"loss"`` and a
+        metric have no such bound, since a later batch can move their mean either way.
 
     Returns
     -------
