@@ -463,3 +463,39 @@ def test_every_way_of_ranking_a_chunk_gives_the_codes_of_assign_codes(domain, pr
         kept[escaped] = False
         np.testing.assert_array_equal(codes[kept], assigned[kept])
         assert stats == encoder.stats(chunk, assigned)
+
+
+@given(bits=st.sampled_from([1, 2, 4]), codes=hnp.arrays(np.uint16, st.integers(0, 300)))
+def test_numpy_packing_of_short_chunks_is_the_kernels(bits, codes):
+    """Short chunks are packed by numpy until the kernels are compiled: same bytes, same codes
+    back (high bits masked, padding zero)."""
+    from inshrink.codecs import quant
+    from inshrink.kernels import quant as kernels
+    packed = np.full(quant.codes_size(codes.size, bits), 0xAA, np.uint8)
+    quant._numpy_pack_bits(codes, bits, packed)
+    expected = np.zeros_like(packed)
+    kernels.pack_bits(codes, bits, expected)
+    np.testing.assert_array_equal(packed, expected)
+    back = np.full(codes.size, 0xFFFF, np.uint16)
+    quant._numpy_unpack_bits(np.append(packed, np.uint8(0xFF)), bits, codes.size, back)
+    np.testing.assert_array_equal(back, codes & ((1 << bits) - 1))
+
+
+def test_a_small_lossy_save_and_load_compile_no_packing_kernel(tmp_path):
+    import subprocess
+    import sys
+    script = """
+import numpy as np, inshrink
+from inshrink.kernels import quant
+rng = np.random.default_rng(0)
+state = {"model.w.weight": rng.standard_normal((64, 64)).astype(np.float32),
+         "optimizer.state.0.exp_avg": rng.standard_normal((64, 64)).astype(np.float32) * 1e-3}
+inshrink.save("s.ink", state, policy=inshrink.Policy.uniform(inshrink.QuantConfig(bins=4)))
+back = inshrink.load("s.ink")
+assert all(back[k].shape == v.shape for k, v in state.items())
+print(quant.pack_bits.ready, quant.unpack_bits.ready)
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["False", "False"]

@@ -334,7 +334,7 @@ def test_seed_and_lloyd_recover_separated_clusters():
 
 
 def test_lloyd_matches_oracle_on_many_points():
-    # runs that move by a few points an iteration: the sums of unchanged runs are reused
+    # hundreds of points, tens of clusters, iterations until nothing moves
     rng = np.random.default_rng(3)
     points = np.sort(rng.standard_t(3, 600))
     weights = rng.choice([0.0, 1.0, 3.0, 50.0], points.size)

@@ -190,16 +190,18 @@ def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol):
         total = 0.0
         for j in range(n):
             total += weights[j]
-        weight = np.empty(n)
-        if total > 0.0:
-            for j in range(n):
-                weight[j] = weights[j]
-        else:
-            for j in range(n):
-                weight[j] = 1.0
+        positive = total > 0.0
+        if not positive:
             total = float(n)
-        mass = weight.copy()  # what the next draw is proportional to; total its sum
-        nearest = np.full(n, math.inf)
+        # (np.empty and loops: np.full, np.zeros with a dtype or .copy() add about a tenth of
+        # a second to compiling the kernel)
+        weight = np.empty(n)
+        mass = np.empty(n)  # what the next draw is proportional to; total its sum
+        nearest = np.empty(n)
+        for j in range(n):
+            weight[j] = weights[j] if positive else 1.0
+            mass[j] = weight[j]
+            nearest[j] = math.inf
         m = 0
         while m < k and total > 0.0:
             target = uniforms[m] * total
@@ -232,41 +234,36 @@ def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol):
                 centroids[d + 1] = centroids[d]
                 d -= 1
             centroids[d + 1] = v
-    # Lloyd. Points are sorted, so each centroid's points are a run [start, end): a run is
-    # found from where it ended in the previous iteration, and its sums (in point order, from
-    # zero) are recomputed only when it changed
+    # Lloyd
     span = points[n - 1] - points[0] if n > 0 else 0.0
     threshold = tol * span
-    ends = np.zeros(m, np.int64)
-    summed_from = np.full(m, -1, np.int64)  # the run the sums below are of
-    summed_to = np.full(m, -1, np.int64)
-    sum_w = np.zeros(m)
-    sum_wp = np.zeros(m)
+    sum_w = np.empty(m)
+    sum_wp = np.empty(m)
     iterations = 0
     while iterations < max_iter:
         iterations += 1
-        start = 0
         for c in range(m):
-            end = n
-            if c < m - 1:  # the first point past the midpoint (a point on it goes lower)
-                mid = 0.5 * (centroids[c] + centroids[c + 1])
-                end = max(ends[c], start)
-                while end > start and points[end - 1] > mid:
-                    end -= 1
-                while end < n and not points[end] > mid:
-                    end += 1
-            ends[c] = end
-            if start != summed_from[c] or end != summed_to[c]:
-                w_total = 0.0
-                wp_total = 0.0
-                for j in range(start, end):
-                    w_total += weights[j]
-                    wp_total += weights[j] * points[j]
+            sum_w[c] = 0.0
+            sum_wp[c] = 0.0
+        # points are sorted, so each centroid's points are consecutive: its sums run in
+        # registers and are stored once (the same additions in the same order)
+        c = 0
+        w_total = 0.0
+        wp_total = 0.0
+        mid = 0.5 * (centroids[0] + centroids[1]) if m > 1 else math.inf
+        for j in range(n):
+            p = points[j]
+            while c < m - 1 and p > mid:
                 sum_w[c] = w_total
                 sum_wp[c] = wp_total
-                summed_from[c] = start
-                summed_to[c] = end
-            start = end
+                w_total = 0.0
+                wp_total = 0.0
+                c += 1
+                mid = 0.5 * (centroids[c] + centroids[c + 1]) if c < m - 1 else math.inf
+            w_total += weights[j]
+            wp_total += weights[j] * p
+        sum_w[c] = w_total
+        sum_wp[c] = wp_total
         largest_move = 0.0
         for c in range(m):
             if sum_w[c] > 0.0:
@@ -275,7 +272,7 @@ def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol):
                 if move > largest_move:
                     largest_move = move
                 centroids[c] = updated
-        for c in range(1, m):  # insertion sort: a few values, nearly sorted
+        for c in range(1, m):
             v = centroids[c]
             d = c - 1
             while d >= 0 and centroids[d] > v:
