@@ -164,6 +164,23 @@ def test_guided_search_uses_few_evaluations(synthetic_encoding):
     assert result.report["evaluations_used"] <= 40  # of 810 configurations
 
 
+def test_guided_search_measures_the_cube_top_only_when_nothing_below_is_feasible(
+        synthetic_encoding):
+    top = SPACE.top()
+    evaluated = []
+    for generators, epsilon in (({"magnitude": [(3, 1, 2, 1)], "sensitivity": []}, 0.05),
+                                ({"magnitude": [top], "sensitivity": []}, 0.05),
+                                ({"magnitude": [(3, 1, 2, 1)], "sensitivity": []}, 0.0)):
+        oracle = Synthetic(generators)
+        result = Search(epsilon, max_evals=10_000).choose(STATE, oracle.quality)
+        assert expected_bits(SPACE.point(result.choice)) == optimum(oracle, ("magnitude",))
+        evaluated.append([SPACE.point(Choice.from_dict(e["choice"]))
+                          for e in result.report["evaluations"]])
+    assert top not in evaluated[0]  # implied by what was found below it
+    assert top in evaluated[1]  # only the top is feasible: measured after all
+    assert evaluated[2][0] == top  # epsilon 0: nothing may be feasible, the top goes first
+
+
 def test_infeasible_neighbourhood_costs_one_corner_evaluation(synthetic_encoding):
     start = (1, 0, 1, 0)
     oracle = Synthetic({"magnitude": [(5, 2, 4, 1)], "sensitivity": []})  # far above it

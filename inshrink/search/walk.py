@@ -29,9 +29,12 @@ def _diagonal(lo: Point, hi: Point) -> list[Point]:
             for t in range(steps + 1)]
 
 
-def _first_feasible(ev: Evaluator, points: list[Point], metric: str,
-                    phase: str) -> Point | None:
-    """Binary search for the least precise feasible point of a monotone chain of points."""
+def _first_feasible(ev: Evaluator, points: list[Point], metric: str, phase: str,
+                    probe_top: bool = True) -> Point | None:
+    """Binary search for the least precise feasible point of a monotone chain of points.
+    With ``probe_top`` False the last point is taken as feasible and measured only when
+    nothing before it is feasible (for the whole cube's diagonal, whose last point is
+    the cube's most precise one: feasible unless nothing is)."""
     def feasible(p: Point) -> bool | None:
         known = ev.known(p, metric)
         if known is not None:
@@ -39,10 +42,9 @@ def _first_feasible(ev: Evaluator, points: list[Point], metric: str,
         result = ev.evaluate(p, metric, phase)
         return None if result is None else result["feasible"]
 
-    top = feasible(points[-1])
-    if not top:
+    if probe_top and not feasible(points[-1]):
         return None
-    lo, hi = 0, len(points) - 1  # points[hi] is feasible
+    lo, hi = 0, len(points) - 1  # points[hi] is feasible (or not measured yet)
     while lo < hi:
         mid = (lo + hi) // 2
         ok = feasible(points[mid])
@@ -52,6 +54,8 @@ def _first_feasible(ev: Evaluator, points: list[Point], metric: str,
             hi = mid
         else:
             lo = mid + 1
+    if not probe_top and hi == len(points) - 1 and not feasible(points[-1]):
+        return None
     return points[hi]
 
 
@@ -95,7 +99,10 @@ def _guided_one(ev: Evaluator, lo: Point, hi: Point, metric: str, phase: str) ->
             if result is not None and result["feasible"]:
                 best_bits = min(best_bits, bound)
             continue
-        found = _first_feasible(ev, _diagonal(c_lo, c_hi), metric, phase)
+        # the whole cube's most precise point is feasible unless nothing is: not probed
+        # first when epsilon leaves room
+        whole = (c_lo, c_hi) == (lo, hi) and c_hi == ev.space.top() and ev.search.epsilon > 0
+        found = _first_feasible(ev, _diagonal(c_lo, c_hi), metric, phase, probe_top=not whole)
         if found is None:
             continue
         # implied feasible is not enough: a choice is one whose encoding was measured
