@@ -17,6 +17,7 @@ from .atomic import named_error
 from .codecs import delta as deltas
 from .codecs.chain import Pipeline
 from .codecs.entropy import Entropy, check_level
+from .codecs.entropy import decode as entropy_decode
 from .codecs.lossless import PLANES, ByteGroup, planes_from
 from .codecs.quant import Quant
 from .container import layout
@@ -109,10 +110,10 @@ def pipeline_for(entry: TensorEntry, has_base: bool = True,
     if len(entry.streams) != pipeline.streams:
         raise CorruptError(f"[C-4] tensor {entry.name!r}: {len(entry.streams)} streams, its "
                            f"codec needs {pipeline.streams}")
+    itemsize, per_chunk, numel = entry.dtype.itemsize, entry.chunk_elements, entry.numel
     for c in range(entry.chunk_count):
-        start, stop = entry.chunk_range(c)
-        sizes = [stream[c].size for stream in entry.streams]
-        if not pipeline.sizes_ok(stop - start, sizes, entry.dtype.itemsize):
+        n = min(per_chunk, numel - c * per_chunk)  # entry.chunk_range(c), inlined
+        if not pipeline.sizes_ok(n, [stream[c].size for stream in entry.streams], itemsize):
             raise CorruptError(f"[C-5] tensor {entry.name!r}: chunk {c} sizes do not match "
                                f"its element range")
     return pipeline
@@ -656,8 +657,10 @@ class File:
     threads : int, optional
         Decoder threads; ``None`` uses every core.
     mmap : bool
-        Read through a read-only memory map (default; fastest). The file must then not be
-        truncated in place by another program while open. ``False`` reads with ``pread``.
+        Accepted for compatibility, no effect: records are read with ``pread`` into a buffer
+        of each decoding thread (one read for the planes of a chunk). That costs less than
+        mapping and unmapping pages that are each read once, and a file truncated in place by
+        another program while open is then a typed error, not a SIGBUS.
     base : mapping of str to numpy.ndarray, optional
         For a delta file (``File.base`` is set): the decoded lossless tensors of its base file
         (an XOR delta against a quantized or factored tensor is invalid, spec rule B-1).
@@ -675,7 +678,7 @@ class File:
                  base_codes: Mapping[str, np.ndarray] | None = None) -> None:
         self._threads = resolve_threads(threads)
         self._base, self._base_codes = base, base_codes
-        self._reader = ContainerReader(path, use_mmap=mmap)
+        self._reader = ContainerReader(path, use_mmap=False)
         try:
             self._entries = {e.name: e for e in self._reader.index.tensors}
             has_base = self._reader.index.base is not None
@@ -765,22 +768,24 @@ class File:
                     progress: Progress | None) -> None:
         """Decode every chunk of ``entries`` into ``outs`` (uint8, one per entry).
 
-        Their record headers are checked first, all at once; then each chunk's payloads are
-        checked and decoded. The calling thread decodes too, taking the next chunk in order
-        like the pool's threads; a failure raises the error of the first chunk in order that
-        fails, as one thread would.
+        The headers their records must have are computed first, for all at once. The calling
+        thread decodes too, taking the next chunk in order like the pool's threads; a failure
+        raises the error of the first chunk in order that fails, as one thread would.
         """
-        jobs = []
+        headers = self._reader.expected_headers(
+            [chunk for entry in entries for stream in entry.streams for chunk in stream])
+        jobs, first = [], 0
         for entry, out in zip(entries, outs):
             step = entry.chunk_elements * entry.dtype.itemsize
-            jobs += [(entry, c, out[c * step:(c + 1) * step]) for c in range(entry.chunk_count)]
-        checked = self._reader.headers_match(
-            [stream[c] for entry in entries for stream in entry.streams
-             for c in range(entry.chunk_count)])
+            n = entry.chunk_count
+            last = first + n * len(entry.streams)
+            jobs += [(entry, c, out[c * step:(c + 1) * step], headers[first + c:last:n])
+                     for c in range(n)]
+            first = last
 
         def run(job: tuple) -> int:
-            entry, c, view = job
-            self._decode_chunk(entry, c, view, checked)
+            entry, c, view, expected = job
+            self._decode_chunk(entry, c, view, expected)
             return view.size
 
         if self._pool is None or len(jobs) < 2:
@@ -857,13 +862,11 @@ class File:
             size = (stop - start) * itemsize
             # an unordered sink is done with the chunk before this thread decodes the next
             chunk = np.empty(size, np.uint8) if in_order else self._scratch(size)
-            self._decode_chunk(entry, c, chunk, checked)
+            self._decode_chunk(entry, c, chunk)
             if not in_order:
                 sink(start * itemsize, chunk)
             return start * itemsize, chunk
 
-        checked = self._reader.headers_match([stream[c] for stream in entry.streams
-                                              for c in range(entry.chunk_count)])
         for offset, chunk in self._in_order(decode, range(entry.chunk_count)):
             if in_order:
                 sink(offset, chunk)
@@ -891,20 +894,17 @@ class File:
             yield window.popleft().result()
 
     def _decode_chunk(self, entry: TensorEntry, c: int, out: np.ndarray,
-                      checked: bool = False) -> Any:
-        """Decode chunk ``c`` of a tensor into ``out``; ``checked``: the headers of its records
-        passed :meth:`ContainerReader.headers_match`."""
+                      headers: list[bytes] | None = None) -> Any:
+        """Decode chunk ``c`` of a tensor into ``out``; ``headers``: what its records' headers
+        must be (:meth:`ContainerReader.expected_headers`), if computed already."""
         pipeline = self._pipelines[entry.name]
         # the base is checked (rules B-1, B-2) before any record of the tensor is read
         ref = self._chunk_ref(entry, pipeline, c) if pipeline.is_delta else None
         chunks = [stream[c] for stream in entry.streams]
-        payloads = None
-        if checked:
-            payloads = [self._reader.payload(chunk) for chunk in chunks]
-            if any(payload is None for payload in payloads):  # a checksum fails
-                payloads = None
-        if payloads is None:  # record by record: the error of the first check that fails
-            payloads = self._reader.read_chunks(chunks)
+        payloads = self._reader.read_chunks(chunks, headers)
+        if ref is None:  # pipeline.decode without a delta stage, a call less per chunk
+            return pipeline.stage.decode([entropy_decode(chunk.coding, payload, chunk.size)
+                                          for chunk, payload in zip(chunks, payloads)], out)
         return pipeline.decode([(chunk.coding, payload, chunk.size)
                                 for chunk, payload in zip(chunks, payloads)], out, ref)
 

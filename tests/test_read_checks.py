@@ -5,6 +5,7 @@ with one thread or several."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import zlib
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 import inshrink
 from inshrink.container import layout
-from inshrink.errors import ChecksumError, CorruptError
+from inshrink.errors import ChecksumError, CorruptError, TruncatedError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fuzz"))
 import ink_repair  # noqa: E402
@@ -150,3 +151,16 @@ def test_two_thread_load_reports_progress_on_the_calling_thread(tmp_path):
     assert {ident for _, ident in calls} == {threading.get_ident()}
     for name, array in state.items():
         assert np.array_equal(out[name], array)
+
+
+@pytest.mark.parametrize("mmap", [True, False])
+def test_a_file_truncated_while_open_is_a_typed_error(tmp_path, mmap):
+    """Records are read with pread whatever ``mmap`` says: a file cut short by another
+    program after it was opened raises TruncatedError (through a map it was a SIGBUS)."""
+    path = tmp_path / "x.ink"
+    streams = _file(path)
+    with inshrink.open(path, mmap=mmap) as f:
+        os.truncate(path, streams[1][0][0].offset + 40)
+        assert f["a"].shape == (192,)
+        with pytest.raises(TruncatedError, match=r"\[R-0\]"):
+            f["b"]

@@ -5,6 +5,7 @@ records not overlapping), so nothing downstream sees an unchecked number.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -176,6 +177,8 @@ def _reject_constant(name: str):
 
 def check_name(name) -> None:
     """Names are non-empty Unicode strings of at most MAX_NAME_BYTES UTF-8 bytes."""
+    if type(name) is str and 0 < len(name) <= layout.MAX_NAME_BYTES and name.isascii():
+        return  # the common case, without encoding the name
     if not _is_unicode(name) or not name:
         _fail("I-7", f"tensor name {name!r} is not a non-empty Unicode string")
     if len(name.encode("utf-8")) > layout.MAX_NAME_BYTES:
@@ -194,12 +197,13 @@ def check_metadata(metadata) -> None:
 def check_shape(shape, itemsize: int = 1) -> tuple[int, ...]:
     """Dimensions are integers in [0, 2^63]; the product of the non-zero ones times the
     item size is at most MAX_TENSOR_BYTES (so even an empty tensor has a sane shape)."""
-    if not isinstance(shape, list) or not all(_is_int(d) for d in shape):
+    if not isinstance(shape, list) or shape and not (
+            set(map(type, shape)) == {int} and min(shape) >= 0 and max(shape) <= _MAX_INT):
         _fail("I-9", f"shape {shape!r} is not a list of non-negative integers")
     if len(shape) > layout.MAX_NDIM:
         raise LimitExceededError(f"[I-9] tensor has {len(shape)} dimensions (limit "
                                  f"{layout.MAX_NDIM})")
-    if math.prod(d for d in shape if d) * itemsize > layout.MAX_TENSOR_BYTES:
+    if math.prod(filter(None, shape)) * itemsize > layout.MAX_TENSOR_BYTES:
         raise LimitExceededError(f"[I-9] shape {shape} exceeds {layout.MAX_TENSOR_BYTES} bytes")
     return tuple(shape)
 
@@ -240,16 +244,25 @@ def _parse_chunk(raw, data_end: int) -> Chunk:
     return Chunk(offset, length, crc, size, coding)
 
 
+# Chunk(*row) without a Python frame per record (rows already checked to hold 5 fields)
+_new_chunk = functools.partial(tuple.__new__, Chunk)
+
+
 def _is_report_value(value) -> bool:
     return value is None or isinstance(value, (str, int, float, bool))
+
+
+_TENSOR_KEYS = ("name", "dtype", "shape", "chunk_elements", "codec", "streams")
+_TENSOR_KEY_SET = frozenset(_TENSOR_KEYS)
 
 
 def _parse_tensor(raw, data_end: int, check_chunks: bool = True) -> TensorEntry:
     if not isinstance(raw, dict):
         _fail("I-6", "a tensor entry must be an object")
-    for key in ("name", "dtype", "shape", "chunk_elements", "codec", "streams"):
-        if key not in raw:
-            _fail("I-6", f"tensor entry lacks {key!r}")
+    if not raw.keys() >= _TENSOR_KEY_SET:
+        for key in _TENSOR_KEYS:
+            if key not in raw:
+                _fail("I-6", f"tensor entry lacks {key!r}")
     check_name(raw["name"])
     dtype = dtypes.BY_NAME.get(raw["dtype"]) if isinstance(raw["dtype"], str) else None
     if dtype is None:
@@ -266,7 +279,7 @@ def _parse_tensor(raw, data_end: int, check_chunks: bool = True) -> TensorEntry:
             isinstance(s, dict) and isinstance(s.get("id"), str) for s in codec):
         _fail("I-11", "codec must be a non-empty list of objects with a string 'id'")
     streams = raw["streams"]
-    if not isinstance(streams, list) or not all(isinstance(s, list) for s in streams):
+    if not isinstance(streams, list) or not set(map(type, streams)) <= {list}:
         _fail("I-11", "streams must be a list of chunk lists")
     report = raw.get("report")
     if report is not None and not (isinstance(report, dict)
@@ -275,7 +288,7 @@ def _parse_tensor(raw, data_end: int, check_chunks: bool = True) -> TensorEntry:
                        "booleans or null")
     entry = TensorEntry(raw["name"], dtype, shape, codec, per_chunk, report=report)
     chunk_count = entry.chunk_count
-    if any(len(s) != chunk_count for s in streams):
+    if not set(map(len, streams)) <= {chunk_count}:
         _fail("I-12", f"tensor {entry.name!r}: every stream needs {chunk_count} chunks")
     # unchecked, the chunks stay as read: parse() checks all of the file's at once
     entry.streams = ([[_parse_chunk(c, data_end) for c in s] for s in streams] if check_chunks
@@ -291,7 +304,7 @@ def _chunks_valid(tensors: list, data_end: int) -> bool:
     rows = [c for t in tensors for s in t["streams"] for c in s]
     if not rows:
         return True
-    if not all(type(r) is list and len(r) == 5 for r in rows):
+    if set(map(type, rows)) != {list} or set(map(len, rows)) != {5}:
         return False
     offsets, lengths, crcs, sizes, codings = zip(*rows)
     for column in (offsets, lengths, crcs, sizes):
@@ -344,7 +357,7 @@ def parse(payload: bytes, data_end: int, file_size: int | None = None) -> Index:
         valid = False
     if valid:
         for t in tensors:
-            t.streams = [list(map(Chunk._make, s)) for s in t.streams]
+            t.streams = [list(map(_new_chunk, s)) for s in t.streams]
     else:  # one entry after another, in the spec's order, to raise the first failure
         tensors = [_parse_tensor(t, data_end) for t in raw]
     if len({t.name for t in tensors}) != len(tensors):

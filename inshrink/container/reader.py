@@ -94,15 +94,19 @@ class ContainerReader:
     def read_chunk(self, chunk: Chunk) -> bytes:
         return self.read_record(chunk.offset, chunk.length, chunk.crc, layout.KIND_CHUNK)
 
-    def read_chunks(self, chunks: list[Chunk]) -> list:
+    def read_chunks(self, chunks: list[Chunk], headers: list[bytes] | None = None) -> list:
         """Read and check several chunk records; return views of their payloads.
 
         Memory-mapped: the views are slices of the map. Otherwise back-to-back records (the
-        writer's layout for the planes of one chunk) are read at once into a buffer owned by the
-        calling thread, and the views are valid until that thread's next call.
+        writer's layout for the planes of one chunk) are read at once into a buffer owned by
+        the calling thread, and the views are valid until that thread's next call.
+        ``headers``: the header each record must have (:meth:`expected_headers`), computed
+        beforehand for many records at once.
         """
+        if headers is None:
+            headers = [None] * len(chunks)
         if self._map is not None:
-            return [self._mapped_payload(c) for c in chunks]
+            return [self._mapped_payload(c, h) for c, h in zip(chunks, headers)]
         first, last = chunks[0], chunks[-1]
         start, end = first.offset, last.offset + layout.RECORD_HEADER_SIZE + last.length
         for a, b in zip(chunks, chunks[1:]):
@@ -114,72 +118,48 @@ class ContainerReader:
             raise TruncatedError(f"[R-0] {self.path}: file ends inside a record at offset "
                                  f"{start}")
         payloads = []
-        for c in chunks:
+        for c, header in zip(chunks, headers):
             at = c.offset - start
-            self._check_record(view[at:at + layout.RECORD_HEADER_SIZE], c.offset,
-                               layout.KIND_CHUNK, c.length, c.crc)
-            payload = view[at + layout.RECORD_HEADER_SIZE:at + layout.RECORD_HEADER_SIZE
-                           + c.length]
-            self._check_payload(payload, c.offset, c.crc)
+            head = view[at:at + layout.RECORD_HEADER_SIZE]
+            if header is None or head != header:
+                self._check_record(head, c.offset, layout.KIND_CHUNK, c.length, c.crc)
+            at += layout.RECORD_HEADER_SIZE
+            payload = view[at:at + c.length]
+            if layout.crc32(payload) != c.crc:
+                self._check_payload(payload, c.offset, c.crc)
             payloads.append(payload)
         return payloads
 
-    def _mapped_payload(self, c: Chunk) -> memoryview:
+    @staticmethod
+    def expected_headers(chunks: list[Chunk]) -> list[bytes]:
+        """The header each of these chunk records must have: exactly when its stored header
+        equals it, rules R-1 ... R-4 pass for it. Computed for all records at once."""
+        if not chunks:
+            return []
+        lengths, crcs = (np.array(column, np.uint64) for column in list(zip(*chunks))[1:3])
+        headers = layout.record_headers(layout.KIND_CHUNK, lengths, crcs)
+        return [row.tobytes() for row in headers]
+
+    def _mapped_payload(self, c: Chunk, header: bytes | None = None) -> memoryview:
         end = c.offset + layout.RECORD_HEADER_SIZE + c.length
         if end > len(self._map):  # the index parser already guarantees this
             raise TruncatedError(f"[R-0] {self.path}: record at offset {c.offset} passes the "
                                  f"end")
         view = memoryview(self._map)[c.offset:end]
-        self._check_record(view[:layout.RECORD_HEADER_SIZE], c.offset, layout.KIND_CHUNK,
-                           c.length, c.crc)
+        head = view[:layout.RECORD_HEADER_SIZE]
+        if header is None or head != header:
+            self._check_record(head, c.offset, layout.KIND_CHUNK, c.length, c.crc)
         payload = view[layout.RECORD_HEADER_SIZE:]
         self._check_payload(payload, c.offset, c.crc)
         return payload
-
-    # headers compared per batch: the gather's index array takes 256 bytes per record
-    _HEADER_BATCH = 1 << 16
-
-    def headers_match(self, chunks: list[Chunk]) -> bool:
-        """Whether every one of these chunk records has exactly the header its index entry
-        implies (so rules R-0 ... R-4 pass for them), checked for all at once in the memory map.
-
-        After True, :meth:`payload` hands out their payloads. False when a header differs or
-        the file is not mapped: :meth:`read_chunks` then checks record by record, in the
-        order of the spec, and names the first rule broken.
-        """
-        if self._map is None:
-            return False
-        if not chunks:
-            return True
-        offsets, lengths, crcs = (np.array(column, np.uint64)
-                                  for column in list(zip(*chunks))[:3])
-        data = np.frombuffer(self._map, np.uint8)
-        try:
-            span = np.arange(layout.RECORD_HEADER_SIZE, dtype=np.uint64)
-            for at in range(0, len(chunks), self._HEADER_BATCH):
-                part = slice(at, at + self._HEADER_BATCH)
-                # in bounds: the index parser checked that every record lies in the file
-                stored = data[offsets[part, None] + span]
-                if not np.array_equal(stored, layout.record_headers(
-                        layout.KIND_CHUNK, lengths[part], crcs[part])):
-                    return False
-            return True
-        finally:
-            del data  # the map must not stay exported, or it cannot be closed
-
-    def payload(self, c: Chunk) -> memoryview | None:
-        """The payload of a chunk record whose header :meth:`headers_match` accepted, or None
-        when it does not match its CRC (rule R-5: :meth:`read_chunks` names the error)."""
-        start = c.offset + layout.RECORD_HEADER_SIZE
-        payload = memoryview(self._map)[start:start + c.length]
-        return payload if layout.crc32(payload) == c.crc else None
 
     def _buffer(self, size: int) -> memoryview:
         """This thread's read buffer, grown to at least ``size`` bytes (sizes are bounded by
         records already proven to lie inside the file)."""
         buffer = getattr(self._local, "buffer", None)
         if buffer is None or len(buffer) < size:
-            buffer = self._local.buffer = bytearray(size)
+            # uninitialised: pread fills what is used (a bytearray would be zeroed first)
+            buffer = self._local.buffer = np.empty(size, np.uint8)
         return memoryview(buffer)[:size]
 
     def close(self) -> None:
