@@ -3,32 +3,24 @@ plain model, one DCP checkpoint per step with retention, the whole training stat
 async saves overlapping real steps, exact resume, failures raised on every rank.
 
 Each test runs this file as a script (a fresh interpreter), which forks the ranks of each
-process group it needs; the test then checks what the ranks left on disk.
+process group it needs (tests/helpers.py); the test then checks what the ranks left on disk.
 """
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
-from datetime import timedelta
 
 import pytest
 import torch
+from helpers import fully_sharded, run_scenario, scenario_main
 
 from inshrink import errors
 from inshrink.dcp import describe
 from inshrink.torch import Checkpointer
 
 HERE = os.path.abspath(__file__)
+TIMEOUT = 90
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-
-
-def run_scenario(name, directory, timeout=90):
-    result = subprocess.run([sys.executable, HERE, name, str(directory)], capture_output=True,
-                            text=True, timeout=timeout)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result
 
 
 def read(directory, name):
@@ -36,7 +28,7 @@ def read(directory, name):
 
 
 def test_sharded_async_saves_resume_exactly_on_the_same_ranks(tmp_path):
-    run_scenario("resume", tmp_path)
+    run_scenario(HERE, "resume", tmp_path, TIMEOUT)
     for rank in (0, 1):
         first = read(tmp_path, f"first_{rank}.json")
         second = read(tmp_path, f"second_{rank}.json")
@@ -125,19 +117,10 @@ class Counter:
 
 
 def _sharded(world, seed):
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 100), torch.nn.ReLU(),
-                                torch.nn.Dropout(0.3), torch.nn.Linear(100, 4))
-    mesh = init_device_mesh("cpu", (world,))
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = torch.optim.lr_scheduler.StepLR(optim, step_size=2, gamma=0.5)
-    return model, optim, sched
+    return fully_sharded(torch.nn.Sequential(torch.nn.Linear(64, 100), torch.nn.ReLU(),
+                                             torch.nn.Dropout(0.3), torch.nn.Linear(100, 4)),
+                         world)
 
 
 def _train(model, optim, sched, counter, steps):
@@ -256,46 +239,5 @@ SCENARIOS = {  # name: ((world size, rank function), ...)
 }
 
 
-def _rank_main(rank, world, init, fn, directory):
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=30))
-    try:
-        fn(rank, world, directory)
-    finally:
-        dist.destroy_process_group()
-
-
-def _main(name, directory):
-    import warnings
-
-    import torch.multiprocessing as mp
-    warnings.simplefilter("ignore")
-    # imported (and inshrink's kernels loaded) before forking, not again in every rank
-    import numpy as np
-    import torch._dynamo  # noqa: F401  (fully_shard imports it on first use)
-    import torch.distributed.checkpoint  # noqa: F401
-    import torch.distributed.checkpoint.state_dict  # noqa: F401
-    import torch.distributed.fsdp  # noqa: F401
-
-    import inshrink
-    import inshrink.torch.sharded  # noqa: F401
-    warm = os.path.join(directory, ".warm.ink")
-    gen = np.random.default_rng(0)
-    inshrink.save(warm, {"w.weight": gen.standard_normal((64, 64), np.float32),
-                         "s.exp_avg": gen.standard_normal(512, np.float32),
-                         "s.exp_avg_sq": gen.random(512, np.float32)},
-                  policy="balanced", threads=1)
-    inshrink.load(warm)
-    os.unlink(warm)
-    for group, (world, fn) in enumerate(SCENARIOS[name]):
-        init = f"file://{os.path.join(directory, f'.init-{group}')}"
-        began = time.perf_counter()
-        mp.start_processes(_rank_main, args=(world, init, fn, directory), nprocs=world,
-                           start_method="fork")
-        print(f"{fn.__name__}: {time.perf_counter() - began:.1f} s", file=sys.stderr)
-
-
 if __name__ == "__main__":
-    _main(sys.argv[1], sys.argv[2])
+    scenario_main(SCENARIOS)

@@ -2,31 +2,25 @@
 ranks and loaded by M, failures that must reach every rank, a rank killed mid-save.
 
 Each test runs this file as a script (a fresh interpreter), which forks the ranks of each
-process group it needs; the test then checks what the ranks left on disk.
+process group it needs (tests/helpers.py); the test then checks what the ranks left on disk.
+The harness itself is tested after the other tests.
 """
 import json
 import os
 import signal
-import subprocess
-import sys
-from datetime import timedelta
+import time
 
 import pytest
 import torch
+from helpers import fully_sharded, run_ranks, run_scenario, scenario_main
 
 import inshrink
 from inshrink import errors
 from inshrink.dcp import InkStorageReader, InkStorageWriter, describe
 
 HERE = os.path.abspath(__file__)
+TIMEOUT = 60
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-
-
-def run_scenario(name, directory, timeout=60):
-    result = subprocess.run([sys.executable, HERE, name, str(directory)], capture_output=True,
-                            text=True, timeout=timeout)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result
 
 
 def flat(state, prefix=""):
@@ -57,7 +51,7 @@ def assert_bit_equal(expected, actual):
 
 
 def test_fsdp2_saved_by_2_ranks_loads_bit_exact_into_1_2_and_3(tmp_path):
-    run_scenario("reshard_from_2", tmp_path)
+    run_scenario(HERE, "reshard_from_2", tmp_path, TIMEOUT)
     reference = torch.load(tmp_path / "reference.pt", weights_only=False)
     assert reference["extra"]["step"] == 3
     for world in (1, 2, 3):
@@ -83,7 +77,7 @@ def test_fsdp2_saved_by_2_ranks_loads_bit_exact_into_1_2_and_3(tmp_path):
 
 
 def test_fsdp2_async_and_lossy_saved_by_3_ranks_load_into_2(tmp_path):
-    run_scenario("reshard_from_3", tmp_path)
+    run_scenario(HERE, "reshard_from_3", tmp_path, TIMEOUT)
     reference = torch.load(tmp_path / "reference.pt", weights_only=False)
     loaded = torch.load(tmp_path / "loaded_async.pt", weights_only=False)
     assert_bit_equal(reference, loaded)
@@ -115,7 +109,7 @@ def test_fsdp2_async_and_lossy_saved_by_3_ranks_load_into_2(tmp_path):
 
 
 def test_a_rank_that_fails_fails_the_save_on_every_rank(tmp_path):
-    run_scenario("rank_fails", tmp_path)
+    run_scenario(HERE, "rank_fails", tmp_path, TIMEOUT)
     for rank in (0, 1):
         outcome = json.loads((tmp_path / f"outcome_{rank}.json").read_text())
         assert outcome["error"] == "CheckpointException", outcome
@@ -126,7 +120,7 @@ def test_a_rank_that_fails_fails_the_save_on_every_rank(tmp_path):
 
 
 def test_a_rank_killed_mid_save_leaves_the_previous_checkpoint_loadable(tmp_path):
-    run_scenario("rank_killed", tmp_path)
+    run_scenario(HERE, "rank_killed", tmp_path, TIMEOUT)
     # the scenario checked that rank 1 died by SIGKILL and that the group was torn down
     assert (tmp_path / "killed").read_text() == str(-signal.SIGKILL)
     with pytest.raises(errors.IncompleteCheckpointError, match=r"\.metadata"):
@@ -143,6 +137,66 @@ def test_a_rank_killed_mid_save_leaves_the_previous_checkpoint_loadable(tmp_path
     assert_bit_equal(reference["model"], state["model"])
 
 
+# -- the harness (tests/helpers.py), its ranks forked from this process --------------------
+
+def _raises_on_rank_1(rank, world, directory):
+    if rank == 1:
+        raise ValueError("rank 1 cannot go on")
+
+
+def _hangs_on_rank_1(rank, world, directory):
+    if rank == 1:
+        time.sleep(60)
+
+
+def _gone(pid):
+    """The process ``pid`` is not running (a zombie of a reaper that has not waited for it
+    yet counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_harness_a_rank_that_raises_fails_the_group_with_its_traceback(tmp_path):
+    import torch.multiprocessing as mp
+    with pytest.raises(mp.ProcessRaisedException) as excinfo:
+        run_ranks(2, _raises_on_rank_1, tmp_path, timeout=30)
+    message = str(excinfo.value)
+    assert "Process 1 terminated with the following error" in message
+    assert "Traceback" in message and "in _raises_on_rank_1" in message
+    assert message.rstrip().endswith("ValueError: rank 1 cannot go on")
+
+
+def test_harness_a_hung_rank_is_killed_at_its_timeout_showing_where_it_hangs(tmp_path, capfd):
+    began = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"_hangs_on_rank_1: ranks \(rank, pid\) \[\(1, "
+                       r"\d+\)\] of 2 still running after 0.5 s") as excinfo:
+        run_ranks(2, _hangs_on_rank_1, tmp_path, timeout=0.5)
+    assert time.monotonic() - began < 10
+    pid = int(str(excinfo.value).split("[(1, ")[1].split(")")[0])
+    assert _gone(pid)
+    assert "in _hangs_on_rank_1" in capfd.readouterr().err  # its stack, dumped before
+
+
+def test_harness_a_script_past_its_timeout_is_killed_with_what_it_forked(tmp_path):
+    script = tmp_path / "hangs.py"
+    script.write_text("import os, sys, time\n"
+                      "child = os.fork()\n"
+                      "if child:\n"
+                      "    with open(os.path.join(sys.argv[2], 'child'), 'w') as f:\n"
+                      "        f.write(str(child))\n"
+                      "print('started', file=sys.stderr, flush=True)\n"
+                      "time.sleep(60)\n")
+    began = time.monotonic()
+    with pytest.raises(AssertionError, match=r"(?s)hangs: still running after 1 s, killed "
+                       r"with its ranks\n.*started"):
+        run_scenario(str(script), "hangs", tmp_path, timeout=1)
+    assert time.monotonic() - began < 10
+    assert _gone(int((tmp_path / "child").read_text()))
+
+
 # -- the ranks (run as a script) -----------------------------------------------------------
 
 def _model():
@@ -153,18 +207,8 @@ def _model():
 
 
 def _sharded(world, seed):
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     torch.manual_seed(seed)
-    model = _model()
-    mesh = init_device_mesh("cpu", (world,))
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sched = torch.optim.lr_scheduler.StepLR(optim, step_size=2, gamma=0.5)
-    return model, optim, sched
+    return fully_sharded(_model(), world)
 
 
 def _train(model, optim, sched, steps, seed=1):
@@ -263,6 +307,7 @@ def _rank_fails(rank, world, directory):
 
 def _rank_killed(rank, world, directory):
     import torch.distributed.checkpoint as dcp
+
     from inshrink.tensorfile import Writer
     model, optim, sched = _sharded(world, seed=0)
     _train(model, optim, sched, 1)
@@ -298,48 +343,5 @@ SCENARIOS = {  # name: ((world size, rank function), ...)
 }
 
 
-def _rank_main(rank, world, init, fn, directory):
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=30))
-    try:
-        fn(rank, world, directory)
-    finally:
-        dist.destroy_process_group()
-
-
-def _main(name, directory):
-    import warnings
-
-    import torch.multiprocessing as mp
-    warnings.simplefilter("ignore")
-    # imported (and inshrink's kernels loaded) before forking, not again in every rank
-    import numpy as np
-    import torch._dynamo  # noqa: F401  (fully_shard imports it on first use)
-    import torch.distributed.checkpoint  # noqa: F401
-    import torch.distributed.checkpoint.state_dict  # noqa: F401
-    import torch.distributed.fsdp  # noqa: F401
-    warm = os.path.join(directory, ".warm.ink")
-    gen = np.random.default_rng(0)
-    inshrink.save(warm, {"w.weight": gen.standard_normal((64, 64), np.float32),
-                         "s.exp_avg": gen.standard_normal(512, np.float32),
-                         "s.exp_avg_sq": gen.random(512, np.float32)},
-                  policy="balanced", threads=1)
-    inshrink.load(warm)
-    os.unlink(warm)
-    for group, (world, fn) in enumerate(SCENARIOS[name]):
-        init = f"file://{os.path.join(directory, f'.init-{group}')}"
-        try:
-            mp.start_processes(_rank_main, args=(world, init, fn, directory), nprocs=world,
-                               start_method="fork")
-        except mp.ProcessExitedException as exc:
-            if name != "rank_killed":
-                raise
-            # rank 1 killed itself; start_processes then ended the other rank
-            with open(os.path.join(directory, "killed"), "w") as f:
-                f.write(str(exc.exit_code))
-
-
 if __name__ == "__main__":
-    _main(sys.argv[1], sys.argv[2])
+    scenario_main(SCENARIOS, killed=(_rank_killed,))

@@ -1,8 +1,8 @@
 """inshrink.dcp_series: series of sharded DCP checkpoints stored as per-rank deltas.
 
 The multi-process tests run this file as a script (a fresh interpreter) that forks the ranks
-of each process group (FSDP2 on CPU with gloo), as tests/test_dcp_distributed.py does; the
-test then checks what the ranks left on disk. The others run DCP in this process (one rank).
+of each process group (FSDP2 on CPU with gloo; tests/helpers.py); the test then checks what
+the ranks left on disk. The others run DCP in this process (one rank).
 """
 import json
 import os
@@ -13,24 +13,21 @@ import subprocess
 import sys
 
 import pytest
+import test_dcp_distributed as base
 import torch
-from hypothesis import given, settings, strategies as st
 import torch.distributed.checkpoint as dcp
+from helpers import run_scenario, scenario_main
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.distributed.checkpoint.api import CheckpointException
 
 import inshrink
-import test_dcp_distributed as base
 from inshrink import errors
 from inshrink.dcp_series import MANIFEST, InkSeries, decode_manifest
 
 HERE = os.path.abspath(__file__)
+TIMEOUT = 120
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-
-
-def run_scenario(name, directory, timeout=120):
-    result = subprocess.run([sys.executable, HERE, name, str(directory)], capture_output=True,
-                            text=True, timeout=timeout)
-    assert result.returncode == 0, result.stderr[-4000:]
 
 
 def blank(state):
@@ -74,7 +71,7 @@ def within_reported_error(reference, restored, rows):
 
 def test_2_ranks_series_restores_every_step_and_a_new_world_size_starts_a_keyframe(tmp_path):
     # lossless saved with dcp.save, lossy with dcp.async_save
-    run_scenario("series", tmp_path)
+    run_scenario(HERE, "series", tmp_path, TIMEOUT)
     lossless = InkSeries(tmp_path / "lossless", threads=1)
     entries = {s.step: s for s in lossless.checkpoints()}
     assert sorted(entries) == [1, 2, 3, 4, 5, 6, 7]
@@ -114,7 +111,7 @@ def test_2_ranks_series_restores_every_step_and_a_new_world_size_starts_a_keyfra
 
 
 def test_a_rank_killed_mid_save_leaves_the_series_as_it_was(tmp_path):
-    run_scenario("series_killed", tmp_path)
+    run_scenario(HERE, "series_killed", tmp_path, TIMEOUT)
     assert (tmp_path / "killed").read_text() == str(-signal.SIGKILL)
     series = InkSeries(tmp_path / "run", threads=1)
     assert series.steps() == [1, 2]
@@ -446,7 +443,7 @@ def test_a_second_writer_is_refused_while_a_save_runs(tmp_path, monkeypatch):
 def test_2_ranks_refused_while_another_job_holds_the_series(tmp_path):
     """While another job holds the series, every rank gets the error (dcp.save and
     dcp.async_save), none hangs, and none writes anything."""
-    run_scenario("series_locked", tmp_path)
+    run_scenario(HERE, "series_locked", tmp_path, TIMEOUT)
     for rank in (0, 1):
         outcome = json.loads((tmp_path / f"locked_{rank}.json").read_text())
         assert outcome["pid"] != outcome["holder"]
@@ -689,28 +686,5 @@ SCENARIOS = {  # name: ((world size, rank function) or (None, function of the di
 }
 
 
-def _main(name, directory):
-    import warnings
-
-    import torch.multiprocessing as mp
-    warnings.simplefilter("ignore")
-    base._main.__globals__["SCENARIOS"][name] = ()  # its warm-up and imports, no group
-    base._main(name, directory)
-    for group, (world, fn) in enumerate(SCENARIOS[name]):
-        if world is None:
-            fn(directory)
-            continue
-        init = f"file://{os.path.join(directory, f'.init-{group}')}"
-        try:
-            mp.start_processes(base._rank_main, args=(world, init, fn, directory),
-                               nprocs=world, start_method="fork")
-        except mp.ProcessExitedException as exc:
-            if fn is not _killed:
-                raise
-            # rank 1 killed itself; start_processes then ended the other rank
-            with open(os.path.join(directory, "killed"), "w") as f:
-                f.write(str(exc.exit_code))
-
-
 if __name__ == "__main__":
-    _main(sys.argv[1], sys.argv[2])
+    scenario_main(SCENARIOS, killed=(_killed,))
