@@ -217,7 +217,10 @@ class Writer:
     the new file and keeps any previous one.
 
     With threads, the encoder threads also write the records (in order); the calling thread
-    only waits. A chunk that fails to encode makes :meth:`close` fail. Byte-grouping planes
+    only waits. A tensor of at most one chunk (most of a checkpoint's) is prepared, encoded
+    and written by one job, so the calling thread does not wait for it; the threads are kept
+    for the next Writer with the same thread count. A chunk that fails to encode makes
+    :meth:`close` fail. Byte-grouping planes
     come from buffers shared by the process's writers, of which up to 32 MiB stay allocated
     between saves (:data:`inshrink.codecs.lossless.PLANES`), so that saving again does not
     fault their pages in again.

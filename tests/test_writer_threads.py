@@ -1,0 +1,151 @@
+"""How the Writer schedules its work on threads: jobs per tensor, the kept pool, plane buffers."""
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import inshrink
+from inshrink import dtypes
+from inshrink.policy import Policy, QuantConfig
+
+F32 = dtypes.BY_NAME["F32"]
+POLICY = Policy.uniform(QuantConfig(bins=16, protect=0.001))
+
+
+def _mixed():
+    """Empty, 0-d, tiny, one-chunk and many-chunk tensors, some quantized by POLICY."""
+    rng = np.random.default_rng(11)
+    return {"empty": np.zeros((0, 4), np.float32), "scalar": np.float32(3.5),
+            "bias": rng.standard_normal(64).astype(np.float32),
+            "a.weight": (rng.standard_normal((64, 320)) * 0.02).astype(np.float32),
+            "nothing": np.zeros(0, np.float32),
+            "big.weight": (rng.standard_normal((96, 1024)) * 0.02).astype(np.float32),
+            "ids": np.arange(5000, dtype=np.int64),
+            "b.weight": (rng.standard_normal((32, 300)) * 0.02).astype(np.float32)}
+
+
+@pytest.mark.parametrize("policy", [None, POLICY])
+def test_files_of_mixed_tensors_do_not_depend_on_the_thread_count(tmp_path, policy):
+    written = []
+    for threads in (1, 2, 3):
+        path = tmp_path / f"t{threads}.ink"
+        with inshrink.Writer(path, policy=policy, threads=threads, chunk_bytes=64 << 10) as w:
+            for name, x in _mixed().items():
+                w.add(name, x, wait=False)
+        written.append(path.read_bytes())
+    assert written[0] == written[1] == written[2]
+    loaded = inshrink.load(tmp_path / "t2.ink")
+    assert list(loaded) == list(_mixed())
+
+
+def test_one_chunk_tensors_do_not_make_the_calling_thread_wait(tmp_path):
+    # each tiny tensor is read while it is prepared; the first read blocks until released
+    release = threading.Event()
+    raw = np.arange(16, dtype=np.float32).view(np.uint8)
+
+    def read(start, stop):
+        release.wait(10)
+        return raw[start:stop]
+    added = threading.Event()
+    w = inshrink.Writer(tmp_path / "x.ink", threads=2)
+
+    def add_all():
+        for i in range(8):  # more than threads + 1 tensors being prepared
+            w.add_source(f"t{i}", F32, (16,), read)
+        added.set()
+    adder = threading.Thread(target=add_all)
+    adder.start()
+    try:
+        assert added.wait(5), "add_source waited for a tensor to be prepared"
+    finally:
+        release.set()
+        adder.join()
+    w.close()
+    assert len(inshrink.load(tmp_path / "x.ink")) == 8
+
+
+def test_saves_reuse_the_pool_threads(tmp_path):
+    raw = np.ones(300_000, np.float32).view(np.uint8)
+    used = []  # the threads that read each save's chunks
+
+    def save(path):
+        readers = set()
+
+        def read(start, stop):
+            readers.add(threading.current_thread())
+            return raw[start:stop]
+        with inshrink.Writer(path, threads=2, chunk_bytes=64 << 10) as w:
+            w.add_source("w", F32, (300_000,), read)
+        used.append(readers)
+    save(tmp_path / "a.ink")
+    save(tmp_path / "b.ink")
+    assert used[0] and used[1] <= used[0]  # no new thread (were two per save)
+    assert all(t.name.startswith("inshrink") for t in used[1])
+
+
+def test_a_save_from_inside_a_pool_thread_does_not_wait_for_itself(tmp_path):
+    # a source that saves another file on the pool thread that reads it
+    inner = {"v": np.arange(100_000, dtype=np.float32)}
+    raw = np.arange(200_000, dtype=np.float32).view(np.uint8)
+
+    def read(start, stop):
+        inshrink.save(tmp_path / f"inner{start}.ink", inner, threads=2)
+        return raw[start:stop]
+    done = threading.Event()
+
+    def outer():
+        with inshrink.Writer(tmp_path / "outer.ink", threads=2, chunk_bytes=64 << 10) as w:
+            w.add_source("x", F32, (200_000,), read)
+        done.set()
+    saver = threading.Thread(target=outer, daemon=True)
+    saver.start()
+    assert done.wait(20), "a save on a pool thread waited for work queued behind it"
+    assert inshrink.load(tmp_path / "outer.ink")["x"].view(np.uint8).tobytes() == raw.tobytes()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_saves_with_threads(tmp_path):
+    import signal
+    import time
+    tensors = {"w": np.ones(300_000, np.float32)}
+    inshrink.save(tmp_path / "a.ink", tensors, threads=2)  # the parent's pool exists
+    pid = os.fork()
+    if pid == 0:
+        try:
+            inshrink.save(tmp_path / "c.ink", tensors, threads=2)
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + 20
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child waited for the parent's pool threads")
+        time.sleep(0.01)
+    assert (tmp_path / "c.ink").read_bytes() == (tmp_path / "a.ink").read_bytes()
+
+
+def test_a_second_save_of_tensors_of_several_sizes_allocates_no_plane_buffer(
+        tmp_path, monkeypatch):
+    import types
+
+    from inshrink.codecs import lossless
+    pool = lossless.PlanePool(keep_bytes=8 << 20)
+    monkeypatch.setattr("inshrink.tensorfile.PLANES", pool)
+    allocated = []
+
+    def empty(shape, dtype=float):
+        allocated.append(int(np.prod(shape)))
+        return np.empty(shape, dtype)
+    monkeypatch.setattr(lossless, "np", types.SimpleNamespace(**{**vars(np), "empty": empty}))
+    rng = np.random.default_rng(2)
+    # one-chunk tensors of three sizes, interleaved: a promise of one size used to count the
+    # free buffers of another, and a smaller request could take a larger promised buffer
+    tensors = {f"{i}.{n}": rng.standard_normal(n).astype(np.float32)
+               for i in range(6) for n in (147_456, 36_864, 110_592)}
+    inshrink.save(tmp_path / "a.ink", tensors, threads=2)
+    allocated.clear()
+    inshrink.save(tmp_path / "b.ink", tensors, threads=2)
+    assert allocated == []
+    assert (tmp_path / "a.ink").read_bytes() == (tmp_path / "b.ink").read_bytes()
