@@ -6,6 +6,7 @@ chunk each per element range. See spec/FORMAT.md, "Stage bytegroup".
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import threading
@@ -149,18 +150,33 @@ class PlanePool:
 
     def __init__(self, keep_bytes: int, min_bytes: int = 64 << 10) -> None:
         self._keep_bytes, self._min_bytes = keep_bytes, min_bytes
-        self._free: list[np.ndarray] = []
-        self._promised = 0
+        self._free: list[np.ndarray] = []  # largest first
+        # chunks submitted whose planes are not taken yet, by size: a checkpoint's tensors
+        # come in a few sizes, and a promise of one size must not count another's buffers
+        self._promised: collections.Counter = collections.Counter()
         self._lock = threading.Lock()
 
+    def _fitting(self, nbytes: int) -> int | None:
+        """Index of the free buffer to take for ``nbytes``: one of that size, else the
+        smallest of up to twice that size; None if there is none (holding the lock)."""
+        best = None
+        for i, buf in enumerate(self._free):  # largest first
+            if buf.size < nbytes:
+                break
+            if buf.size <= 2 * nbytes:
+                best = i
+        return best
+
     def take(self, nbytes: int) -> np.ndarray:
-        """A uint8 buffer of ``nbytes`` (a free one of up to twice that size, sliced)."""
+        """A uint8 buffer of ``nbytes`` (a free one of that size, else the smallest of up to
+        twice that size, sliced)."""
         if nbytes >= self._min_bytes:
             with self._lock:
-                self._promised = max(0, self._promised - 1)
-                for i, buf in enumerate(self._free):
-                    if nbytes <= buf.size <= 2 * nbytes:
-                        return self._free.pop(i)[:nbytes]
+                if self._promised[nbytes] > 0:
+                    self._promised[nbytes] -= 1
+                i = self._fitting(nbytes)
+                if i is not None:
+                    return self._free.pop(i)[:nbytes]
         return np.empty(nbytes, np.uint8)
 
     def reserve(self, nbytes: int) -> None:
@@ -170,9 +186,10 @@ class PlanePool:
         if nbytes < self._min_bytes:
             return
         with self._lock:
-            self._promised += 1  # chunks submitted whose planes are not taken yet
-            if sum(nbytes <= buf.size <= 2 * nbytes for buf in self._free) < self._promised:
+            self._promised[nbytes] += 1
+            if sum(buf.size == nbytes for buf in self._free) < self._promised[nbytes]:
                 self._free.append(np.empty(nbytes, np.uint8))
+                self._free.sort(key=lambda b: -b.size)
 
     def give(self, buffers: list[np.ndarray]) -> None:
         """Hand back buffers from :meth:`take` whose contents nobody reads any more."""
@@ -181,15 +198,18 @@ class PlanePool:
                 base = buf if buf.base is None else buf.base
                 if base.size >= self._min_bytes:
                     self._free.append(base)
-            self._free.sort(key=lambda b: -b.size)  # keep the largest within the budget
-            kept = total = 0
-            for kept, buf in enumerate(self._free):
-                if total + buf.size > self._keep_bytes:
-                    break
+            self._free.sort(key=lambda b: -b.size)
+            # keep those promised to submitted chunks, then the largest within the budget
+            promised = collections.Counter(self._promised)
+            kept, total = [], 0
+            for buf in self._free:
+                if promised[buf.size] > 0:
+                    promised[buf.size] -= 1
+                elif total + buf.size > self._keep_bytes:
+                    continue
+                kept.append(buf)
                 total += buf.size
-            else:
-                kept = len(self._free)
-            del self._free[kept:]
+            self._free = kept
 
     @property
     def free_bytes(self) -> int:
