@@ -82,14 +82,18 @@ def sketch_words(x, words, abs_mask, inf_bits, shift, counts, totals, span):
     """
     last = counts.shape[1] - 1
     # the extremes of the finite non-zero magnitudes first, in a loop that vectorises (the
-    # same span as tracking each element's bucket, at a quarter of the histogram's cost)
+    # same span as tracking each element's bucket, at a quarter of the histogram's cost).
+    # (Conditional expressions, not min() and max(): each of those compiles its own overload,
+    # a few hundredths of a second on a first call.)
     lowest_bits = inf_bits
     highest_bits = _ZERO
     for i in range(x.shape[0]):
         a = np.uint64(words[i]) & abs_mask
         counted = (a != _ZERO) & (a < inf_bits)
-        lowest_bits = min(lowest_bits, a if counted else inf_bits)
-        highest_bits = max(highest_bits, a if counted else _ZERO)
+        low = a if counted else inf_bits
+        high = a if counted else _ZERO
+        lowest_bits = low if low < lowest_bits else lowest_bits
+        highest_bits = high if high > highest_bits else highest_bits
     zeros = 0.0
     nonfinite = 0.0
     sumsq = 0.0
@@ -104,11 +108,16 @@ def sketch_words(x, words, abs_mask, inf_bits, shift, counts, totals, span):
             continue
         v = np.float64(x[i])  # float() of a float32 stays float32 in numba
         sumsq += v * v
-        index = min(np.int64(a >> shift), last)  # int64: uint64 mixed with int64 is float64
+        index = np.int64(a >> shift)  # int64: uint64 mixed with int64 is float64
+        index = index if index < last else last
         counts[np.int64(a != w), index] += 1  # the sign picks the row: no branch on it
     if highest_bits != _ZERO:
-        span[0] = min(span[0], min(np.int64(lowest_bits >> shift), last))
-        span[1] = max(span[1], min(np.int64(highest_bits >> shift), last))
+        lowest = np.int64(lowest_bits >> shift)
+        highest = np.int64(highest_bits >> shift)
+        lowest = lowest if lowest < last else last
+        highest = highest if highest < last else last
+        span[0] = lowest if lowest < span[0] else span[0]
+        span[1] = highest if highest > span[1] else span[1]
     totals[0] += zeros
     totals[1] += nonfinite
     totals[2] += sumsq
@@ -161,8 +170,8 @@ def error_stats(x, codes, table, escape, prune_below, out):
                      "float64[::1], int64, float64)"])
 def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol):
     """Weighted k-means in one dimension: k-means++ seeding (when ``uniforms`` is not empty),
-    then Lloyd iterations on sorted points, in ``centroids``. One kernel: each kernel a save
-    compiles costs a few tenths of a second in a fresh environment.
+    then Lloyd iterations on sorted points, in ``centroids`` (one kernel, not two: a first
+    save in a fresh environment compiles each kernel it calls, a tenth of a second at least).
 
     Seeding (``k = len(uniforms)``): the first centroid is drawn with probability
     proportional to weight, each later one with probability proportional to weight times
@@ -190,26 +199,22 @@ def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol):
         total = 0.0
         for j in range(n):
             total += weights[j]
-        positive = total > 0.0
+        positive = total > 0.0  # else every point weighs 1
         if not positive:
             total = float(n)
-        # (np.empty and loops: np.full, np.zeros with a dtype or .copy() add about a tenth of
-        # a second to compiling the kernel)
-        weight = np.empty(n)
-        mass = np.empty(n)  # what the next draw is proportional to; total its sum
+        # the mass of point j is its weight for the first draw, then its weight times its
+        # squared distance to the nearest centroid drawn; total is their sum
         nearest = np.empty(n)
-        for j in range(n):
-            weight[j] = weights[j] if positive else 1.0
-            mass[j] = weight[j]
-            nearest[j] = math.inf
         m = 0
         while m < k and total > 0.0:
             target = uniforms[m] * total
             running = 0.0
             picked = -1
             for j in range(n):
-                if mass[j] > 0.0:
-                    running += mass[j]
+                weight = weights[j] if positive else 1.0
+                mass = weight if m == 0 else nearest[j] * weight
+                if mass > 0.0:
+                    running += mass
                     picked = j
                     if running > target:
                         break
@@ -218,15 +223,13 @@ def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol):
             m += 1
             if m == k:
                 break
-            # the next draw's mass, in the pass that updates the nearest distances
             total = 0.0
             for j in range(n):
                 gap = points[j] - drawn
                 gap = gap * gap
-                if gap < nearest[j]:
+                if m == 1 or gap < nearest[j]:
                     nearest[j] = gap
-                mass[j] = nearest[j] * weight[j]
-                total += mass[j]
+                total += nearest[j] * (weights[j] if positive else 1.0)
         for c in range(1, m):  # insertion sort: a few values, nearly sorted
             v = centroids[c]
             d = c - 1
@@ -245,8 +248,6 @@ def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol):
         for c in range(m):
             sum_w[c] = 0.0
             sum_wp[c] = 0.0
-        # points are sorted, so each centroid's points are consecutive: its sums run in
-        # registers and are stored once (the same additions in the same order)
         c = 0
         w_total = 0.0
         wp_total = 0.0
@@ -388,45 +389,6 @@ def rank_chunk(x, boundaries, codes):
 
 
 @kernel
-def _sign_ranges(boundaries, nb, table):
-    """``(zero_lo, zero_hi, flip_lo, flip_hi)``: an element ``v`` coded by its rank (the
-    number of ``boundaries[:nb]`` below it; ``table[:nb + 1]`` sorted) is coded by a zero
-    level iff ``zero_lo < v < zero_hi``, and by a level of the other sign iff
-    ``flip_lo < v < 0`` or ``0 < v < flip_hi``.
-
-    Rank ``r`` is at least ``k`` iff ``boundaries[k - 1] < v``, and below ``k`` iff
-    ``v < nextafter(boundaries[k - 1], inf)``.
-    """
-    n_levels = min(table.shape[0], nb + 1)
-    negative = 0  # the number of levels below zero, then of levels at or below zero
-    while negative < n_levels and table[negative] < 0.0:
-        negative += 1
-    nonpositive = negative
-    while nonpositive < n_levels and table[nonpositive] <= 0.0:
-        nonpositive += 1
-    # a zero level: negative <= rank < nonpositive
-    zero_lo = boundaries[negative - 1] if negative > 0 else -math.inf
-    zero_hi = np.nextafter(boundaries[nonpositive - 1], math.inf) if 0 < nonpositive <= nb \
-        else (math.inf if nonpositive > nb else -math.inf)
-    # a positive level: rank >= nonpositive; a negative level: rank < negative
-    flip_lo = boundaries[nonpositive - 1] if 0 < nonpositive <= nb else (
-        -math.inf if nonpositive == 0 else 0.0)
-    flip_hi = (np.nextafter(boundaries[negative - 1], math.inf) if negative <= nb else math.inf) \
-        if negative > 0 else 0.0
-    return zero_lo, zero_hi, flip_lo, flip_hi
-
-
-@kernel
-def _as_coded(v, zero_lo, zero_hi, flip_lo, flip_hi):
-    """(non-zero, zeroed, sign flipped) of ``v`` coded by its rank: 0 or 1 each."""
-    nz = np.int64(v != 0.0)
-    zeroed = nz * np.int64(zero_lo < v) * np.int64(v < zero_hi)
-    flipped = np.int64(flip_lo < v) * np.int64(v < 0.0) + np.int64(0.0 < v) * np.int64(
-        v < flip_hi)
-    return nz, zeroed, flipped
-
-
-@kernel
 def quantize_chunk(x, words, boundaries, lut, probes, table, protect_lo, protect_hi, prune_below,
                    zero_code, escape, force, codes, positions, out):
     """Assign codes, list the escapes and measure the error in one pass over ``x``.
@@ -455,16 +417,38 @@ def quantize_chunk(x, words, boundaries, lut, probes, table, protect_lo, protect
     looked_up = lut.shape[0] > 0
     prune_lo = -prune_below
     # the counters of every element as if coded by its rank, in a loop that vectorises; the
-    # elements coded otherwise are corrected at the end
-    zero_lo, zero_hi, flip_lo, flip_hi = _sign_ranges(boundaries, nb, table)
+    # elements coded otherwise are corrected at the end. An element v coded by its rank (the
+    # number of boundaries[:nb] below it) is coded by a zero level iff zero_lo < v < zero_hi,
+    # by a level of the other sign iff flip_lo < v < 0 or 0 < v < flip_hi: rank r is at least
+    # k iff boundaries[k - 1] < v, below k iff v < nextafter(boundaries[k - 1], inf). (Written
+    # out here, not in helper kernels, and without min(): each compiles on its own, about a
+    # fifth of a second for this kernel's first call.)
+    n_levels = table.shape[0] if table.shape[0] < nb + 1 else nb + 1
+    negative = 0  # the number of levels below zero, then of levels at or below zero
+    while negative < n_levels and table[negative] < 0.0:
+        negative += 1
+    nonpositive = negative
+    while nonpositive < n_levels and table[nonpositive] <= 0.0:
+        nonpositive += 1
+    # a zero level: negative <= rank < nonpositive
+    zero_lo = boundaries[negative - 1] if negative > 0 else -math.inf
+    zero_hi = np.nextafter(boundaries[nonpositive - 1], math.inf) if 0 < nonpositive <= nb \
+        else (math.inf if nonpositive > nb else -math.inf)
+    # a positive level: rank >= nonpositive; a negative level: rank < negative
+    flip_lo = boundaries[nonpositive - 1] if 0 < nonpositive <= nb else (
+        -math.inf if nonpositive == 0 else 0.0)
+    flip_hi = (np.nextafter(boundaries[negative - 1], math.inf) if negative <= nb else math.inf) \
+        if negative > 0 else 0.0
     nonzero = 0
     zeroed = 0
     flipped = 0
     for i in range(n):
-        nz, zero_g, flip_g = _as_coded(np.float64(x[i]), zero_lo, zero_hi, flip_lo, flip_hi)
+        v = np.float64(x[i])
+        nz = np.int64(v != 0.0)
         nonzero += nz
-        zeroed += zero_g
-        flipped += flip_g
+        zeroed += nz * np.int64(zero_lo < v) * np.int64(v < zero_hi)
+        flipped += np.int64(flip_lo < v) * np.int64(v < 0.0) + np.int64(0.0 < v) * np.int64(
+            v < flip_hi)
     escapes = 0
     sse = 0.0
     worst = out[1]
@@ -507,10 +491,11 @@ def quantize_chunk(x, words, boundaries, lut, probes, table, protect_lo, protect
     for k in range(n_others):  # their counters, as error_stats counts them
         i = others[k]
         v = np.float64(x[i])
-        nz, zero_g, flip_g = _as_coded(v, zero_lo, zero_hi, flip_lo, flip_hi)
+        nz = np.int64(v != 0.0)  # what the first loop counted
         nonzero -= nz
-        zeroed -= zero_g
-        flipped -= flip_g
+        zeroed -= nz * np.int64(zero_lo < v) * np.int64(v < zero_hi)
+        flipped -= np.int64(flip_lo < v) * np.int64(v < 0.0) + np.int64(0.0 < v) * np.int64(
+            v < flip_hi)
         finite = math.isfinite(v)
         if finite and v != 0.0:
             nonzero += 1
