@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import itertools
 import os
 import tempfile
 import threading
@@ -19,6 +20,7 @@ from .codecs.chain import Pipeline
 from .codecs.entropy import Entropy, check_level
 from .codecs.entropy import decode as entropy_decode
 from .codecs.lossless import PLANES, ByteGroup, planes_from
+from .codecs import quantize
 from .codecs.quant import Quant
 from .container import layout
 from .container.index import TensorEntry, check_metadata, check_name, check_shape
@@ -123,9 +125,11 @@ def _chain_key(entry: TensorEntry, has_base: bool) -> tuple | None:
     """What :meth:`Pipeline.from_chain` depends on, as a dict key; None for a chain with a
     list or object value (rare, and not worth a key). The types are part of the key: JSON's
     ``true`` and ``1`` are equal in Python but not to the validator."""
+    codec = entry.codec  # a list of dicts (rule I-11, checked by the index parser)
+    key = (entry.dtype.name, has_base, tuple(map(len, codec)),
+           tuple(itertools.chain.from_iterable(map(dict.items, codec))),
+           tuple(map(type, itertools.chain.from_iterable(map(dict.values, codec)))))
     try:
-        key = (entry.dtype.name, has_base, tuple(
-            tuple((k, type(v), v) for k, v in stage.items()) for stage in entry.codec))
         hash(key)
     except TypeError:
         return None
@@ -390,8 +394,8 @@ class Writer:
             self._pending_bytes += entry.nbytes
             return
         # the sketch and fit run on the pool too, beside other tensors' (chunks wait for them)
-        self._preparing.append((number, entry, read,
-                                self._pool.submit(encoder.for_tensor, *args, **options)))
+        self._preparing.append((number, entry, read, self._pool.submit(
+            encoder.for_tensor, *args, **options, sketch_pass=self._sketch_pass)))
         while self._preparing and (self._preparing[0][3].done()
                                    or len(self._preparing) > self._threads):
             self._start_oldest()
@@ -452,6 +456,51 @@ class Writer:
             future = self._pool.submit(self._chunk_job, number, entry, tensor.encode, read, c)
             self._pending.append((future, nbytes, number, None))
             self._pending_bytes += nbytes
+
+    def _sketch_pass(self, entry: TensorEntry, read: Callable[[int, int], Any],
+                     sketch: quantize.Sketch) -> None:
+        """Add every chunk of a tensor to an empty sketch, on as many threads as are free
+        (:func:`encoder.prepare`'s ``sketch_pass``; runs on the pool thread preparing the
+        tensor, which takes part and never waits for a helper that has not started). The
+        chunks' totals are added in chunk order, as adding the chunks in order does, so the
+        sketch and the file do not depend on the thread count."""
+        n, itemsize = entry.chunk_count, entry.dtype.itemsize
+        work = quantize.work_dtype(entry.dtype)
+        totals: list[np.ndarray | None] = [None] * n
+        chunks = iter(range(n))  # shared by the threads taking part: each takes the next
+
+        def run(counts: np.ndarray, span: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            for c in chunks:
+                start, stop = entry.chunk_range(c)
+                raw = np.frombuffer(read(start * itemsize, stop * itemsize), np.uint8)
+                if raw.size != (stop - start) * itemsize:
+                    raise InvalidArgumentError(f"tensor {entry.name!r}: source returned too "
+                                               f"few bytes")
+                part = quantize.Sketch(sketch.work, sketch.shift, counts, np.zeros(3), span)
+                part.add(raw.view(entry.dtype.numpy).astype(work, copy=False))
+                totals[c] = part.totals
+            return counts, span
+
+        def helper() -> tuple[np.ndarray, np.ndarray]:
+            return run(np.zeros_like(sketch.counts), np.array([sketch.counts.shape[1], -1]))
+        helpers = [self._pool.submit(helper) for _ in range(min(self._threads, n) - 1)]
+        try:
+            run(sketch.counts, sketch.span)
+        finally:
+            for future in helpers:
+                future.cancel()
+            concurrent.futures.wait(helpers)
+        for future in helpers:
+            if future.cancelled():
+                continue
+            counts, span = future.result()
+            if span[1] >= span[0]:  # only the buckets it counted
+                used = slice(int(span[0]), int(span[1]) + 1)
+                sketch.counts[:, used] += counts[:, used]
+                sketch.span[0] = min(sketch.span[0], span[0])
+                sketch.span[1] = max(sketch.span[1], span[1])
+        for part in totals:
+            sketch.totals += part
 
     def _make_room(self) -> None:
         """Wait until one more job fits in the window (the oldest jobs first, a tensor

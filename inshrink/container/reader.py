@@ -107,12 +107,12 @@ class ContainerReader:
             headers = [None] * len(chunks)
         if self._map is not None:
             return [self._mapped_payload(c, h) for c, h in zip(chunks, headers)]
-        first, last = chunks[0], chunks[-1]
-        start, end = first.offset, last.offset + layout.RECORD_HEADER_SIZE + last.length
-        for a, b in zip(chunks, chunks[1:]):
-            a_end = a.offset + layout.RECORD_HEADER_SIZE + a.length
-            if b.offset != a_end + layout.padding(a_end):
+        start = at = chunks[0].offset
+        for c in chunks:
+            if c.offset != at:  # not back to back: one read each
                 return [self.read_chunk(c) for c in chunks]
+            end = c.offset + layout.RECORD_HEADER_SIZE + c.length
+            at = end + layout.padding(end)
         view = self._buffer(end - start)
         if os.preadv(self._fd, [view], start) != end - start:
             raise TruncatedError(f"[R-0] {self.path}: file ends inside a record at offset "
