@@ -147,7 +147,7 @@ class Search:
             e.g. ``quality_from(..., criterion="kl")``) is given the largest feasible quality
             and may stop evaluating a candidate once it exceeds it: the same decisions, fewer
             batches (such a candidate's ``quality`` and ``drop`` in the report are lower
-            bounds, ``complete`` False).
+            bounds, marked ``stopped``).
         importance : mapping of str to array-like, optional
             Sensitivity scores (|g·w|) per tensor; enables the "sensitivity" prune metric.
         curvature : mapping of str to array-like, optional
@@ -214,10 +214,12 @@ class Search:
             self._drops.observe(ev.results, self.two_sided)
             report.update(baseline=ev.baseline, evaluations=ev.log,
                           evaluations_used=len(ev.log),
-                          evaluations_stopped=sum(not r["complete"] for r in ev.log),
                           cap_reached=len(ev.log) >= self.max_evals,
                           raw_bytes=ev.raw_bytes, tensor_encodings=ev.encode.encodings,
                           **{f"{part}_seconds": t for part, t in ev.seconds.items()})
+            stopped = sum(bool(r.get("stopped")) for r in ev.log)
+            if stopped:  # only then, so that a stored report does not grow
+                report["evaluations_stopped"] = stopped
             report["chosen_result"] = None if choice is None else \
                 ev.results[(self.space.point(choice), choice.prune_metric)]
         report["chosen"] = choice.to_dict() if choice else None

@@ -166,8 +166,9 @@ class Evaluator:
     def evaluate(self, point: Point, metric: str, phase: str,
                  exact: bool = False) -> dict | None:
         """Evaluate (cached); None when the cap is reached. An infeasible candidate's quality
-        may be a lower bound (``complete`` False in its result) unless ``exact``: its drop is
-        then only known to exceed epsilon."""
+        may be a lower bound (``stopped`` True in its result, a key present only then, so a
+        checkpoint's stored report does not grow) unless ``exact``: its drop is then only
+        known to exceed epsilon."""
         if (point, metric) in self.results:
             return self.results[(point, metric)]
         if self.space.choice(point, metric).prune == 0:
@@ -201,8 +202,10 @@ class Evaluator:
         result = {"choice": choice.to_dict(), "phase": phase, "quality": value,
                   "drop": drop if drop is not None and math.isfinite(drop) else None,
                   "rel_l2": rel_l2 if math.isfinite(rel_l2) else None,
-                  "feasible": feasible, "complete": complete, "stored_bytes": stored,
+                  "feasible": feasible, "stored_bytes": stored,
                   "ratio": self.raw_bytes / stored if stored else None}
+        if not complete:
+            result["stopped"] = True
         self.results[(point, metric)] = result
         self.log.append(result)
         return result
