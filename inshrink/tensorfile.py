@@ -850,51 +850,52 @@ class File:
 
     def _share(self, run: Callable[[tuple], int], jobs: list, progress: Progress | None) -> None:
         """``run`` every job, on the calling thread and ``threads - 1`` of the pool's, each
-        taking the next job not yet taken (whole chunks: no thread waits on another)."""
-        order = iter(range(len(jobs)))
+        taking the largest job not yet taken (whole chunks: no thread waits on another, and
+        the last ones to finish are small). After a failure, only jobs earlier in ``jobs``
+        still run, so that the error raised is the first one in order, as with one thread."""
+        sizes = [job[2].size for job in jobs]
+        order = iter(sorted(range(len(jobs)), key=sizes.__getitem__, reverse=True))
         lock = threading.Lock()
         failed: dict[int, BaseException] = {}
-        stop = [len(jobs)]      # no job from this index on is started: an earlier one failed
+        first_failed = [len(jobs)]
         finished: list[int] = []
+        reported = [0]  # finished[:reported[0]] went to progress, on the calling thread
 
-        def work() -> None:
-            for i in order:  # next() on a range iterator is atomic under the GIL
-                if i >= stop[0]:
-                    return
+        def report() -> None:
+            done = len(finished)
+            if done > reported[0]:
+                progress(sum(finished[reported[0]:done]))
+                reported[0] = done
+
+        def work(calling_thread: bool = False) -> None:
+            for i in order:  # next() on the iterator is atomic under the GIL
+                if i > first_failed[0]:
+                    continue
                 try:
                     finished.append(run(jobs[i]))
                 except BaseException as exc:
                     with lock:
                         failed[i] = exc
-                        stop[0] = min(stop[0], i)
-                    return
+                        first_failed[0] = min(first_failed[0], i)
+                    if calling_thread and not isinstance(exc, Exception):
+                        raise  # KeyboardInterrupt, SystemExit: stop now
+                    continue
+                if calling_thread and progress is not None:
+                    report()
 
         helpers = [self._pool.submit(work) for _ in range(self._threads - 1)]
-        reported = 0
         try:
-            for i in order:
-                if i >= stop[0]:
-                    break
-                try:
-                    finished.append(run(jobs[i]))
-                except BaseException as exc:
-                    with lock:
-                        failed[i] = exc
-                        stop[0] = min(stop[0], i)
-                    break
-                if progress is not None:
-                    done = len(finished)
-                    progress(sum(finished[reported:done]))
-                    reported = done
-        except BaseException:  # e.g. KeyboardInterrupt in progress(): the helpers stop too
-            stop[0] = -1
+            work(calling_thread=True)
+        except BaseException:  # e.g. KeyboardInterrupt: the helpers stop after their job
+            first_failed[0] = -1
             raise
-        for helper in helpers:
-            helper.result()
+        finally:
+            for helper in helpers:
+                helper.result()
         if failed:
             raise failed[min(failed)]
-        if progress is not None and reported < len(finished):
-            progress(sum(finished[reported:]))
+        if progress is not None:
+            report()
 
     def read_into(self, name: str, sink: Callable[[int, np.ndarray], None],
                   progress: Progress | None = None, *, in_order: bool = True) -> None:

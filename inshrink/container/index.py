@@ -286,14 +286,13 @@ def _parse_tensor(raw, data_end: int, check_chunks: bool = True) -> TensorEntry:
                                    and all(map(_is_report_value, report.values()))):
         _fail("I-11a", "report must be an object whose values are strings, numbers, "
                        "booleans or null")
-    entry = TensorEntry(raw["name"], dtype, shape, codec, per_chunk, report=report)
-    chunk_count = entry.chunk_count
+    chunk_count = -(-math.prod(shape) // per_chunk)  # TensorEntry.chunk_count
     if not set(map(len, streams)) <= {chunk_count}:
-        _fail("I-12", f"tensor {entry.name!r}: every stream needs {chunk_count} chunks")
+        _fail("I-12", f"tensor {raw['name']!r}: every stream needs {chunk_count} chunks")
+    if check_chunks:
+        streams = [[_parse_chunk(c, data_end) for c in s] for s in streams]
     # unchecked, the chunks stay as read: parse() checks all of the file's at once
-    entry.streams = ([[_parse_chunk(c, data_end) for c in s] for s in streams] if check_chunks
-                     else streams)
-    return entry
+    return TensorEntry(raw["name"], dtype, shape, codec, per_chunk, streams, report)
 
 
 def _chunks_valid(tensors: list, data_end: int) -> bool:
