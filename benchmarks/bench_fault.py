@@ -356,7 +356,8 @@ def _search_summary(step: int, info) -> dict:
         chosen = rep.get("chosen_result") or {}
         out.update(mode=rep.get("mode"), chosen=rep.get("chosen"),
                    evaluations=rep.get("evaluations_used"), cap_reached=rep.get("cap_reached"),
-                   evaluations_stopped=rep.get("evaluations_stopped"),
+                   evaluations_stopped=sum(bool(e.get("stopped"))
+                                           for e in rep.get("evaluations") or []),
                    baseline=rep.get("baseline"), drop=chosen.get("drop"),
                    weights_ratio=chosen.get("ratio"), search_seconds=rep.get("seconds"),
                    allocation=rep.get("allocation"),

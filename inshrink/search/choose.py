@@ -217,9 +217,6 @@ class Search:
                           cap_reached=len(ev.log) >= self.max_evals,
                           raw_bytes=ev.raw_bytes, tensor_encodings=ev.encode.encodings,
                           **{f"{part}_seconds": t for part, t in ev.seconds.items()})
-            stopped = sum(bool(r.get("stopped")) for r in ev.log)
-            if stopped:  # only then, so that a stored report does not grow
-                report["evaluations_stopped"] = stopped
             report["chosen_result"] = None if choice is None else \
                 ev.results[(self.space.point(choice), choice.prune_metric)]
         report["chosen"] = choice.to_dict() if choice else None
