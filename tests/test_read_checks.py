@@ -164,3 +164,19 @@ def test_a_file_truncated_while_open_is_a_typed_error(tmp_path, mmap):
         assert f["a"].shape == (192,)
         with pytest.raises(TruncatedError, match=r"\[R-0\]"):
             f["b"]
+
+
+def test_read_buffers_are_reused_from_load_to_load(tmp_path, monkeypatch):
+    """A fresh read buffer per load faulted its pages in again every time; the buffers go
+    back to a pool when the file closes, and the next load takes them from there."""
+    from inshrink.container import reader
+    path = tmp_path / "x.ink"
+    inshrink.save(path, {"w": np.linspace(-1, 1, 300_000, dtype=np.float32)}, threads=1)
+    pool = reader._BufferPool(keep_bytes=64 << 20)
+    monkeypatch.setattr(reader, "_BUFFERS", pool)
+    first = inshrink.load(path, threads=1)
+    kept = {id(buffer) for buffer in pool._free}
+    assert kept
+    second = inshrink.load(path, threads=1)
+    assert {id(buffer) for buffer in pool._free} == kept
+    assert np.array_equal(first["w"], second["w"])
