@@ -146,8 +146,8 @@ class Search:
             also has ``bounded(state, limit)`` (:class:`~inshrink.search.BoundedQuality`,
             e.g. ``quality_from(..., criterion="kl")``) is given the largest feasible quality
             and may stop evaluating a candidate once it exceeds it: the same decisions, fewer
-            batches (such a candidate's ``quality`` and ``drop`` in the report are lower
-            bounds, marked ``stopped``).
+            batches (such a candidate is marked ``stopped`` in the report, its ``quality``
+            and ``drop`` None).
         importance : mapping of str to array-like, optional
             Sensitivity scores (|g·w|) per tensor; enables the "sensitivity" prune metric.
         curvature : mapping of str to array-like, optional

@@ -166,9 +166,9 @@ class Evaluator:
     def evaluate(self, point: Point, metric: str, phase: str,
                  exact: bool = False) -> dict | None:
         """Evaluate (cached); None when the cap is reached. An infeasible candidate's quality
-        may be a lower bound (``stopped`` True in its result, a key present only then, so a
-        checkpoint's stored report does not grow) unless ``exact``: its drop is then only
-        known to exceed epsilon."""
+        may have been stopped once proven infeasible unless ``exact``: its result then has
+        ``stopped`` True (a key present only then, so a checkpoint's stored report does not
+        grow) and no ``quality`` or ``drop``."""
         if (point, metric) in self.results:
             return self.results[(point, metric)]
         if self.space.choice(point, metric).prune == 0:
@@ -199,6 +199,8 @@ class Evaluator:
             # two-sided: a quality that improves by more than epsilon on a few batches is a
             # large perturbation that happened to help there, not a safe one
             feasible = (abs(drop) if self.search.two_sided else drop) <= self.search.epsilon
+            if not complete:  # only a bound is known: not reported as a measurement
+                value = drop = None
         result = {"choice": choice.to_dict(), "phase": phase, "quality": value,
                   "drop": drop if drop is not None and math.isfinite(drop) else None,
                   "rel_l2": rel_l2 if math.isfinite(rel_l2) else None,

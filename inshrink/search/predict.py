@@ -23,7 +23,7 @@ def measured_drop(result: dict, two_sided: bool) -> float | None:
     """The drop that feasibility compares with epsilon, when it is positive and finite."""
     drop = result.get("drop")
     if drop is None or result.get("quality") is None or result.get("stopped"):
-        return None  # rejected by the error bound, an infinite drop, or only a lower bound
+        return None  # rejected by the error bound, an infinite drop, or stopped
     value = abs(drop) if two_sided else drop
     return value if 0 < value < math.inf else None
 
