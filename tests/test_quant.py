@@ -499,3 +499,20 @@ print(quant.pack_bits.ready, quant.unpack_bits.ready)
                        cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("name", ["F32", "BF16", "F16", "F64"])
+@pytest.mark.parametrize("bins", [1, 16, 64, 1024])
+def test_bucket_centers_from_the_table_are_computed_ones(name, bins):
+    """Small sketches look their bucket centers up in a table made once: the same values."""
+    from inshrink.codecs import quantize
+    from inshrink.dtypes import BY_NAME
+    dtype = BY_NAME[name]
+    sketch = quantize.Sketch.for_dtype(dtype, QuantConfig().alpha, bins)
+    work = quantize.work_dtype(dtype)
+    tiny = np.finfo(work).smallest_subnormal
+    sketch.add(np.array([tiny, 1e-30, 0.5, -3.0, 1e30, -np.finfo(work).max], work))
+    index = sketch.buckets.index
+    assert index.size >= 5
+    np.testing.assert_array_equal(sketch.buckets.centers,
+                                  quantize._bucket_centers(sketch.work, sketch.shift, index))

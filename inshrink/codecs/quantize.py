@@ -134,8 +134,30 @@ class Sketch:
 
     def center(self, index):
         """Representative magnitude of a bucket: the geometric middle of its edges."""
-        lo, hi = self.lower(index), self.upper(index)
-        return np.where(lo > 0, np.sqrt(lo * hi), hi / 2)
+        if self.pos.size <= _CENTER_TABLE_MAX:  # one gather instead of a dozen array passes
+            return _centers(self.work, self.shift, self.pos.size)[index]
+        return _bucket_centers(self.work, self.shift, index)
+
+
+def _bucket_centers(work: np.dtype, shift: int, index) -> np.ndarray:
+    """:meth:`Sketch.center` of buckets ``index``: the geometric middle of their edges."""
+    word = _FLOAT_BITS[work.itemsize][0]
+    bits = np.asarray(index, np.uint64) << np.uint64(shift)  # lower() and upper()
+    lo = bits.astype(word).view(work).astype(np.float64)
+    hi = (bits + np.uint64(1 << shift)).astype(word).view(work).astype(np.float64)
+    return np.where(lo > 0, np.sqrt(lo * hi), hi / 2)
+
+
+_CENTER_TABLE_MAX = 1 << 18  # buckets per sign: a table of every center is at most 2 MiB
+
+
+@functools.lru_cache(maxsize=4)
+def _centers(work: np.dtype, shift: int, size: int) -> np.ndarray:
+    """The center of every bucket of a sketch (read-only: shared by every fit)."""
+    with np.errstate(invalid="ignore", over="ignore"):  # the top buckets: inf, NaN patterns
+        table = _bucket_centers(work, shift, np.arange(size))
+    table.flags.writeable = False
+    return table
 
 
 @dataclass(frozen=True)
@@ -371,8 +393,8 @@ def _fit_centroids(sketch: Sketch, lo: int, hi: int, bins: int, domain: str | No
                    sigma: float, seed: int) -> np.ndarray:
     """Centroids (value domain, float64) of the buckets strictly between lo and hi."""
     buckets = sketch.buckets  # a fine sketch has ~10^5 buckets, few occupied
-    a = int(np.searchsorted(buckets.index, lo, side="right"))
-    b = max(int(np.searchsorted(buckets.index, hi, side="left")), a)
+    a = int(buckets.index.searchsorted(lo, side="right"))
+    b = max(int(buckets.index.searchsorted(hi, side="left")), a)
     centers, pos, neg = buckets.centers[a:b], buckets.pos[a:b], buckets.neg[a:b]
     if domain == "linear":
         points = np.concatenate([-centers[::-1][neg[::-1] > 0], centers[pos > 0]])
@@ -396,6 +418,9 @@ def _fit_centroids(sketch: Sketch, lo: int, hi: int, bins: int, domain: str | No
     return np.sort(np.concatenate(fitted)) if fitted else np.empty(0)
 
 
+_SMALLEST_SUBNORMAL = float(np.finfo(np.float64).smallest_subnormal)
+
+
 def _boundaries(levels: np.ndarray, domain: str | None) -> np.ndarray:
     """Decision thresholds between consecutive levels, in the value domain (float64)."""
     a, b = levels[:-1], levels[1:]
@@ -403,7 +428,7 @@ def _boundaries(levels: np.ndarray, domain: str | None) -> np.ndarray:
         return (a + b) / 2
     out = np.where(a * b > 0, np.sign(a) * np.sqrt(np.abs(a * b)), 0.0)
     # a negative level next to the zero level: only exact zeros (and -0.0) go to zero
-    out[(a < 0) & (b == 0)] = -np.finfo(np.float64).smallest_subnormal
+    out[(a < 0) & (b == 0)] = -_SMALLEST_SUBNORMAL
     return out
 
 
