@@ -124,14 +124,16 @@ TensorEncoder = LosslessTensor | LossyTensor | FactoredTensor
 
 def for_tensor(entry: TensorEntry, read: Read, role: str | None, config: QuantConfig | None,
                importance: Any = None, *, entropy: Entropy, report: bool, tiny_bytes: int,
-               force: np.ndarray | None = None) -> TensorEncoder:
+               force: np.ndarray | None = None,
+               sketch_pass: Callable | None = None) -> TensorEncoder:
     """Decide how one tensor is stored (see the module docstring) and return its encoder.
 
     ``config``: the policy's quantization config for the tensor, ``None`` for lossless;
     ``importance``: sensitivity scores, or ``force``: the overrides :func:`overrides` made of
     them already (a caller checks them first so that bad scores fail where they are given);
     ``entropy``: the entropy stage of every stream; ``report``: record the role of a lossless
-    tensor in the index; ``tiny_bytes``: the size up to which one plane is tried. May set
+    tensor in the index; ``tiny_bytes``: the size up to which one plane is tried;
+    ``sketch_pass``: see :func:`prepare`. May set
     ``entry.chunk_elements`` (a factored tensor's chunks hold whole rows).
     """
     tensor = None
@@ -140,7 +142,8 @@ def for_tensor(entry: TensorEntry, read: Read, role: str | None, config: QuantCo
                                   layout.MAX_CHUNK_BYTES // entry.dtype.itemsize)
         config = replace(config, domain="log")  # for a tensor that does not qualify
     if tensor is None and config is not None and entry.numel:
-        tensor = prepare(entry, read, role, config, importance, force, entropy=entropy)
+        tensor = prepare(entry, read, role, config, importance, force, entropy=entropy,
+                         sketch_pass=sketch_pass)
     if tensor is not None:
         if tensor.pipeline.entropy is not entropy:  # a factored tensor's
             tensor.pipeline = replace(tensor.pipeline, entropy=entropy)
@@ -253,16 +256,22 @@ def overrides(importance: Any, config: QuantConfig, numel: int) -> np.ndarray | 
 
 def prepare(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
             importance: Any = None, force: np.ndarray | None = None, *,
-            entropy: Entropy | None = None) -> LossyTensor | None:
+            entropy: Entropy | None = None,
+            sketch_pass: Callable | None = None) -> LossyTensor | None:
     """Sketch the tensor and fit its quantizer; ``None`` if no bin count meets the error
     bound (the caller then stores the tensor losslessly). ``force``: the overrides of
     ``importance`` when the caller made them already (:func:`overrides`); ``entropy``: the
-    entropy stage of its streams (default: the default one)."""
+    entropy stage of its streams (default: the default one); ``sketch_pass(entry, read,
+    sketch)``: adds every chunk to the empty sketch, with the same result as adding them in
+    order (default: adds them in order here)."""
     if force is None:
         force = overrides(importance, config, entry.numel)
     sketch = quantize.Sketch.for_dtype(entry.dtype, config.alpha, config.bins)
-    for _, _, _, x in _chunks(entry, read):
-        sketch.add(x)
+    if sketch_pass is not None:  # the Writer's, which spreads the chunks over its threads
+        sketch_pass(entry, read, sketch)
+    else:
+        for _, _, _, x in _chunks(entry, read):
+            sketch.add(x)
     by_sensitivity = config.prune_metric == "sensitivity"
     bound = config.max_rel_l2
     for bins in (quantize.bin_candidates(config.bins) if bound else [config.bins]):

@@ -486,13 +486,10 @@ class Writer:
         helpers = [self._pool.submit(helper) for _ in range(min(self._threads, n) - 1)]
         try:
             run(sketch.counts, sketch.span)
-        finally:
-            for future in helpers:
-                future.cancel()
+        finally:  # (a cancelled job counts as done only once a thread dequeues it)
+            helpers = [future for future in helpers if not future.cancel()]
             concurrent.futures.wait(helpers)
         for future in helpers:
-            if future.cancelled():
-                continue
             counts, span = future.result()
             if span[1] >= span[0]:  # only the buckets it counted
                 used = slice(int(span[0]), int(span[1]) + 1)
@@ -668,12 +665,11 @@ class Writer:
         if self._closed:
             return
         jobs = [job[0] for job in self._pending] + [job[3] for job in self._preparing]
-        for future in jobs:
-            future.cancel()
+        running = [future for future in jobs if not future.cancel()]
         self._pending.clear()
         self._preparing.clear()
         self._failed = self._failed or InvalidArgumentError("the file was discarded")
-        concurrent.futures.wait(jobs)  # nothing writes into the file any more
+        concurrent.futures.wait(running)  # nothing writes into the file any more
         self._shutdown()
         self._container.abort()
 

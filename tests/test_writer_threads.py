@@ -149,3 +149,31 @@ def test_a_second_save_of_tensors_of_several_sizes_allocates_no_plane_buffer(
     inshrink.save(tmp_path / "b.ink", tensors, threads=2)
     assert allocated == []
     assert (tmp_path / "a.ink").read_bytes() == (tmp_path / "b.ink").read_bytes()
+
+
+def test_the_sketch_pass_of_a_many_chunk_tensor_runs_on_several_threads(tmp_path, monkeypatch):
+    import time
+
+    from inshrink.codecs import quantize
+    sketchers, add = set(), quantize.Sketch.add
+
+    def sketch_add(self, x):
+        sketchers.add(threading.current_thread().name)
+        return add(self, x)
+    monkeypatch.setattr(quantize.Sketch, "add", sketch_add)
+    x = (np.random.default_rng(4).standard_normal((40, 1024)) * 0.02).astype(np.float32)
+    raw = x.view(np.uint8).reshape(-1)
+
+    def read(start, stop):
+        time.sleep(0.002)  # a source slow enough for the second thread to join in
+        return raw[start:stop]
+    written = []
+    for threads in (2, 1):
+        sketchers.clear()
+        with inshrink.Writer(tmp_path / f"t{threads}.ink", policy=POLICY, threads=threads,
+                             chunk_bytes=8192) as w:
+            w.add_source("w.weight", F32, x.shape, read)
+        written.append((tmp_path / f"t{threads}.ink").read_bytes())
+        if threads == 2:
+            assert len(sketchers) == 2 and all(n.startswith("inshrink") for n in sketchers)
+    assert written[0] == written[1]
