@@ -503,8 +503,8 @@ class Writer:
         """Wait until one more job fits in the window (the oldest jobs first, a tensor
         being prepared before the jobs that follow it in the file)."""
         while self._pending and (len(self._pending) >= self._window_jobs
-                                 or (len(self._pending) >= 2 * self._threads
-                                     and self._pending_bytes >= self._window_bytes)):
+                                 or (len(self._pending) > 2 * self._threads
+                                     and self._pending_bytes > self._window_bytes)):
             if self._preparing and self._preparing[0][0] < self._pending[0][2]:
                 self._start_oldest()
             else:
