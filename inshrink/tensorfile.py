@@ -205,7 +205,7 @@ def _writer_pool(threads: int) -> tuple[Executor | None, bool]:
         pool = _WRITER_POOLS.get(threads)
         if pool is None:
             pool = _WRITER_POOLS[threads] = ThreadPoolExecutor(
-                threads, thread_name_prefix="inshrink", initializer=_mark_writer_thread)
+                threads, thread_name_prefix="inshrink-save", initializer=_mark_writer_thread)
     return pool, True
 
 
