@@ -169,44 +169,13 @@ def _executor(threads: int) -> Executor | None:
     return ThreadPoolExecutor(threads, thread_name_prefix="inshrink") if threads > 1 else None
 
 
-# The Writer's pools, one per thread count, kept from one save to the next: starting the
-# threads again for every save cost a few hundred page faults each (their stacks and zstd
-# contexts) and delayed the first chunks.
-_WRITER_POOLS: dict[int, ThreadPoolExecutor] = {}
-_WRITER_POOLS_LOCK = threading.Lock()
-_in_writer_pool = threading.local()
-
-
-def _forget_writer_pools() -> None:
-    """In a forked child: the pools' threads are not there (work given to them would wait
-    forever), and the lock may have been held by a thread of the parent."""
-    global _WRITER_POOLS_LOCK
-    _WRITER_POOLS.clear()
-    _WRITER_POOLS_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_writer_pools)
-
-
-def _mark_writer_thread() -> None:
-    _in_writer_pool.active = True
-
-
-def _writer_pool(threads: int) -> tuple[Executor | None, bool]:
-    """The threads a Writer encodes on (None: it encodes on the calling thread), and whether
-    the pool is shared (kept for the next saves) rather than the Writer's own. A Writer
-    created on a thread of a shared pool gets its own pool, so that it never waits for work
-    queued behind itself."""
-    if threads <= 1:
-        return None, False
-    if getattr(_in_writer_pool, "active", False):
-        return _executor(threads), False
-    with _WRITER_POOLS_LOCK:
-        pool = _WRITER_POOLS.get(threads)
-        if pool is None:
-            pool = _WRITER_POOLS[threads] = ThreadPoolExecutor(
-                threads, thread_name_prefix="inshrink-save", initializer=_mark_writer_thread)
-    return pool, True
+def _writer_pool(threads: int) -> Executor | None:
+    """The threads a Writer encodes on (None: it encodes on the calling thread). Started
+    per Writer: a pool kept between saves was measured (2026-12-01) to fault 2-3 times as
+    many pages in a 2-thread lossy save of a 256 MB tensor (its threads' malloc arenas kept
+    being trimmed and refilled by the quantizer's per-chunk arrays), 5-12% more CPU, and
+    saved nothing measurable on lossless saves."""
+    return _executor(threads)
 
 
 class Writer:
@@ -222,8 +191,8 @@ class Writer:
 
     With threads, the encoder threads also write the records (in order); the calling thread
     only waits. A tensor of at most one chunk (most of a checkpoint's) is prepared, encoded
-    and written by one job, so the calling thread does not wait for it; the threads are kept
-    for the next Writer with the same thread count. A chunk that fails to encode makes
+    and written by one job, so the calling thread does not wait for it; the sketch pass of a
+    larger quantized tensor runs on every free thread. A chunk that fails to encode makes
     :meth:`close` fail. Byte-grouping planes
     come from buffers shared by the process's writers, of which up to 32 MiB stay allocated
     between saves (:data:`inshrink.codecs.lossless.PLANES`), so that saving again does not
@@ -309,7 +278,7 @@ class Writer:
                 raise named_error(exc, os.fspath(path)) from exc
             path = self._standalone = os.path.join(self._staging.name, "standalone.ink")
         self._container = ContainerWriter(path)
-        self._pool, self._shared_pool = _writer_pool(self._threads)
+        self._pool = _writer_pool(self._threads)
         self._planes = PLANES  # plane buffers, recycled once their records are written
         # Records go out in file order, (tensor number, chunk number), written by the pool
         # threads: the thread that encodes the next chunk to write writes it and any later
@@ -675,7 +644,7 @@ class Writer:
 
     def _shutdown(self) -> None:
         self._closed = True
-        if self._pool is not None and not self._shared_pool:
+        if self._pool is not None:
             self._pool.shutdown(wait=True)
         if self._staging is not None:
             self._staging.cleanup()

@@ -1,4 +1,4 @@
-"""How the Writer schedules its work on threads: jobs per tensor, the kept pool, plane buffers."""
+"""How the Writer schedules its work on threads: jobs per tensor, the sketch pass, plane buffers."""
 import os
 import threading
 
@@ -63,25 +63,6 @@ def test_one_chunk_tensors_do_not_make_the_calling_thread_wait(tmp_path):
         adder.join()
     w.close()
     assert len(inshrink.load(tmp_path / "x.ink")) == 8
-
-
-def test_saves_reuse_the_pool_threads(tmp_path):
-    raw = np.ones(300_000, np.float32).view(np.uint8)
-    used = []  # the threads that read each save's chunks
-
-    def save(path):
-        readers = set()
-
-        def read(start, stop):
-            readers.add(threading.current_thread())
-            return raw[start:stop]
-        with inshrink.Writer(path, threads=2, chunk_bytes=64 << 10) as w:
-            w.add_source("w", F32, (300_000,), read)
-        used.append(readers)
-    save(tmp_path / "a.ink")
-    save(tmp_path / "b.ink")
-    assert used[0] and used[1] <= used[0]  # no new thread (were two per save)
-    assert all(t.name.startswith("inshrink") for t in used[1])
 
 
 def test_a_save_from_inside_a_pool_thread_does_not_wait_for_itself(tmp_path):
