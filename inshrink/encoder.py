@@ -272,6 +272,16 @@ def prepare(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
     else:
         for _, _, _, x in _chunks(entry, read):
             sketch.add(x)
+    try:
+        return _fit(entry, read, role, config, sketch, force, entropy)
+    finally:  # complete: its counts serve the next tensor's sketch on this thread
+        sketch.release()
+
+
+def _fit(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
+         sketch: quantize.Sketch, force: np.ndarray | None,
+         entropy: Entropy | None) -> LossyTensor | None:
+    """:func:`prepare`'s fit of a tensor's quantizer from its sketch."""
     by_sensitivity = config.prune_metric == "sensitivity"
     bound = config.max_rel_l2
     for bins in (quantize.bin_candidates(config.bins) if bound else [config.bins]):

@@ -516,3 +516,24 @@ def test_bucket_centers_from_the_table_are_computed_ones(name, bins):
     assert index.size >= 5
     np.testing.assert_array_equal(sketch.buckets.centers,
                                   quantize._bucket_centers(sketch.work, sketch.shift, index))
+
+
+def test_a_released_sketch_gives_its_zeroed_counts_to_the_next_one():
+    from inshrink.codecs import quantize
+    from inshrink.dtypes import BY_NAME
+    rng = np.random.default_rng(2)
+    first = quantize.Sketch.for_dtype(BY_NAME["F32"], 0.005, 16)
+    first.add(rng.standard_normal(5000).astype(np.float32) * np.float32(1e3))
+    counts = first.counts
+    first.release()
+    x = rng.standard_normal(3000).astype(np.float32) * np.float32(1e-5)
+    second = quantize.Sketch.for_dtype(BY_NAME["F32"], 0.005, 16)
+    assert second.counts is counts
+    second.add(x)
+    fresh = quantize.Sketch(second.work, second.shift, np.zeros_like(counts), np.zeros(3),
+                            np.array([counts.shape[1], -1]))
+    fresh.add(x)
+    np.testing.assert_array_equal(second.counts, fresh.counts)
+    np.testing.assert_array_equal(second.span, fresh.span)
+    # a sketch of another size does not take them
+    assert quantize.Sketch.for_dtype(BY_NAME["F32"], 0.005, 64).counts.shape != counts.shape
