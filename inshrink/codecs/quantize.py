@@ -86,11 +86,13 @@ class Sketch:
 
     def release(self) -> None:
         """Zero the buckets this sketch counted and keep its counts for the next sketch of
-        their size made on this thread (a new table is 0.5-2 MB to zero, per tensor). The
-        sketch must not be used afterwards."""
-        first, stop = self.occupied
-        self.counts[:, first:stop] = 0
-        _spare_counts()[self.counts.shape[1]] = self.counts
+        their size made on this thread (a new table is 0.5-4 MB to zero, per tensor; larger
+        ones, of float64 tensors with many bins, are not kept). The sketch must not be used
+        afterwards."""
+        if self.counts.shape[1] <= _CENTER_TABLE_MAX:
+            first, stop = self.occupied
+            self.counts[:, first:stop] = 0
+            _spare_counts()[self.counts.shape[1]] = self.counts
         self.counts = None  # any later use fails loudly
 
     @staticmethod
