@@ -184,7 +184,8 @@ class Writer:
     Each tensor is cut into chunks that are encoded (on ``threads`` threads) and written at
     once, so memory stays near a few chunks whatever the checkpoint size. A quantized tensor's
     sketch and fit run on those threads too, beside other tensors' (up to ``threads + 1``
-    tensors are prepared at once); chunks are written in the order tensors were added, so the
+    tensors of several chunks are prepared at once); chunks are written in the order tensors
+    were added, so the
     file does not depend on the thread count. Nothing appears at
     ``path`` until :meth:`close` succeeds; leaving a ``with`` block by an exception discards
     the new file and keeps any previous one.
@@ -451,11 +452,15 @@ class Writer:
             return counts, span
 
         def helper() -> tuple[np.ndarray, np.ndarray]:
-            return run(np.zeros_like(sketch.counts), np.array([sketch.counts.shape[1], -1]))
+            return run(np.zeros_like(sketch.counts),
+                       np.array([sketch.counts.shape[1], -1], np.int64))  # as for_dtype's
         helpers = [self._pool.submit(helper) for _ in range(min(self._threads, n) - 1)]
         try:
             run(sketch.counts, sketch.span)
-        finally:  # (a cancelled job counts as done only once a thread dequeues it)
+        finally:
+            for _ in chunks:  # after a failure, the helpers stop at their current chunk
+                pass
+            # (a cancelled job counts as done only once a thread dequeues it: not waited for)
             helpers = [future for future in helpers if not future.cancel()]
             concurrent.futures.wait(helpers)
         for future in helpers:
@@ -540,8 +545,7 @@ class Writer:
                    read: Callable[[int, int], Any], c: int) -> int:
         """Encode chunk ``c`` of tensor ``number``, then write every encoded chunk whose
         predecessors are written, unless another thread is doing so (runs on a pool thread:
-        the records go out in order while the calling thread only waits, and each payload is
-        most often written by the thread that made it, from its cache). Returns the chunk's
+        the records go out in order while the calling thread only waits). Returns the chunk's
         size in bytes."""
         try:
             start, size, *rest = self._encode(entry, encoder, read, c)
