@@ -389,8 +389,11 @@ def _thresholds(sketch: Sketch, prune: float, protect: float) -> tuple[int, int,
 
 @functools.lru_cache(maxsize=64)
 def _uniforms(seed: int, k: int) -> np.ndarray:
-    """The k-means++ draws of a seed (a new generator costs more than a small tensor's fit)."""
-    return np.random.default_rng(seed).random(k)
+    """The k-means++ draws of a seed (a new generator costs more than a small tensor's fit);
+    read-only, shared by every fit with that seed and bin count."""
+    uniforms = np.random.default_rng(seed).random(k)
+    uniforms.flags.writeable = False
+    return uniforms
 
 
 def _unique(values: np.ndarray) -> np.ndarray:
