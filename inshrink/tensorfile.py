@@ -520,7 +520,8 @@ class Writer:
                                        f"{raw.size} bytes instead of {last - first}")
         with planes_from(self._planes) as taken:
             planes, extra = encoder(raw, start, stop)
-        return start, raw.size, [(coding, payload, size, layout.crc32(payload))
+        crc32 = layout.crc32
+        return start, raw.size, [(coding, payload, size, crc32(payload))
                                  for coding, payload, size in planes], extra, taken
 
     def _tensor_job(self, number: int, args: tuple, options: dict) -> int | None:
@@ -590,9 +591,10 @@ class Writer:
 
     def _write(self, entry: TensorEntry, start: int, planes: list[tuple], extra,
                taken: list[np.ndarray]) -> None:
-        for stream, (coding, payload, plane_size, crc) in zip(entry.streams, planes):
-            stream.append(self._container.write_chunk(coding, payload, plane_size, crc))
-        self._planes.give(taken)  # written: a raw payload was a view of one of them
+        for stream, chunk in zip(entry.streams, self._container.write_chunks(planes)):
+            stream.append(chunk)
+        if taken:  # written: a raw payload was a view of one of them
+            self._planes.give(taken)
         if extra is not None:  # a lossy chunk: its error stats and (quantized) codes
             stats, codes = extra
             self._tensors[entry.name].stats.merge(stats)

@@ -75,12 +75,12 @@ def test_bad_importance_fails_in_add_with_threads(tmp_path):
 
 def test_records_are_written_by_the_pool_threads_in_order(tmp_path, monkeypatch):
     from inshrink.container.writer import ContainerWriter
-    writers, original = set(), ContainerWriter.write_chunk
+    writers, original = set(), ContainerWriter.write_chunks
 
-    def write_chunk(self, *args, **kwargs):
+    def write_chunks(self, *args, **kwargs):
         writers.add(threading.current_thread().name)
         return original(self, *args, **kwargs)
-    monkeypatch.setattr(ContainerWriter, "write_chunk", write_chunk)
+    monkeypatch.setattr(ContainerWriter, "write_chunks", write_chunks)
     data = {"w": (np.random.default_rng(5).standard_normal(200_000) * 0.02).astype(np.float32),
             **tensors(3)}
     sizes = []

@@ -10,6 +10,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import zstandard
 
 from ..errors import CorruptError, InvalidArgumentError, UnknownCodecError
@@ -30,14 +31,19 @@ _local = threading.local()
 
 
 def _compressor(level: int | None) -> zstandard.ZstdCompressor:
-    cache = _local.__dict__.setdefault("compressors", {})
-    if level not in cache:
-        if level is None:
-            params = zstandard.ZstdCompressionParameters(**_FAST_PARAMS, write_content_size=True)
-            cache[level] = zstandard.ZstdCompressor(compression_params=params)
-        else:
-            cache[level] = zstandard.ZstdCompressor(level=level, write_content_size=True)
-    return cache[level]
+    try:  # every stream of a save asks: the common case is one dict lookup
+        return _local.compressors[level]
+    except AttributeError:
+        _local.compressors = {}
+    except KeyError:
+        pass
+    if level is None:
+        params = zstandard.ZstdCompressionParameters(**_FAST_PARAMS, write_content_size=True)
+        compressor = zstandard.ZstdCompressor(compression_params=params)
+    else:
+        compressor = zstandard.ZstdCompressor(level=level, write_content_size=True)
+    _local.compressors[level] = compressor
+    return compressor
 
 
 def _decompressor() -> zstandard.ZstdDecompressor:
@@ -70,15 +76,22 @@ def encode(data, level: int | None = None):
 
     Returns ``(coding, payload)``; a raw payload is ``data`` itself, not a copy.
     """
-    view = memoryview(data).cast("B")
+    return _encode(data, level)[:2]
+
+
+def _encode(data, level: int | None) -> tuple[str, Any, int]:
+    """:func:`encode`'s result and ``data``'s size in bytes (one call per stream of a save,
+    so the size comes from the array itself when it is one: no memoryview made for it)."""
+    nbytes = data.nbytes if type(data) is np.ndarray else memoryview(data).nbytes
     compressor = _compressor(level)
-    if (level is None and view.nbytes >= PROBE_MIN_BYTES
-            and len(compressor.compress(view[:PROBE_BYTES])) >= PROBE_BYTES):
-        return RAW, data
+    if (level is None and nbytes >= PROBE_MIN_BYTES
+            and len(compressor.compress(memoryview(data).cast("B")[:PROBE_BYTES]))
+            >= PROBE_BYTES):
+        return RAW, data, nbytes
     packed = compressor.compress(data)
-    if len(packed) < view.nbytes:
-        return ZSTD, packed
-    return RAW, data
+    if len(packed) < nbytes:
+        return ZSTD, packed, nbytes
+    return RAW, data, nbytes
 
 
 @dataclass(frozen=True)
@@ -95,8 +108,7 @@ class Entropy:
 
     def encode(self, data) -> tuple[str, Any, int]:
         """``(coding, payload, decoded size)`` of one stream chunk (see :func:`encode`)."""
-        coding, payload = encode(data, self.level)
-        return coding, payload, memoryview(data).nbytes
+        return _encode(data, self.level)
 
     @staticmethod
     def decode(coding: str, payload, size: int) -> bytes:
