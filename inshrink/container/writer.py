@@ -14,9 +14,10 @@ from . import layout
 from .index import Chunk, Index, TensorEntry, check_base, pack_index
 
 _ZEROS = bytes(layout.ALIGNMENT)  # padding before a record
-# Payloads of at least this many bytes are written on their own by write_chunks, smaller ones
-# copied into one write with their neighbours' headers (a copy costs less than a call there)
+# write_chunks writes payloads of at least _DIRECT_BYTES from where they are; smaller records
+# are copied together and written once they fill _GATHER_BYTES (a copy costs less than a call)
 _DIRECT_BYTES = 64 << 10
+_GATHER_BYTES = 1 << 20
 
 
 class ContainerWriter:
@@ -32,10 +33,19 @@ class ContainerWriter:
         self._target = AtomicFile(path)
         self._file = self._target.file
         self._offset = 0
+        # small records gathered by write_chunks, written once they fill _GATHER_BYTES
+        self._gathered = bytearray()
         self.tensors: list[TensorEntry] = []
         self._write(layout.pack_header())
 
+    def _flush_gathered(self) -> None:
+        """Write the records :meth:`write_chunks` gathered (before anything else is)."""
+        if self._gathered:
+            self._file.write(self._gathered)
+            del self._gathered[:]
+
     def _write(self, data) -> None:
+        self._flush_gathered()
         self._file.write(data)
         self._offset += len(memoryview(data))
 
@@ -44,6 +54,7 @@ class ContainerWriter:
         length = len(memoryview(payload))
         if crc is None:
             crc = layout.crc32(payload)
+        self._flush_gathered()
         pad = -self._offset % layout.ALIGNMENT
         offset = self._offset + pad
         # padding and header in one write: two calls per record instead of three
@@ -61,10 +72,11 @@ class ContainerWriter:
     def write_chunks(self, records) -> list[Chunk]:
         """Append one chunk record per ``(coding, payload, decoded size, payload CRC-32)``, in
         order; return their index entries. The same bytes as :meth:`write_chunk` on each, in
-        fewer writes: the padding, headers and small payloads of consecutive records go out
-        together (most records of a checkpoint of small tensors are a few KiB)."""
+        far fewer writes: the padding, headers and small payloads of records are gathered in
+        memory (at most ``_GATHER_BYTES``) and written together; most records of a checkpoint
+        of small tensors are a few KiB, and each write is a system call."""
         entries = []
-        parts: list = []
+        gathered = self._gathered
         offset = self._offset
         for coding, payload, size, crc in records:
             length = len(payload)
@@ -72,17 +84,16 @@ class ContainerWriter:
             offset += pad
             entries.append(Chunk(offset, length, crc, size, coding))
             if pad:
-                parts.append(_ZEROS[:pad])
-            parts.append(layout.record_header(layout.KIND_CHUNK, length, crc))
+                gathered += _ZEROS[:pad]
+            gathered += layout.record_header(layout.KIND_CHUNK, length, crc)
             if length >= _DIRECT_BYTES:  # not copied: written from where it is
-                self._file.write(b"".join(parts))
+                self._flush_gathered()
                 self._file.write(payload)
-                parts = []
-            else:
-                parts.append(payload)
+            else:  # an array's own + would add numbers: its bytes, through a memoryview
+                gathered += payload if type(payload) is bytes else memoryview(payload)
             offset += layout.RECORD_HEADER_SIZE + length
-        if parts:
-            self._file.write(b"".join(parts))
+        if len(gathered) >= _GATHER_BYTES:
+            self._flush_gathered()
         self._offset = offset
         return entries
 
