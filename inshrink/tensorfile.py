@@ -33,6 +33,13 @@ from .errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgu
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 
+# One-chunk tensors go to the encoder threads in batches of at most this many tensors or
+# bytes: each pool job costs a few thread wake-ups and GIL hand-offs, more than the work of a
+# tensor of a few KiB, while a batch of 256 KiB still leaves every thread a share of a
+# checkpoint's small tensors.
+_BATCH_TENSORS = 16
+_BATCH_BYTES = 256 << 10
+
 Progress = Callable[[int], None]
 """Called with the number of tensor bytes just processed."""
 
@@ -296,6 +303,10 @@ class Writer:
         self._window_bytes = 2 * self._threads * chunk_bytes
         self._window_jobs = 32 * self._threads
         self._pending_bytes = 0
+        # one-chunk tensors added but not submitted yet: (number, args, options) each; they go
+        # to the pool together (one job), up to _BATCH_TENSORS or _BATCH_BYTES
+        self._batch: list[tuple] = []
+        self._batch_bytes = 0
         self._failed: BaseException | None = None
         self._closed = False
 
@@ -350,18 +361,23 @@ class Writer:
         if self._pool is None:
             self._start(entry, read, encoder.for_tensor(*args, **options))
             return
+        if entry.chunk_count > 1:
+            # every tensor before this one is submitted: its chunks can then always be
+            # written once encoded (none waits in memory for an earlier tensor not submitted)
+            self._submit_batch()
         number, self._added = self._added, self._added + 1
         self._tensors[name] = None  # until it is prepared
         self._container.tensors.append(entry)
         if entry.chunk_count <= 1:
-            # one job prepares, encodes and writes the whole tensor: the calling thread does
-            # not wait for it to be prepared (most tensors of a checkpoint are one chunk)
+            # one job prepares, encodes and writes the whole tensor, and the next one-chunk
+            # tensors too (most tensors of a checkpoint): the calling thread does not wait for
+            # them to be prepared, and a thread hand-off costs more than a small tensor's work
             if config is None and ByteGroup.for_dtype(dtype).word > 1:  # lossless, planes
                 self._planes.reserve(entry.nbytes)
-            self._make_room()
-            future = self._pool.submit(self._tensor_job, number, args, options)
-            self._pending.append((future, entry.nbytes, number, entry))
-            self._pending_bytes += entry.nbytes
+            self._batch.append((number, args, options))
+            self._batch_bytes += entry.nbytes
+            if len(self._batch) >= _BATCH_TENSORS or self._batch_bytes >= _BATCH_BYTES:
+                self._submit_batch()
             return
         # the sketch and fit run on the pool too, beside other tensors' (chunks wait for them)
         self._preparing.append((number, entry, read, self._pool.submit(
@@ -369,6 +385,32 @@ class Writer:
         while self._preparing and (self._preparing[0][3].done()
                                    or len(self._preparing) > self._threads):
             self._start_oldest()
+
+    def _submit_batch(self) -> None:
+        """Submit the one-chunk tensors added since the last batch as one pool job."""
+        if not self._batch:
+            return
+        self._make_room()  # may raise (a tensor being prepared failed): the batch stays
+        batch, nbytes = self._batch, self._batch_bytes
+        self._batch, self._batch_bytes = [], 0
+        future = self._pool.submit(self._batch_job, batch)
+        self._pending.append((future, nbytes, batch[0][0], [job[1][0] for job in batch]))
+        self._pending_bytes += nbytes
+
+    def _batch_job(self, batch: list[tuple]) -> tuple[list, BaseException | None]:
+        """Prepare, encode and write one-chunk tensors in turn (runs on a pool thread; see
+        :meth:`_tensor_job`). Returns the size of each tensor done (None: no chunk) and the
+        first error; after a chunk failed to encode the file cannot be finished, and the
+        rest of the batch is skipped."""
+        sizes, error = [], None
+        for number, args, options in batch:
+            if self._failed is not None:
+                break
+            try:
+                sizes.append(self._tensor_job(number, args, options))
+            except BaseException as exc:
+                error = error or exc
+        return sizes, error
 
     def _start_oldest(self) -> None:
         """Wait for the oldest tensor being prepared and submit its chunks."""
@@ -486,6 +528,7 @@ class Writer:
 
     def _drain(self) -> None:
         """Encode and write everything added so far."""
+        self._submit_batch()
         while self._preparing or self._pending:
             if self._preparing and (not self._pending
                                     or self._preparing[0][0] < self._pending[0][2]):
@@ -497,17 +540,24 @@ class Writer:
                                        f"({self._failed})") from self._failed
 
     def _wait_oldest(self) -> None:
-        future, nbytes, number, entry = self._pending.popleft()
+        future, nbytes, number, entries = self._pending.popleft()
         self._pending_bytes -= nbytes
-        try:
+        if entries is None:  # one chunk of a larger tensor
             size = future.result()
-        except BaseException:
-            if entry is not None and self._tensors.get(entry.name) is None:
-                self._container.tensors.remove(entry)  # it failed before it was prepared
-                del self._tensors[entry.name]
-            raise
-        if self._progress is not None and size is not None:
-            self._progress(size)
+            if self._progress is not None:
+                self._progress(size)
+            return
+        sizes, error = future.result()  # a batch of one-chunk tensors
+        if self._progress is not None:
+            for size in sizes:
+                if size is not None:
+                    self._progress(size)
+        if error is not None:
+            for entry in entries:
+                if self._tensors.get(entry.name) is None:  # it failed before it was prepared
+                    self._container.tensors.remove(entry)
+                    del self._tensors[entry.name]
+            raise error
 
     def _encode(self, entry: TensorEntry, encoder: Callable, read: Callable[[int, int], Any],
                 c: int) -> tuple:
@@ -643,6 +693,7 @@ class Writer:
         running = [future for future in jobs if not future.cancel()]
         self._pending.clear()
         self._preparing.clear()
+        self._batch.clear()  # never submitted
         self._failed = self._failed or InvalidArgumentError("the file was discarded")
         concurrent.futures.wait(running)  # nothing writes into the file any more
         self._shutdown()

@@ -107,6 +107,20 @@ def test_a_forked_child_saves_with_threads(tmp_path):
     assert (tmp_path / "c.ink").read_bytes() == (tmp_path / "a.ink").read_bytes()
 
 
+def test_plane_pool_promises_count_the_buffers_of_their_own_size():
+    from inshrink.codecs import lossless
+    pool = lossless.PlanePool(keep_bytes=1 << 20, min_bytes=1024)
+    for _ in range(2):  # the second round finds the first round's buffers, allocates none
+        pool.reserve(4096)
+        pool.reserve(3000)  # the free 4096-byte buffer is promised: not counted for 3000
+        free = {id(buf) for buf in pool._free}
+        small, large = pool.take(3000), pool.take(4096)  # each its own size, none new
+        assert {id(small.base), id(large.base)} == free
+        assert (small.size, large.size) == (3000, 4096)
+        pool.give([small, large])
+        assert pool.free_bytes == 7096
+
+
 def test_a_second_save_of_tensors_of_several_sizes_allocates_no_plane_buffer(
         tmp_path, monkeypatch):
     import types
@@ -121,13 +135,16 @@ def test_a_second_save_of_tensors_of_several_sizes_allocates_no_plane_buffer(
         return np.empty(shape, dtype)
     monkeypatch.setattr(lossless, "np", types.SimpleNamespace(**{**vars(np), "empty": empty}))
     rng = np.random.default_rng(2)
-    # one-chunk tensors of three sizes, interleaved: a promise of one size used to count the
-    # free buffers of another, and a smaller request could take a larger promised buffer
+    # one-chunk tensors of three sizes, interleaved; each waited for, so that both saves have
+    # the same buffers in use at once whatever the threads' timing (with tensors in flight
+    # together, the first save may happen to need fewer at once than the second)
     tensors = {f"{i}.{n}": rng.standard_normal(n).astype(np.float32)
-               for i in range(6) for n in (147_456, 36_864, 110_592)}
-    inshrink.save(tmp_path / "a.ink", tensors, threads=2)
-    allocated.clear()
-    inshrink.save(tmp_path / "b.ink", tensors, threads=2)
+               for i in range(3) for n in (147_456, 36_864, 110_592)}
+    for name in ("a.ink", "b.ink"):
+        allocated.clear()
+        with inshrink.Writer(tmp_path / name, threads=2) as w:
+            for key, x in tensors.items():
+                w.add(key, x)
     assert allocated == []
     assert (tmp_path / "a.ink").read_bytes() == (tmp_path / "b.ink").read_bytes()
 
@@ -158,3 +175,21 @@ def test_the_sketch_pass_of_a_many_chunk_tensor_runs_on_several_threads(tmp_path
         if threads == 2:
             assert len(sketchers) == 2 and all(n.startswith("inshrink") for n in sketchers)
     assert written[0] == written[1]
+
+
+def test_a_small_tensor_that_fails_to_be_prepared_leaves_the_others_of_its_batch(tmp_path):
+    rng = np.random.default_rng(4)
+    good = {f"t{i}": rng.standard_normal(300 + i).astype(np.float32) for i in range(6)}
+    with inshrink.Writer(tmp_path / "x.ink", threads=2) as w:
+        for name in ("t0", "t1", "t2"):
+            w.add(name, good[name], wait=False)
+        # a source that does not return a buffer fails in the tensor's preparation
+        w.add_source("bad", F32, (10,), lambda start, stop: "not a buffer")
+        w.add("t3", good["t3"], wait=False)
+        with pytest.raises(inshrink.errors.InvalidArgumentError, match="bad"):
+            w.add("t4", good["t4"])  # waits for everything added so far
+        w.add("t5", good["t5"], wait=False)
+    with inshrink.File(tmp_path / "x.ink") as f:
+        assert f.keys() == list(good)
+        for name, x in good.items():
+            np.testing.assert_array_equal(f[name], x)
