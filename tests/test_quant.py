@@ -537,3 +537,45 @@ def test_a_released_sketch_gives_its_zeroed_counts_to_the_next_one():
     np.testing.assert_array_equal(second.span, fresh.span)
     # a sketch of another size does not take them
     assert quantize.Sketch.for_dtype(BY_NAME["F32"], 0.005, 64).counts.shape != counts.shape
+
+
+@given(values=hnp.arrays(np.float32, st.integers(0, 400),
+                         elements=st.floats(-1e6, 1e6, width=32) | st.sampled_from(
+                             [0.0, -0.0, np.inf, np.nan, 1e-30, -2.5, 3e38])),
+       bins=st.sampled_from([0, 1, 2, 3, 16, 64, 1024]),
+       domain=st.sampled_from([None, "log", "signed_log", "linear"]),
+       prune=st.sampled_from([0.0, 0.1, 0.5]), protect=st.sampled_from([0.0, 0.0005, 0.2]),
+       dtype=st.sampled_from(["F32", "BF16"]), zero_level=st.booleans())
+def test_the_fit_kernel_gives_the_levels_of_the_numpy_fit(values, bins, domain, prune, protect,
+                                                          dtype, zero_level):
+    from inshrink.codecs import quantize
+    from inshrink.dtypes import BY_NAME
+    sketch = quantize.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, max(bins, 1))
+    sketch.add(np.ascontiguousarray(values))
+    args = dict(bins=bins, domain=domain, prune=prune, protect=protect, seed=7,
+                zero_level=zero_level)
+    got = quantize.fit(sketch, BY_NAME[dtype], **args)
+    want = quantize._fit_reference(sketch, BY_NAME[dtype], **args)
+    assert got.stage.levels.tobytes() == want.stage.levels.tobytes()
+    assert got.boundaries.tobytes() == want.boundaries.tobytes()
+    assert (got.protect_at, got.prune_below) == (want.protect_at, want.prune_below)
+
+
+def test_chunks_quantized_on_one_thread_keep_their_own_escapes():
+    # the kernel's position and scratch arrays are reused per thread: what a chunk returns
+    # must not change when the next chunk is quantized
+    from inshrink.codecs import quantize
+    from inshrink.dtypes import BY_NAME
+    rng = np.random.default_rng(3)
+    a, b = (rng.standard_normal(5000).astype(np.float32) for _ in range(2))
+    sketch = quantize.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
+    sketch.add(a)
+    encoder = quantize.fit(sketch, BY_NAME["F32"], bins=16, domain="linear", protect=0.01)
+    first, _ = encoder.quantize(a.view(np.uint8))
+    kept = first.positions.copy(), first.codes.copy()
+    second, _ = encoder.quantize(b.view(np.uint8))
+    assert first.positions.size and second.positions.size
+    np.testing.assert_array_equal(first.positions, kept[0])
+    np.testing.assert_array_equal(first.codes, kept[1])
+    again, _ = encoder.quantize(a.view(np.uint8))
+    np.testing.assert_array_equal(again.positions, kept[0])

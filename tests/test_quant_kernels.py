@@ -135,6 +135,97 @@ def test_sketch_buckets_bound_the_relative_error():
 
 
 # ---------------------------------------------------------------------------------------------
+# fit_points: thresholds and k-means input of a sketch's counts
+
+def fit_points_oracle(counts, first, stop, zeros, prune, protect, linear, table):
+    """(lo, hi, points, weights, elements_neg, elements_pos) in numpy, over every bucket:
+    the linear points ascending, or the log points as (negative group, positive group)."""
+    size = counts.shape[1]
+    both = counts[0] + counts[1]
+    finite = int(both.sum()) + zeros
+    cumulative = np.cumsum(both)
+    lo = -1
+    target = prune * finite - zeros
+    if prune > 0 and target > 0:
+        lo = int(np.searchsorted(cumulative, target, side="left"))
+    hi = size - 1
+    target = protect * finite
+    if protect > 0 and target > 0:
+        from_top = cumulative[-1] - cumulative + both
+        hi = int(np.flatnonzero((from_top >= target) & (both > 0))[-1:].sum())
+    inside = np.arange(size)
+    inside = (inside > lo) & (inside < hi)
+    pos = np.flatnonzero(inside & (counts[0] > 0))
+    neg = np.flatnonzero(inside & (counts[1] > 0))
+    elements = (int(counts[1][neg].sum()), int(counts[0][pos].sum()))
+    if linear:
+        points = np.concatenate([-table[neg][::-1], table[pos]])
+        weights = np.concatenate([counts[1][neg][::-1], counts[0][pos]]).astype(np.float64)
+        return (lo, hi, points, weights) + elements
+    return (lo, hi, (table[neg], table[pos]),
+            (counts[1][neg].astype(np.float64), counts[0][pos].astype(np.float64))) + elements
+
+
+@st.composite
+def bucket_counts(draw):
+    size = draw(st.integers(2, 40))
+    counts = np.zeros((2, size), np.int64)
+    for row in range(2):
+        for i in draw(st.lists(st.integers(0, size - 2), max_size=12)):
+            counts[row, i] += draw(st.integers(1, 50))
+    occupied = np.flatnonzero(counts.any(axis=0))
+    first, stop = (int(occupied[0]), int(occupied[-1]) + 1) if occupied.size else (0, 0)
+    return counts, first, stop, draw(st.integers(0, 30))
+
+
+@given(bc=bucket_counts(), prune=st.sampled_from([0.0, 0.05, 0.3, 0.9, 1.0]),
+       protect=st.sampled_from([0.0, 0.0005, 0.1, 0.6, 1.0]), linear=st.booleans())
+def test_fit_points_matches_oracle(bc, prune, protect, linear):
+    counts, first, stop, zeros = bc
+    size = counts.shape[1]
+    table = np.arange(size, dtype=np.float64) * 0.5 + 0.25
+    half = stop - first
+    points = np.full(2 * half, np.nan)  # garbage outside what the kernel writes
+    weights = np.full(2 * half, np.nan)
+    lo, hi, n_neg, n_pos, e_neg, e_pos = quant.fit_points(counts, first, stop, zeros, prune,
+                                                          protect, linear, table, points,
+                                                          weights)
+    want = fit_points_oracle(counts, first, stop, zeros, prune, protect, linear, table)
+    assert (lo, hi, e_neg, e_pos) == (want[0], want[1], want[4], want[5])
+    if linear:
+        np.testing.assert_array_equal(points[half - n_neg:half + n_pos], want[2])
+        np.testing.assert_array_equal(weights[half - n_neg:half + n_pos], want[3])
+    else:
+        np.testing.assert_array_equal(points[:n_neg], want[2][0])
+        np.testing.assert_array_equal(points[half:half + n_pos], want[2][1])
+        np.testing.assert_array_equal(weights[:n_neg], want[3][0])
+        np.testing.assert_array_equal(weights[half:half + n_pos], want[3][1])
+
+
+def test_fit_points_thresholds_at_the_edges():
+    counts = np.zeros((2, 8), np.int64)
+    counts[0, 2], counts[1, 4], counts[0, 5] = 10, 5, 5
+    table = np.arange(8, dtype=np.float64) + 1.0
+    points, weights = np.empty(8), np.empty(8)
+    # nothing pruned or protected: every bucket, the negative one negated before the others
+    assert quant.fit_points(counts, 2, 6, 0, 0.0, 0.0, True, table, points,
+                            weights) == (-1, 7, 1, 2, 5, 15)
+    np.testing.assert_array_equal(points[3:6], [-5.0, 3.0, 6.0])
+    # half the elements pruned: the first bucket; a quarter protected: the top bucket
+    assert quant.fit_points(counts, 2, 6, 0, 0.5, 0.25, False, table, points,
+                            weights)[:2] == (2, 5)
+    # zeros count towards the prune target and are taken off it
+    assert quant.fit_points(counts, 2, 6, 20, 0.5, 0.0, False, table, points,
+                            weights)[0] == -1
+    # pruned up to the last bucket; a protect target above every count: hi at 0
+    assert quant.fit_points(counts, 2, 6, 100, 0.99, 1.0, False, table, points,
+                            weights)[:2] == (5, 0)
+    # an empty sketch
+    assert quant.fit_points(np.zeros((2, 8), np.int64), 0, 0, 3, 0.5, 0.5, True, table,
+                            points, weights) == (-1, 0, 0, 0, 0, 0)
+
+
+# ---------------------------------------------------------------------------------------------
 # kmeans_1d: seeding (uniforms given, no iteration)
 
 def oracle_seed(points, weights, k, uniforms):
@@ -166,10 +257,17 @@ def weighted_points(draw, min_size=1, max_size=60):
     return points, weights
 
 
+def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol):
+    """The kernel with scratch of the least length it allows, full of garbage it must not
+    read."""
+    scratch = np.full(points.size + 2 * centroids.size, np.nan)
+    return quant.kmeans_1d(points, weights, uniforms, centroids, max_iter, tol, scratch)
+
+
 def run_seed(points, weights, k, uniforms):
     """The seeds, sorted (the kernel sorts its draws)."""
     out = np.full(k, np.nan)
-    chosen, iterations = quant.kmeans_1d(points, weights, uniforms[:k], out, 0, 0.0)
+    chosen, iterations = kmeans_1d(points, weights, uniforms[:k], out, 0, 0.0)
     assert 1 <= chosen <= k and iterations == 0
     assert np.isnan(out[chosen:]).all()
     return out[:chosen]
@@ -255,7 +353,7 @@ def seeded_centroids(points, weights, k, seed):
 
 def lloyd(points, weights, centroids, max_iter, tol):
     """Lloyd iterations from ``centroids`` (no seeding); the number run."""
-    count, iterations = quant.kmeans_1d(points, weights, np.empty(0), centroids, max_iter, tol)
+    count, iterations = kmeans_1d(points, weights, np.empty(0), centroids, max_iter, tol)
     assert count == centroids.size
     return iterations
 
@@ -356,7 +454,7 @@ def test_seeding_then_lloyd_in_one_call(pw, k, seed, max_iter):
     expected = start.copy()
     expected_iterations = lloyd(points, weights, expected, max_iter, 1e-6)
     out = np.full(k, np.nan)
-    count, iterations = quant.kmeans_1d(points, weights, uniforms, out, max_iter, 1e-6)
+    count, iterations = kmeans_1d(points, weights, uniforms, out, max_iter, 1e-6)
     assert (count, iterations) == (start.size, expected_iterations)
     np.testing.assert_array_equal(out[:count], expected)
 
@@ -468,9 +566,11 @@ def run_quantize(x, boundaries, table, protect, prune_below, zero_code, escape, 
         if not lut.size:
             quant.rank_chunk(x, padded, codes)
         positions = np.full(x.size, -7, np.int64)
+        others = np.full(x.size, -9, np.int64)  # scratch
         out = np.zeros(7)
         n = quant.quantize_chunk(x, words, padded, lut, probes, table, protect[0], protect[1],
-                                 prune_below, zero_code, escape, force, codes, positions, out)
+                                 prune_below, zero_code, escape, force, codes, positions, others,
+                                 out)
         results.append((codes, positions[:n], out))
     for codes, positions, out in results[1:]:
         np.testing.assert_array_equal(codes, results[0][0])

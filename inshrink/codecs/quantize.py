@@ -164,6 +164,24 @@ def _spare_counts() -> dict[int, np.ndarray]:
     return spare
 
 
+_SCRATCH_KEPT = 1 << 21  # elements: larger scratch arrays are made per call, not kept
+
+
+def _scratch(name: str, dtype: type, n: int) -> np.ndarray:
+    """``n`` elements of this thread's scratch array ``name`` (contents undefined): a chunk's
+    or a fit's temporaries, taken again by the next one on the thread instead of allocated
+    (and page-faulted) per call. Whatever uses it must not keep it, nor call what takes the
+    same name while using it."""
+    if n > _SCRATCH_KEPT:
+        return np.empty(n, dtype)
+    kept = _spare.__dict__.setdefault("scratch", {})
+    array = kept.get(name)
+    if array is None or array.size < n:
+        array = kept[name] = np.empty(min(max(n, 2 * (0 if array is None else array.size)),
+                                          _SCRATCH_KEPT), dtype)
+    return array[:n]
+
+
 def _bucket_centers(work: np.dtype, shift: int, index) -> np.ndarray:
     """:meth:`Sketch.center` of buckets ``index``: the geometric middle of their edges."""
     word = _FLOAT_BITS[work.itemsize][0]
@@ -181,6 +199,15 @@ def _centers(work: np.dtype, shift: int, size: int) -> np.ndarray:
     """The center of every bucket of a sketch (read-only: shared by every fit)."""
     with np.errstate(invalid="ignore", over="ignore"):  # the top buckets: inf, NaN patterns
         table = _bucket_centers(work, shift, np.arange(size))
+    table.flags.writeable = False
+    return table
+
+
+@functools.lru_cache(maxsize=4)
+def _log_centers(work: np.dtype, shift: int, size: int) -> np.ndarray:
+    """The logarithm of every bucket's center (read-only), what a log-domain fit clusters."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        table = np.log(_centers(work, shift, size))
     table.flags.writeable = False
     return table
 
@@ -234,8 +261,9 @@ class QuantEncoder:
         stage = self.stage
         if force is not None and force.shape != x.shape:  # the kernel indexes it by element
             raise InvalidArgumentError(f"{force.size} overrides for a chunk of {x.size}")
-        codes = np.empty(x.size, np.uint16)
-        positions = np.empty(x.size, np.int64)
+        codes = np.empty(x.size, np.uint16)  # the caller keeps them: not scratch
+        scratch = _scratch("positions", np.int64, 2 * x.size)
+        positions, others = scratch[:x.size], scratch[x.size:]
         out = np.zeros(7, np.float64)
         lut, probes = _NO_TABLE
         if x.dtype == np.float32 and x.size >= _RANK_TABLE_MIN:
@@ -250,7 +278,7 @@ class QuantEncoder:
                                          -self.protect_at, self.protect_at, self.prune_below,
                                          stage.zero_code, stage.escape,
                                          _NO_FORCE if force is None else force, codes, positions,
-                                         out)
+                                         others, out)
         return codes, positions[:escaped].copy(), _stats(x.size, out)
 
     def measure(self, x: np.ndarray, force: np.ndarray | None = None) -> "ChunkStats":
@@ -413,7 +441,10 @@ def _kmeans(points: np.ndarray, weights: np.ndarray, k: int, seed: int) -> np.nd
     if points.size <= k:
         return points.copy()
     centroids = np.empty(k, np.float64)
-    m, _ = kernels.kmeans_1d(points, weights, _uniforms(seed, k), centroids, 100, 1e-7)
+    if points.size != weights.size:  # the kernel reads both up to len(points)
+        raise InvalidArgumentError(f"{points.size} points and {weights.size} weights")
+    m, _ = kernels.kmeans_1d(points, weights, _uniforms(seed, k), centroids, 100, 1e-7,
+                             _scratch("kmeans", np.float64, points.size + 2 * k))
     return _unique(centroids[:m])
 
 
@@ -469,6 +500,69 @@ def fit(sketch: Sketch, dtype: DType, *, bins: int, domain: str | None, prune: f
     ``prune`` and ``protect`` fractions, k-means ``sigma`` and ``seed``); ``zero_level``
     forces an exact zero level, for pruning decided outside the sketch.
     """
+    if sketch.pos.size > _CENTER_TABLE_MAX:  # no table of centers: the numpy reference
+        return _fit_reference(sketch, dtype, bins=bins, domain=domain, prune=prune,
+                              protect=protect, sigma=sigma, seed=seed, zero_level=zero_level)
+    size = sketch.pos.size
+    first, stop = sketch.occupied
+    if not (0 <= first <= stop <= size and sketch.counts.shape == (2, size)):
+        raise InvalidArgumentError(f"sketch span {first}..{stop} of {size} buckets")
+    if domain != "linear" and bins == 1:
+        counted = sketch.counts[:, first:stop].any(axis=1)
+        if counted.all():  # one log-domain level keeps one sign only: see _fit_reference
+            domain = "linear"
+    linear = domain == "linear"
+    table = (_centers if linear else _log_centers)(sketch.work, sketch.shift, size)
+    half = stop - first
+    scratch = _scratch("points", np.float64, 4 * half)  # results never point into it
+    points, weights = scratch[:2 * half], scratch[2 * half:]
+    lo, hi, n_neg, n_pos, elements_neg, elements_pos = kernels.fit_points(
+        sketch.counts, first, stop, sketch.zeros, float(prune), float(protect), linear, table,
+        points, weights)
+    prune_below = float(sketch.upper(lo)) if lo >= 0 else 0.0
+    protect_at = float(sketch.lower(hi)) if hi < size - 1 else math.inf
+    if not bins:
+        centroids = np.empty(0)
+    elif linear:
+        points, freq = points[half - n_neg:half + n_pos], weights[half - n_neg:half + n_pos]
+        if points.size:
+            magnitudes = np.abs(points)
+            freq = sigma * freq / freq.max() + (1 - sigma) * magnitudes / magnitudes.max()
+            centroids = _kmeans(points, freq, bins, seed)
+        else:
+            centroids = points.copy()
+    else:  # each sign on its own, log magnitudes
+        k_pos = bins if not elements_neg else 0 if not elements_pos else min(
+            max(1, round(bins * elements_pos / (elements_pos + elements_neg))), max(1, bins - 1))
+        fitted = []
+        for sign, at, count, k in ((1.0, half, n_pos, k_pos), (-1.0, 0, n_neg, bins - k_pos)):
+            if k and count:
+                fitted.append(sign * np.exp(_kmeans(points[at:at + count],
+                                                    weights[at:at + count], k, seed)))
+        centroids = np.sort(np.concatenate(fitted)) if fitted else np.empty(0)
+    return _encoder(sketch, dtype, centroids, bins, domain, prune_below, protect_at,
+                    zero_level)
+
+
+def _encoder(sketch: Sketch, dtype: DType, centroids: np.ndarray, bins: int,
+             domain: str | None, prune_below: float, protect_at: float,
+             zero_level: bool) -> QuantEncoder:
+    """The encoder of fitted centroids: rounded to the dtype, the zero level added."""
+    rounded = centroids.astype(dtype.numpy).astype(np.float64)
+    rounded = rounded[np.isfinite(rounded) & (rounded != 0)]
+    if sketch.zeros or prune_below > 0 or zero_level or not bins:
+        rounded = np.append(rounded, 0.0)
+    values = _unique(rounded)
+    levels = values.astype(dtype.numpy)
+    stage = Quant(dtype, levels, packing_bits(len(levels)))
+    return QuantEncoder(stage, _boundaries(values, domain), protect_at, prune_below)
+
+
+def _fit_reference(sketch: Sketch, dtype: DType, *, bins: int, domain: str | None,
+                   prune: float = 0.0, protect: float = 0.0, sigma: float = 0.2,
+                   seed: int = 0, zero_level: bool = False) -> QuantEncoder:
+    """:func:`fit` in numpy, on the sketch's occupied buckets: the kernel's reference, and
+    the fit of sketches too fine for a table of centers."""
     buckets = sketch.buckets
     positive, negative = buckets.pos.any(), buckets.neg.any()
     if domain == "log" and negative:
@@ -480,14 +574,8 @@ def fit(sketch: Sketch, dtype: DType, *, bins: int, domain: str | None, prune: f
     lo, hi, prune_below, protect_at = _thresholds(sketch, prune, protect)
     centroids = (_fit_centroids(sketch, lo, hi, bins, domain, sigma, seed) if bins
                  else np.empty(0))
-    rounded = centroids.astype(dtype.numpy).astype(np.float64)
-    rounded = rounded[np.isfinite(rounded) & (rounded != 0)]
-    if sketch.zeros or prune_below > 0 or zero_level or not bins:
-        rounded = np.append(rounded, 0.0)
-    values = _unique(rounded)
-    levels = values.astype(dtype.numpy)
-    stage = Quant(dtype, levels, packing_bits(len(levels)))
-    return QuantEncoder(stage, _boundaries(values, domain), protect_at, prune_below)
+    return _encoder(sketch, dtype, centroids, bins, domain, prune_below, protect_at,
+                    zero_level)
 
 
 def bin_candidates(bins: int) -> list[int]:

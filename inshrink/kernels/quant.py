@@ -21,22 +21,29 @@ Callers guarantee, for each kernel:
     +inf, at most 65536 entries; ``codes`` uint16 of ``len(x)``.
 
 ``quantize_chunk(x, words, boundaries, lut, probes, table, protect_lo, protect_hi, prune_below,
-zero_code, escape, force, codes, positions, out)``
+zero_code, escape, force, codes, positions, others, out)``
     As ``assign_codes`` (``prune_below >= 0``) for ``boundaries`` as in ``rank_chunk``;
     ``table`` is float64, sorted ascending, with an entry for every code other than ``escape``
     that the assignment can produce (``len(boundaries)`` entries, or none when
     ``escape == 0`` and there are no boundaries: all escaped); either ``lut`` is uint16 of
     length ``2^(32 - RANK_SHIFT)`` with entries ``<= len(boundaries) - 1``, ``probes >= 0``,
     ``x`` float32 and ``words`` its uint32 view, or ``lut`` is empty and ``codes`` holds what
-    ``rank_chunk`` writes; ``positions`` is int64 of ``len(x)``; ``out`` float64 of length 7,
-    accumulated.
+    ``rank_chunk`` writes; ``positions`` and ``others`` (scratch) are int64 of ``len(x)``;
+    ``out`` float64 of length 7, accumulated.
 
-``kmeans_1d(points, weights, uniforms, centroids, max_iter, tol)``
+``kmeans_1d(points, weights, uniforms, centroids, max_iter, tol, scratch)``
     ``points`` is float64, sorted ascending and finite; ``weights`` is float64 of the same
     length, finite and ``>= 0``; ``max_iter >= 0``; either ``uniforms`` is float64 of length
     ``k >= 1`` with values in ``[0, 1)``, ``len(points) >= 1`` and ``centroids`` float64 of
     length ``>= k``, or ``uniforms`` is empty and ``centroids`` is float64 of length ``>= 1``,
-    sorted ascending and distinct.
+    sorted ascending and distinct; ``scratch`` is float64 of length
+    ``>= len(points) + 2 * len(centroids)`` (its contents are overwritten).
+
+``fit_points(counts, first, stop, zeros, prune, protect, linear, table, points, weights)``
+    ``counts`` is int64 of shape ``(2, m)``; ``0 <= first <= stop <= m``, every non-zero count
+    in columns ``[first, stop)``; ``table`` is float64 of length ``m`` (each bucket's center
+    in the linear domain, its logarithm otherwise); ``linear`` is a bool; ``points`` and
+    ``weights`` are float64 of length ``>= 2 * (stop - first)``.
 
 ``assign_codes(x, boundaries, protect_lo, protect_hi, prune_lo, prune_hi, zero_code, escape,
 force, codes)``
@@ -167,8 +174,8 @@ def error_stats(x, codes, table, escape, prune_below, out):
 
 @kernel(signatures=["UniTuple(int64, 2)(Array(float64, 1, 'C', readonly=True), "
                      "Array(float64, 1, 'C', readonly=True), Array(float64, 1, 'C', readonly=True), "
-                     "float64[::1], int64, float64)"])
-def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol):
+                     "float64[::1], int64, float64, float64[::1])"])
+def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol, scratch):
     """Weighted k-means in one dimension: k-means++ seeding (when ``uniforms`` is not empty),
     then Lloyd iterations on sorted points, in ``centroids`` (one kernel, not two: a first
     save in a fresh environment compiles each kernel it calls, a tenth of a second at least).
@@ -204,7 +211,7 @@ def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol):
             total = float(n)
         # the mass of point j is its weight for the first draw, then its weight times its
         # squared distance to the nearest centroid drawn; total is their sum
-        nearest = np.empty(n)
+        nearest = scratch[:n]
         m = 0
         while m < k and total > 0.0:
             target = uniforms[m] * total
@@ -230,6 +237,14 @@ def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol):
                 if m == 1 or gap < nearest[j]:
                     nearest[j] = gap
                 total += nearest[j] * (weights[j] if positive else 1.0)
+    # Lloyd
+    span = points[n - 1] - points[0] if n > 0 else 0.0
+    threshold = tol * span
+    sum_w = scratch[n:n + m]
+    sum_wp = scratch[n + m:n + 2 * m]
+    iterations = 0
+    largest_move = math.inf
+    while True:
         for c in range(1, m):  # insertion sort: a few values, nearly sorted
             v = centroids[c]
             d = c - 1
@@ -237,13 +252,8 @@ def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol):
                 centroids[d + 1] = centroids[d]
                 d -= 1
             centroids[d + 1] = v
-    # Lloyd
-    span = points[n - 1] - points[0] if n > 0 else 0.0
-    threshold = tol * span
-    sum_w = np.empty(m)
-    sum_wp = np.empty(m)
-    iterations = 0
-    while iterations < max_iter:
+        if iterations >= max_iter or largest_move <= threshold:  # (one sort in the code,
+            break  # after the seeding and after each iteration: each loop compiles apart)
         iterations += 1
         for c in range(m):
             sum_w[c] = 0.0
@@ -269,20 +279,77 @@ def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol):
         for c in range(m):
             if sum_w[c] > 0.0:
                 updated = sum_wp[c] / sum_w[c]
-                move = abs(updated - centroids[c])
+                move = updated - centroids[c]  # (not abs(): it compiles on its own)
+                move = move if move >= 0.0 else -move
                 if move > largest_move:
                     largest_move = move
                 centroids[c] = updated
-        for c in range(1, m):
-            v = centroids[c]
-            d = c - 1
-            while d >= 0 and centroids[d] > v:
-                centroids[d + 1] = centroids[d]
-                d -= 1
-            centroids[d + 1] = v
-        if largest_move <= threshold:
-            break
     return m, iterations
+
+
+@kernel
+def fit_points(counts, first, stop, zeros, prune, protect, linear, table, points, weights):
+    """What a fit needs of a sketch's counts, in one call (a dozen numpy calls per tensor
+    otherwise, each holding the GIL): the prune and protect buckets and the k-means input of
+    the buckets strictly between them.
+
+    Thresholds (``finite`` = every count plus ``zeros``): ``lo`` is the first occupied bucket
+    at which the running count reaches ``prune * finite - zeros`` (``m`` when none does; -1
+    when that target is not positive or ``prune`` is 0); ``hi`` is the last occupied bucket
+    whose count and those above it reach ``protect * finite`` (0 when none does; ``m - 1``
+    when that target is not positive or ``protect`` is 0).
+
+    Points, with ``h = stop - first``: each positive bucket's ``table`` entry ascending from
+    ``points[h]``; each negative one's, when ``linear`` is 0 (log domains), ascending from
+    ``points[0]``, else its negation going down from ``points[h - 1]`` (so that
+    ``points[h - n_neg:h + n_pos]`` is every point ascending). ``weights`` at the same places:
+    the counts.
+
+    Returns
+    -------
+    (int, int, int, int, int, int)
+        ``lo``, ``hi``, the number of negative and of positive points, and the elements
+        counted in the negative and in the positive buckets between ``lo`` and ``hi``.
+    """
+    size = counts.shape[1]
+    total = 0
+    for i in range(first, stop):
+        total += counts[0, i] + counts[1, i]
+    finite = total + zeros
+    prune_target = prune * finite - zeros
+    pruning = prune > 0 and prune_target > 0
+    protect_target = protect * finite
+    protecting = protect > 0 and protect_target > 0
+    lo = size if pruning else -1
+    hi = 0 if protecting else size - 1
+    running = 0  # the elements in the buckets below i, then up to i
+    for i in range(first, stop):  # (one loop, not two: each compiles apart)
+        c = counts[0, i] + counts[1, i]
+        if protecting and c != 0 and total - running >= protect_target:
+            hi = i  # the elements in i and above reach the target: the last such i wins
+        running += c
+        if pruning and lo == size and running >= prune_target:
+            lo = i  # first reached at an occupied bucket
+    half = stop - first
+    n_neg = 0
+    n_pos = 0
+    elements_neg = 0
+    elements_pos = 0
+    for i in range(lo + 1 if lo + 1 > first else first, hi if hi < stop else stop):
+        c = counts[0, i]
+        if c != 0:
+            points[half + n_pos] = table[i]
+            weights[half + n_pos] = c
+            n_pos += 1
+            elements_pos += c
+        c = counts[1, i]
+        if c != 0:
+            at = half - 1 - n_neg if linear else n_neg
+            points[at] = -table[i] if linear else table[i]
+            weights[at] = c
+            n_neg += 1
+            elements_neg += c
+    return lo, hi, n_neg, n_pos, elements_neg, elements_pos
 
 
 @kernel
@@ -390,7 +457,7 @@ def rank_chunk(x, boundaries, codes):
 
 @kernel
 def quantize_chunk(x, words, boundaries, lut, probes, table, protect_lo, protect_hi, prune_below,
-                   zero_code, escape, force, codes, positions, out):
+                   zero_code, escape, force, codes, positions, others, out):
     """Assign codes, list the escapes and measure the error in one pass over ``x``.
 
     Codes as :func:`assign_codes` with ``prune_lo = -prune_below`` and
@@ -452,7 +519,7 @@ def quantize_chunk(x, words, boundaries, lut, probes, table, protect_lo, protect
     escapes = 0
     sse = 0.0
     worst = out[1]
-    others = np.empty(n, np.int64)  # the elements not coded by their rank, in order
+    # others: the elements not coded by their rank, in order
     n_others = 0
     for i in range(n):
         v = np.float64(x[i])
@@ -485,7 +552,8 @@ def quantize_chunk(x, words, boundaries, lut, probes, table, protect_lo, protect
         codes[i] = code
         e = abs(v - d)
         sse += e * e
-        worst = max(worst, e)
+        if e > worst:  # (not max(): it compiles on its own)
+            worst = e
     pruned = 0
     escaped = 0
     for k in range(n_others):  # their counters, as error_stats counts them
