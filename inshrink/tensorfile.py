@@ -16,7 +16,7 @@ import numpy as np
 from . import dtypes, encoder
 from .atomic import named_error
 from .codecs import delta as deltas
-from .codecs.chain import Pipeline
+from .codecs.chain import Pipeline, for_new_tensor
 from .codecs.entropy import Entropy, check_level
 from .codecs.entropy import decode as entropy_decode
 from .codecs.lossless import PLANES, ByteGroup, planes_from
@@ -346,7 +346,7 @@ class Writer:
             raise InvalidArgumentError(f"duplicate tensor name {name!r}")
         if not isinstance(dtype, dtypes.DType):
             raise InvalidArgumentError(f"tensor {name!r}: dtype must be an inshrink.dtypes.DType")
-        if isinstance(importance, (str, bytes, Mapping)):
+        if importance is not None and isinstance(importance, (str, bytes, Mapping)):
             raise InvalidArgumentError(f"tensor {name!r}: importance must be an array of "
                                        f"scores, not a {type(importance).__name__}")
         read = _checked_source(name, read)
@@ -372,7 +372,7 @@ class Writer:
             # one job prepares, encodes and writes the whole tensor, and the next one-chunk
             # tensors too (most tensors of a checkpoint): the calling thread does not wait for
             # them to be prepared, and a thread hand-off costs more than a small tensor's work
-            if config is None and ByteGroup.for_dtype(dtype).word > 1:  # lossless, planes
+            if config is None and for_new_tensor(dtype).stage.word > 1:  # lossless, planes
                 self._planes.reserve(entry.nbytes)
             self._batch.append((number, args, options))
             self._batch_bytes += entry.nbytes

@@ -349,8 +349,8 @@ def test_tiny_tensor_is_compressed_once_per_layout_tried(tmp_path, monkeypatch, 
     from inshrink import dtypes
     from inshrink.codecs import entropy
     calls = []
-    encode = entropy.encode
-    monkeypatch.setattr(entropy, "encode", lambda data, level=None: (
+    encode = entropy._encode  # what the entropy stage runs on every stream
+    monkeypatch.setattr(entropy, "_encode", lambda data, level: (
         calls.append(memoryview(data).nbytes), encode(data, level))[1])
     bias = np.random.default_rng(1).normal(0, 1, 1000).astype(np.float32)
     inshrink.save(tmp_path / "b.ink", {"b": bias}, threads=threads)

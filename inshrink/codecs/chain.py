@@ -137,6 +137,9 @@ class Pipeline:
         return cls(stage, delta)
 
 
+@functools.lru_cache(maxsize=64)
 def for_new_tensor(dtype: DType, entropy: Entropy = Entropy()) -> Pipeline:
-    """The lossless pipeline the writer starts from for a tensor of this dtype."""
+    """The lossless pipeline the writer starts from for a tensor of this dtype (one object
+    per dtype and setting, shared: pipelines are frozen, and a save of many small tensors
+    then keeps two objects fewer per tensor for the garbage collector to scan)."""
     return Pipeline(ByteGroup.for_dtype(dtype), entropy=entropy)
