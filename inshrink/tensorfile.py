@@ -198,8 +198,9 @@ class Writer:
     the new file and keeps any previous one.
 
     With threads, the encoder threads also write the records (in order); the calling thread
-    only waits. A tensor of at most one chunk (most of a checkpoint's) is prepared, encoded
-    and written by one job, so the calling thread does not wait for it; the sketch pass of a
+    only waits. Tensors of at most one chunk (most of a checkpoint's) are prepared, encoded
+    and written by one job per batch of up to 16 of them (256 KiB), so the calling thread does
+    not wait for them and the threads hand work over less often; the sketch pass of a
     larger quantized tensor runs on every free thread. A chunk that fails to encode makes
     :meth:`close` fail. Byte-grouping planes
     come from buffers shared by the process's writers, of which up to 32 MiB stay allocated
