@@ -193,3 +193,20 @@ def test_a_small_tensor_that_fails_to_be_prepared_leaves_the_others_of_its_batch
         assert f.keys() == list(good)
         for name, x in good.items():
             np.testing.assert_array_equal(f[name], x)
+
+
+def test_a_small_tensor_whose_chunk_fails_in_a_batch_leaves_no_file(tmp_path):
+    x = np.arange(500, dtype=np.float32).view(np.uint8)
+    reads = []
+
+    def read(start, stop):  # right for the layout trial, short when the chunk is encoded
+        reads.append(start)
+        return x[start:stop] if len(reads) == 1 else x[start:stop - 4]
+    w = inshrink.Writer(tmp_path / "x.ink", threads=2)
+    w.add("a", np.ones(300, np.float32), wait=False)
+    w.add_source("bad", F32, (500,), read)
+    for i in range(40):  # several batches after it, none of them written
+        w.add(f"t{i}", np.full(200, i, np.float32), wait=False)
+    with pytest.raises(inshrink.errors.InvalidArgumentError, match="returned"):
+        w.close()
+    assert list(tmp_path.iterdir()) == []
