@@ -561,21 +561,25 @@ def test_the_fit_kernel_gives_the_levels_of_the_numpy_fit(values, bins, domain, 
     assert (got.protect_at, got.prune_below) == (want.protect_at, want.prune_below)
 
 
-def test_chunks_quantized_on_one_thread_keep_their_own_escapes():
-    # the kernel's position and scratch arrays are reused per thread: what a chunk returns
-    # must not change when the next chunk is quantized
+@pytest.mark.parametrize("name", ["F32", "BF16"])
+def test_chunks_quantized_on_one_thread_keep_their_own_escapes(name):
+    # the kernel's position and scratch arrays (and a bfloat16 chunk's float32 values) are
+    # reused per thread: what a chunk returns must not change when the next one is quantized
     from inshrink.codecs import quantize
     from inshrink.dtypes import BY_NAME
+    dtype = BY_NAME[name]
     rng = np.random.default_rng(3)
-    a, b = (rng.standard_normal(5000).astype(np.float32) for _ in range(2))
-    sketch = quantize.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
-    sketch.add(a)
-    encoder = quantize.fit(sketch, BY_NAME["F32"], bins=16, domain="linear", protect=0.01)
-    first, _ = encoder.quantize(a.view(np.uint8))
-    kept = first.positions.copy(), first.codes.copy()
+    a, b = (rng.standard_normal(5000).astype(dtype.numpy) for _ in range(2))
+    sketch = quantize.Sketch.for_dtype(dtype, QuantConfig().alpha, 16)
+    sketch.add(a.astype(np.float32))
+    encoder = quantize.fit(sketch, dtype, bins=16, domain="linear", protect=0.01)
+    first, stats = encoder.quantize(a.view(np.uint8))
+    assert stats == encoder.measure(a.astype(np.float32))
+    kept = first.positions.copy(), first.codes.copy(), first.values.copy()
     second, _ = encoder.quantize(b.view(np.uint8))
     assert first.positions.size and second.positions.size
-    np.testing.assert_array_equal(first.positions, kept[0])
-    np.testing.assert_array_equal(first.codes, kept[1])
+    for array, copy in zip((first.positions, first.codes, first.values), kept):
+        np.testing.assert_array_equal(array, copy)
     again, _ = encoder.quantize(a.view(np.uint8))
     np.testing.assert_array_equal(again.positions, kept[0])
+    np.testing.assert_array_equal(again.values, kept[2])

@@ -164,7 +164,9 @@ def _spare_counts() -> dict[int, np.ndarray]:
     return spare
 
 
-_SCRATCH_KEPT = 1 << 21  # elements: larger scratch arrays are made per call, not kept
+# elements: larger scratch arrays are made per call, not kept (a 4 MiB chunk of bfloat16 is
+# 2^21 elements, its positions and others twice that; only their first entries are written)
+_SCRATCH_KEPT = 1 << 22
 
 
 def _scratch(name: str, dtype: type, n: int) -> np.ndarray:
@@ -176,7 +178,7 @@ def _scratch(name: str, dtype: type, n: int) -> np.ndarray:
         return np.empty(n, dtype)
     kept = _spare.__dict__.setdefault("scratch", {})
     array = kept.get(name)
-    if array is None or array.size < n:
+    if array is None or array.size < n or array.dtype != dtype:
         array = kept[name] = np.empty(min(max(n, 2 * (0 if array is None else array.size)),
                                           _SCRATCH_KEPT), dtype)
     return array[:n]
@@ -289,7 +291,12 @@ class QuantEncoder:
                  ) -> tuple[QuantChunk, "ChunkStats"]:
         """One chunk (uint8 view of whole elements) as the stage stores it, and its error."""
         stage = self.stage
-        x = raw.view(stage.dtype.numpy).astype(work_dtype(stage.dtype), copy=False)
+        x = raw.view(stage.dtype.numpy)
+        work = work_dtype(stage.dtype)
+        if x.dtype != work:  # e.g. bfloat16: widened into this thread's array, not a new one
+            wide = _scratch("work", work, x.size)
+            np.copyto(wide, x, casting="unsafe")  # the values astype() gives
+            x = wide
         codes, positions, stats = self._encode(x, force)
         values = raw.view(WORDS[stage.dtype.itemsize])[positions].view(np.uint8)
         return QuantChunk(codes, positions, values), stats
