@@ -373,8 +373,6 @@ class Writer:
             # one job prepares, encodes and writes the whole tensor, and the next one-chunk
             # tensors too (most tensors of a checkpoint): the calling thread does not wait for
             # them to be prepared, and a thread hand-off costs more than a small tensor's work
-            if config is None and for_new_tensor(dtype).stage.word > 1:  # lossless, planes
-                self._planes.reserve(entry.nbytes)
             self._batch.append((number, args, options))
             self._batch_bytes += entry.nbytes
             if len(self._batch) >= _BATCH_TENSORS or self._batch_bytes >= _BATCH_BYTES:
@@ -394,6 +392,9 @@ class Writer:
         self._make_room()  # may raise (a tensor being prepared failed): the batch stays
         batch, nbytes = self._batch, self._batch_bytes
         self._batch, self._batch_bytes = [], 0
+        for _, (entry, _, _, config), _ in batch:  # promised only to jobs that will run
+            if config is None and for_new_tensor(entry.dtype).stage.word > 1:  # planes
+                self._planes.reserve(entry.nbytes)
         future = self._pool.submit(self._batch_job, batch)
         self._pending.append((future, nbytes, batch[0][0], [job[1][0] for job in batch]))
         self._pending_bytes += nbytes
