@@ -316,20 +316,26 @@ def fit_points(counts, first, stop, zeros, prune, protect, linear, table, points
     for i in range(first, stop):
         total += counts[0, i] + counts[1, i]
     finite = total + zeros
-    prune_target = prune * finite - zeros
-    pruning = prune > 0 and prune_target > 0
-    protect_target = protect * finite
-    protecting = protect > 0 and protect_target > 0
-    lo = size if pruning else -1
-    hi = 0 if protecting else size - 1
-    running = 0  # the elements in the buckets below i, then up to i
-    for i in range(first, stop):  # (one loop, not two: each compiles apart)
-        c = counts[0, i] + counts[1, i]
-        if protecting and c != 0 and total - running >= protect_target:
-            hi = i  # the elements in i and above reach the target: the last such i wins
-        running += c
-        if pruning and lo == size and running >= prune_target:
-            lo = i  # first reached at an occupied bucket
+    lo = -1
+    target = prune * finite - zeros
+    if prune > 0 and target > 0:
+        lo = size
+        running = 0
+        for i in range(first, stop):
+            running += counts[0, i] + counts[1, i]
+            if running >= target:  # first reached at an occupied bucket
+                lo = i
+                break
+    hi = size - 1
+    target = protect * finite
+    if protect > 0 and target > 0:
+        hi = 0
+        above = 0  # the elements in bucket i and above
+        for i in range(stop - 1, first - 1, -1):
+            above += counts[0, i] + counts[1, i]
+            if above >= target:  # first reached at an occupied bucket
+                hi = i
+                break
     half = stop - first
     n_neg = 0
     n_pos = 0
