@@ -270,7 +270,9 @@ class Writer:
         self._chunk_bytes = chunk_bytes
         self._threads = resolve_threads(threads)
         self._progress = progress
-        self._tensors: dict[str, encoder.TensorEncoder] = {}
+        # name -> its encoder (None until prepared); a written lossless tensor's pipeline
+        self._tensors: dict[str, encoder.TensorEncoder | Pipeline | None] = {}
+        self._lossless: dict[Pipeline, tuple[Pipeline, list[dict]]] = {}  # _lossless_pipeline
         policy = self._policy
         self._reports = bool(policy.roles or policy.overrides or policy.tensors)
         self._pending: collections.deque = collections.deque()
@@ -442,9 +444,14 @@ class Writer:
         """Record how a prepared tensor is stored."""
         if self._codes is not None and isinstance(tensor, encoder.LossyTensor):
             self._codes[entry.name] = np.empty(entry.numel, np.uint16)
-        entry.codec = tensor.pipeline.chain()
+        if isinstance(tensor, encoder.LosslessTensor):  # one chain per pipeline, shared
+            entry.codec = self._lossless_pipeline(tensor.pipeline)[1]
+        else:
+            entry.codec = tensor.pipeline.chain()
         entry.streams = [[] for _ in range(tensor.pipeline.streams)]
         self._tensors[entry.name] = tensor
+        if entry.chunk_count == 0:
+            self._written(entry, tensor)
 
     def _start(self, entry: TensorEntry, read: Callable[[int, int], Any],
                tensor: encoder.TensorEncoder, number: int | None = None) -> None:
@@ -643,8 +650,7 @@ class Writer:
 
     def _write(self, entry: TensorEntry, start: int, planes: list[tuple], extra,
                taken: list[np.ndarray]) -> None:
-        for stream, chunk in zip(entry.streams, self._container.write_chunks(planes)):
-            stream.append(chunk)
+        chunks = self._container.write_chunks(planes)
         if taken:  # written: a raw payload was a view of one of them
             self._planes.give(taken)
         if extra is not None:  # a lossy chunk: its error stats and (quantized) codes
@@ -652,6 +658,32 @@ class Writer:
             self._tensors[entry.name].stats.merge(stats)
             if self._codes is not None and codes is not None:
                 self._codes[entry.name][start:start + codes.size] = codes
+        if start // entry.chunk_elements < entry.chunk_count - 1:
+            for stream, chunk in zip(entry.streams, chunks):
+                stream.append(chunk)
+            return
+        # the tensor's last chunk: its streams become tuples of plain tuples, which the
+        # garbage collector stops tracking (lists and named tuples it would visit in every
+        # collection until close, ~10 objects per small tensor)
+        entry.streams = tuple([(*stream, chunk) for stream, chunk in zip(entry.streams, chunks)])
+        self._written(entry, self._tensors[entry.name])
+
+    def _lossless_pipeline(self, pipeline: Pipeline) -> tuple[Pipeline, list[dict]]:
+        """The first pipeline equal to this one of a lossless tensor, and its codec chain:
+        every lossless tensor of a dtype has an equal one (a tiny tensor's is a new object),
+        and a save keeps each tensor's chain until close."""
+        known = self._lossless.get(pipeline)
+        if known is None:  # another thread may add an equal one meanwhile: as good
+            known = self._lossless[pipeline] = (pipeline, pipeline.chain())
+        return known
+
+    def _written(self, entry: TensorEntry, tensor: encoder.TensorEncoder) -> None:
+        """A tensor's chunks are all written: a lossless tensor's encoder is no longer
+        needed; its report goes into the entry now and a shared pipeline equal to its own
+        stays for :func:`file_minor`. A lossy tensor's stays: its report is made at close."""
+        if isinstance(tensor, encoder.LosslessTensor):
+            entry.report = tensor.report()
+            self._tensors[entry.name] = self._lossless_pipeline(tensor.pipeline)[0]
 
     def _check_open(self) -> None:
         if self._closed:
@@ -662,10 +694,12 @@ class Writer:
         self._check_open()
         try:
             self._drain()
-            for entry in self._container.tensors:
-                entry.report = self._tensors[entry.name].report()
+            for entry in self._container.tensors:  # the rest have their report already
+                tensor = self._tensors[entry.name]
+                if not isinstance(tensor, Pipeline):
+                    entry.report = tensor.report()
             self._container.commit(self.metadata, self.safetensors_header, None, file_minor(
-                [t.pipeline for t in self._tensors.values()],
+                [t if isinstance(t, Pipeline) else t.pipeline for t in self._tensors.values()],
                 any(e.report is not None for e in self._container.tensors)))
             if self._delta is not None:
                 infos = self._rewrite_as_delta()

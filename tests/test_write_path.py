@@ -6,6 +6,7 @@ import pytest
 
 from inshrink.codecs import entropy
 from inshrink.container import layout
+from inshrink.container.index import Chunk
 from inshrink.container.reader import ContainerReader
 from inshrink.container.writer import ContainerWriter
 
@@ -29,7 +30,7 @@ def test_write_chunks_writes_what_write_chunk_writes(tmp_path):
     many = ContainerWriter(tmp_path / "many.ink")
     entries_many = many.write_chunks(records[:4]) + many.write_chunks(records[4:])
     assert many.write_chunks([]) == []
-    assert entries_many == entries_one
+    assert entries_many == entries_one  # plain tuples, equal to the Chunks
     assert many.bytes_written == one.bytes_written
     for w in (one, many):
         w.commit({})
@@ -37,7 +38,7 @@ def test_write_chunks_writes_what_write_chunk_writes(tmp_path):
     reader = ContainerReader(tmp_path / "many.ink")  # every record reads back
     try:
         for entry, payload in zip(entries_many, payloads):
-            assert bytes(reader.read_chunk(entry)) == bytes(payload)
+            assert bytes(reader.read_chunk(Chunk(*entry))) == bytes(payload)
     finally:
         reader.close()
 

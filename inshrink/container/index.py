@@ -46,6 +46,8 @@ class TensorEntry:
     shape: tuple[int, ...]
     codec: list[dict]
     chunk_elements: int
+    # per stream, its chunks in order; a Writer's tensor, once written, holds tuples of plain
+    # (offset, length, crc, size, coding) tuples instead (see ContainerWriter.write_chunks)
     streams: list[list[Chunk]] = field(default_factory=list)
     report: dict | None = None   # optional, informational: what the encoder measured
 
@@ -59,7 +61,7 @@ class TensorEntry:
 
     @property
     def stored_bytes(self) -> int:
-        return sum(c.length for s in self.streams for c in s)
+        return sum(c[1] for s in self.streams for c in s)  # c.length, of a plain tuple too
 
     @property
     def chunk_count(self) -> int:
@@ -73,7 +75,7 @@ class TensorEntry:
     def to_json(self) -> dict:
         doc = {"name": self.name, "dtype": self.dtype.name, "shape": list(self.shape),
                "chunk_elements": self.chunk_elements, "codec": self.codec,
-               "streams": [[c.to_json() for c in s] for s in self.streams]}
+               "streams": [[list(c) for c in s] for s in self.streams]}  # Chunk.to_json
         if self.report is not None:
             doc["report"] = self.report
         return doc

@@ -69,12 +69,16 @@ class ContainerWriter:
         offset, crc = self._record(layout.KIND_CHUNK, payload, crc)
         return Chunk(offset, len(payload), crc, size, coding)
 
-    def write_chunks(self, records) -> list[Chunk]:
+    def write_chunks(self, records) -> list[tuple[int, int, int, int, str]]:
         """Append one chunk record per ``(coding, payload, decoded size, payload CRC-32)``, in
         order; return their index entries. The same bytes as :meth:`write_chunk` on each, in
         far fewer writes: the padding, headers and small payloads of records are gathered in
         memory (at most ``_GATHER_BYTES``) and written together; most records of a checkpoint
-        of small tensors are a few KiB, and each write is a system call."""
+        of small tensors are a few KiB, and each write is a system call.
+
+        The entries are plain tuples with :class:`Chunk`'s fields (equal to it): the garbage
+        collector stops tracking a tuple of numbers and strings, not a named tuple, and a
+        save keeps one entry per record until the index is written."""
         entries = []
         gathered = self._gathered
         offset = self._offset
@@ -82,7 +86,7 @@ class ContainerWriter:
             length = len(payload)
             pad = -offset % layout.ALIGNMENT
             offset += pad
-            entries.append(Chunk(offset, length, crc, size, coding))
+            entries.append((offset, length, crc, size, coding))
             if pad:
                 gathered += _ZEROS[:pad]
             gathered += layout.record_header(layout.KIND_CHUNK, length, crc)
