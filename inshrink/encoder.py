@@ -13,6 +13,7 @@ Deltas against a base file are decided later, when a whole file is rewritten
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -166,6 +167,13 @@ def lossless_pipeline(entry: TensorEntry, read: Read, entropy: Entropy,
     return _lossless_choice(entry, read, entropy, tiny_bytes)[0]
 
 
+@functools.lru_cache(maxsize=16)
+def _one_plane(entropy: Entropy) -> Pipeline:
+    """A tiny tensor's one-plane pipeline: one object per entropy stage, shared as
+    :func:`for_new_tensor`'s are (a save keeps each tensor's pipeline until close)."""
+    return Pipeline(ByteGroup(1, False), entropy=entropy)
+
+
 def _lossless_choice(entry: TensorEntry, read: Read, entropy: Entropy,
                      tiny_bytes: int) -> tuple[Pipeline, tuple[bytes, Encoded] | None]:
     """:func:`lossless_pipeline`'s choice, with the tiny tensor's chunk as encoded by the
@@ -177,7 +185,7 @@ def _lossless_choice(entry: TensorEntry, read: Read, entropy: Entropy,
     raw = np.frombuffer(read(0, nbytes), np.uint8)
     if raw.size != nbytes:  # a short source: the Writer reports it with a typed error
         return pipeline, None
-    one = replace(pipeline, stage=ByteGroup(1, False))
+    one = _one_plane(entropy)
     tried = [p.encode(raw) for p in (pipeline, one)]
     cost = [sum(_record_bytes(len(memoryview(payload))) for _, payload, _ in streams)
             for streams in tried]
