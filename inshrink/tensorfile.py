@@ -272,7 +272,7 @@ class Writer:
         self._progress = progress
         # name -> its encoder (None until prepared); a written lossless tensor's pipeline
         self._tensors: dict[str, encoder.TensorEncoder | Pipeline | None] = {}
-        self._lossless: dict[Pipeline, tuple[Pipeline, list[dict]]] = {}  # _lossless_pipeline
+        self._lossless: dict[int, tuple[Pipeline, list[dict]]] = {}  # see _lossless_chain
         policy = self._policy
         self._reports = bool(policy.roles or policy.overrides or policy.tensors)
         self._pending: collections.deque = collections.deque()
@@ -445,7 +445,7 @@ class Writer:
         if self._codes is not None and isinstance(tensor, encoder.LossyTensor):
             self._codes[entry.name] = np.empty(entry.numel, np.uint16)
         if isinstance(tensor, encoder.LosslessTensor):  # one chain per pipeline, shared
-            entry.codec = self._lossless_pipeline(tensor.pipeline)[1]
+            entry.codec = self._lossless_chain(tensor.pipeline)
         else:
             entry.codec = tensor.pipeline.chain()
         entry.streams = [[] for _ in range(tensor.pipeline.streams)]
@@ -668,22 +668,26 @@ class Writer:
         entry.streams = tuple([(*stream, chunk) for stream, chunk in zip(entry.streams, chunks)])
         self._written(entry, self._tensors[entry.name])
 
-    def _lossless_pipeline(self, pipeline: Pipeline) -> tuple[Pipeline, list[dict]]:
-        """The first pipeline equal to this one of a lossless tensor, and its codec chain:
-        every lossless tensor of a dtype has an equal one (a tiny tensor's is a new object),
-        and a save keeps each tensor's chain until close."""
-        known = self._lossless.get(pipeline)
-        if known is None:  # another thread may add an equal one meanwhile: as good
-            known = self._lossless[pipeline] = (pipeline, pipeline.chain())
-        return known
+    def _lossless_chain(self, pipeline: Pipeline) -> list[dict]:
+        """A lossless pipeline's codec chain, one list per pipeline object: those are shared
+        (one per dtype, :func:`~inshrink.codecs.chain.for_new_tensor`), and a save keeps
+        every tensor's chain until close. Keyed by identity: hashing a pipeline costs more
+        than building its chain."""
+        known = self._lossless.get(id(pipeline))
+        if known is not None:
+            return known[1]
+        chain = pipeline.chain()
+        if len(self._lossless) < 64:  # (the pipeline kept with it: its id stays its own)
+            self._lossless[id(pipeline)] = (pipeline, chain)
+        return chain
 
     def _written(self, entry: TensorEntry, tensor: encoder.TensorEncoder) -> None:
         """A tensor's chunks are all written: a lossless tensor's encoder is no longer
-        needed; its report goes into the entry now and a shared pipeline equal to its own
-        stays for :func:`file_minor`. A lossy tensor's stays: its report is made at close."""
+        needed; its report goes into the entry now and its (shared) pipeline stays for
+        :func:`file_minor`. A lossy tensor's stays: its report is made at close."""
         if isinstance(tensor, encoder.LosslessTensor):
             entry.report = tensor.report()
-            self._tensors[entry.name] = self._lossless_pipeline(tensor.pipeline)[0]
+            self._tensors[entry.name] = tensor.pipeline
 
     def _check_open(self) -> None:
         if self._closed:
