@@ -73,9 +73,13 @@ class TensorEntry:
         return start, min(start + self.chunk_elements, self.numel)
 
     def to_json(self) -> dict:
-        doc = {"name": self.name, "dtype": self.dtype.name, "shape": list(self.shape),
+        """The entry as the index stores it, for :func:`json.dumps`: the shape and streams
+        as they are, tuples (chunks too) written as arrays as lists are. A new list per
+        chunk would be ~9 objects per small tensor, all alive until the whole index is
+        written, that the garbage collector takes for long-lived ones."""
+        doc = {"name": self.name, "dtype": self.dtype.name, "shape": self.shape,
                "chunk_elements": self.chunk_elements, "codec": self.codec,
-               "streams": [[list(c) for c in s] for s in self.streams]}  # Chunk.to_json
+               "streams": self.streams}
         if self.report is not None:
             doc["report"] = self.report
         return doc
