@@ -270,9 +270,10 @@ class Writer:
         self._chunk_bytes = chunk_bytes
         self._threads = resolve_threads(threads)
         self._progress = progress
-        # name -> its encoder (None until prepared); a written lossless tensor's pipeline
-        self._tensors: dict[str, encoder.TensorEncoder | Pipeline | None] = {}
-        self._lossless: dict[int, tuple[Pipeline, list[dict]]] = {}  # see _lossless_chain
+        # name -> its encoder (None until prepared); once all its chunks are written, the
+        # format minor version its pipeline needs (the encoder is let go)
+        self._tensors: dict[str, encoder.TensorEncoder | int | None] = {}
+        self._lossless: dict[int, tuple[Pipeline, list[dict], int]] = {}  # _lossless_chain
         policy = self._policy
         self._reports = bool(policy.roles or policy.overrides or policy.tensors)
         self._pending: collections.deque = collections.deque()
@@ -445,7 +446,7 @@ class Writer:
         if self._codes is not None and isinstance(tensor, encoder.LossyTensor):
             self._codes[entry.name] = np.empty(entry.numel, np.uint16)
         if isinstance(tensor, encoder.LosslessTensor):  # one chain per pipeline, shared
-            entry.codec = self._lossless_chain(tensor.pipeline)
+            entry.codec = self._lossless_chain(tensor.pipeline)[1]
         else:
             entry.codec = tensor.pipeline.chain()
         entry.streams = [[] for _ in range(tensor.pipeline.streams)]
@@ -668,26 +669,27 @@ class Writer:
         entry.streams = tuple([(*stream, chunk) for stream, chunk in zip(entry.streams, chunks)])
         self._written(entry, self._tensors[entry.name])
 
-    def _lossless_chain(self, pipeline: Pipeline) -> list[dict]:
-        """A lossless pipeline's codec chain, one list per pipeline object: those are shared
-        (one per dtype, :func:`~inshrink.codecs.chain.for_new_tensor`), and a save keeps
-        every tensor's chain until close. Keyed by identity: hashing a pipeline costs more
-        than building its chain."""
+    def _lossless_chain(self, pipeline: Pipeline) -> tuple[Pipeline, list[dict], int]:
+        """A lossless pipeline, its codec chain and format minor, one chain per pipeline
+        object: those are shared (one per dtype, :func:`~inshrink.codecs.chain.for_new_tensor`),
+        and a save keeps every tensor's chain until close. Keyed by identity: hashing a
+        pipeline costs more than building its chain."""
         known = self._lossless.get(id(pipeline))
-        if known is not None:
-            return known[1]
-        chain = pipeline.chain()
-        if len(self._lossless) < 64:  # (the pipeline kept with it: its id stays its own)
-            self._lossless[id(pipeline)] = (pipeline, chain)
-        return chain
+        if known is None:
+            known = (pipeline, pipeline.chain(), pipeline.minor)
+            if len(self._lossless) < 64:  # (the pipeline kept with it: its id stays its own)
+                self._lossless[id(pipeline)] = known
+        return known
 
     def _written(self, entry: TensorEntry, tensor: encoder.TensorEncoder) -> None:
-        """A tensor's chunks are all written: a lossless tensor's encoder is no longer
-        needed; its report goes into the entry now and its (shared) pipeline stays for
-        :func:`file_minor`. A lossy tensor's stays: its report is made at close."""
-        if isinstance(tensor, encoder.LosslessTensor):
-            entry.report = tensor.report()
-            self._tensors[entry.name] = tensor.pipeline
+        """A tensor's chunks are all written (a lossy one's error stats are then complete):
+        its report goes into the entry now and its encoder is let go, keeping only the
+        format minor its pipeline needs (a save of many small tensors otherwise holds each
+        one's encoder objects until close, for the garbage collector to scan)."""
+        entry.report = tensor.report()
+        self._tensors[entry.name] = (self._lossless_chain(tensor.pipeline)[2]
+                                     if isinstance(tensor, encoder.LosslessTensor)
+                                     else tensor.pipeline.minor)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -698,13 +700,15 @@ class Writer:
         self._check_open()
         try:
             self._drain()
+            held = []  # encoders not let go (none once everything is written)
             for entry in self._container.tensors:  # the rest have their report already
                 tensor = self._tensors[entry.name]
-                if not isinstance(tensor, Pipeline):
+                if not isinstance(tensor, int):
                     entry.report = tensor.report()
-            self._container.commit(self.metadata, self.safetensors_header, None, file_minor(
-                [t if isinstance(t, Pipeline) else t.pipeline for t in self._tensors.values()],
-                any(e.report is not None for e in self._container.tensors)))
+                    held.append(tensor.pipeline)
+            minor = file_minor(held, any(e.report is not None for e in self._container.tensors))
+            minor = max([minor, *(t for t in self._tensors.values() if isinstance(t, int))])
+            self._container.commit(self.metadata, self.safetensors_header, None, minor)
             if self._delta is not None:
                 infos = self._rewrite_as_delta()
         except BaseException:
