@@ -76,16 +76,18 @@ def _small_tensors(n: int) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("chunk_bytes", [layout.MAX_CHUNK_BYTES, 1024])
-def test_a_save_keeps_few_tracked_objects_per_tensor(tmp_path, threads, chunk_bytes):
+@pytest.mark.parametrize("policy", [None, "balanced"])
+def test_a_save_keeps_few_tracked_objects_per_tensor(tmp_path, threads, chunk_bytes, policy):
     # Everything a save keeps until close is visited by every full collection of the
     # garbage collector, and how many there are decides how often one runs: a written
-    # lossless tensor keeps its index entry, not its chunks' lists and named tuples or its
-    # encoder (~12 objects per tensor before).
+    # tensor keeps its index entry (and a lossy one its codec list), not its chunks' lists
+    # and named tuples or its encoder (10-15 objects per tensor before).
     tensors = _small_tensors(300)
-    inshrink.save(tmp_path / "warm.ink", dict(list(tensors.items())[:9]), threads=threads)
+    inshrink.save(tmp_path / "warm.ink", dict(list(tensors.items())[:9]), threads=threads,
+                  policy=policy)  # imports, compiled kernels, caches: before the count
     gc.collect()
     before = len(gc.get_objects())
-    writer = Writer(tmp_path / "a.ink", threads=threads, chunk_bytes=chunk_bytes)
+    writer = Writer(tmp_path / "a.ink", threads=threads, chunk_bytes=chunk_bytes, policy=policy)
     last = list(tensors)[-1]
     for name, array in tensors.items():
         writer.add(name, array, wait=name == last)  # the last waits for all
@@ -93,11 +95,12 @@ def test_a_save_keeps_few_tracked_objects_per_tensor(tmp_path, threads, chunk_by
         gc.collect()
     kept = len(gc.get_objects()) - before
     infos = writer.close()
-    assert kept <= 1.5 * len(tensors) + 100, kept / len(tensors)
+    assert kept <= 2 * len(tensors) + 100, kept / len(tensors)
     with inshrink.File(tmp_path / "a.ink") as f:
         assert infos == f.infos()
         for name in list(tensors)[::37]:
-            assert np.array_equal(f.read(name), tensors[name])
+            if policy is None:
+                assert np.array_equal(f.read(name), tensors[name])
 
 
 @pytest.mark.parametrize("threads", [1, 2])
