@@ -42,6 +42,19 @@ def assert_bit_exact(expected, actual) -> None:
 # ranks of each process group of the scenario; the test then checks what they left on disk.
 # torch is imported only here, in the script.
 
+def wait_for_child(pid: int, what: str, timeout: float = 20) -> None:
+    """Wait for a forked child; kill it and fail the test with ``what`` if it is still running
+    after ``timeout`` seconds (a child that hangs must not hang the suite)."""
+    import pytest
+    deadline = time.monotonic() + timeout
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail(what)
+        time.sleep(0.01)
+
+
 def run_scenario(script: str, name: str, directory, timeout: float = 120) -> None:
     """Run ``python script name directory`` in a session of its own.
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import inshrink
-from helpers import ALL_DTYPES, assert_bit_exact, random_bits
+from helpers import ALL_DTYPES, assert_bit_exact, random_bits, wait_for_child
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
@@ -431,8 +431,6 @@ def test_plane_pool_keeps_the_largest_buffers_within_its_budget():
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
 def test_a_child_forked_while_the_plane_pool_is_locked_can_save(tmp_path):
     import os
-    import signal
-    import time
 
     from inshrink.codecs.lossless import PLANES
     with PLANES._lock:  # as if another thread were taking a buffer at fork time
@@ -442,11 +440,5 @@ def test_a_child_forked_while_the_plane_pool_is_locked_can_save(tmp_path):
                 _save(tmp_path / "c.ink", {"w": _weights_like(100_000, 6)}, 2)
             finally:
                 os._exit(0)
-    deadline = time.monotonic() + 20
-    while os.waitpid(pid, os.WNOHANG) == (0, 0):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child hung on the plane pool's lock")
-        time.sleep(0.01)
+    wait_for_child(pid, "the forked child hung on the plane pool's lock")
     assert inshrink.load(tmp_path / "c.ink")["w"].size == 100_000

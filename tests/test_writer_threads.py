@@ -9,6 +9,8 @@ import inshrink
 from inshrink import dtypes
 from inshrink.policy import Policy, QuantConfig
 
+from helpers import wait_for_child
+
 F32 = dtypes.BY_NAME["F32"]
 POLICY = Policy.uniform(QuantConfig(bins=16, protect=0.001))
 
@@ -87,23 +89,15 @@ def test_a_save_from_inside_a_pool_thread_does_not_wait_for_itself(tmp_path):
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_saves_with_threads(tmp_path):
-    import signal
-    import time
     tensors = {"w": np.ones(300_000, np.float32)}
-    inshrink.save(tmp_path / "a.ink", tensors, threads=2)  # the parent's pool exists
+    inshrink.save(tmp_path / "a.ink", tensors, threads=2)  # the parent has saved with threads
     pid = os.fork()
     if pid == 0:
         try:
             inshrink.save(tmp_path / "c.ink", tensors, threads=2)
         finally:
             os._exit(0)
-    deadline = time.monotonic() + 20
-    while os.waitpid(pid, os.WNOHANG) == (0, 0):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child waited for the parent's pool threads")
-        time.sleep(0.01)
+    wait_for_child(pid, "the forked child waited for the parent's pool threads")
     assert (tmp_path / "c.ink").read_bytes() == (tmp_path / "a.ink").read_bytes()
 
 
