@@ -481,7 +481,7 @@ def test_numpy_packing_of_short_chunks_is_the_kernels(bits, codes):
     np.testing.assert_array_equal(back, codes & ((1 << bits) - 1))
 
 
-def test_a_small_lossy_save_and_load_compile_no_packing_kernel(tmp_path):
+def test_a_small_lossy_save_and_load_compile_no_packing_or_fit_kernel(tmp_path):
     import subprocess
     import sys
     script = """
@@ -493,12 +493,30 @@ state = {"model.w.weight": rng.standard_normal((64, 64)).astype(np.float32),
 inshrink.save("s.ink", state, policy=inshrink.Policy.uniform(inshrink.QuantConfig(bins=4)))
 back = inshrink.load("s.ink")
 assert all(back[k].shape == v.shape for k, v in state.items())
-print(quant.pack_bits.ready, quant.unpack_bits.ready)
+print(quant.pack_bits.ready, quant.unpack_bits.ready, quant.fit_points.ready)
 """
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == ["False", "False"]
+    assert r.stdout.split() == ["False", "False", "False"]
+
+
+def test_fits_use_the_kernel_once_a_process_has_fitted_enough_tensors(monkeypatch):
+    from inshrink.codecs import quantize
+    from inshrink.dtypes import BY_NAME
+    calls = []
+    for name in ("_fit_kernel", "_fit_reference"):
+        real = getattr(quantize, name)
+        monkeypatch.setattr(quantize, name, lambda *a, _real=real, _name=name, **k:
+                            calls.append(_name) or _real(*a, **k))
+    monkeypatch.setattr(quantize.kernels.fit_points, "_compiled", None)  # as if not compiled
+    monkeypatch.setattr(quantize, "_FITS_BEFORE_KERNEL", 3)
+    monkeypatch.setattr(quantize, "_fits_so_far", 0)
+    sketch = quantize.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
+    sketch.add(np.random.default_rng(0).standard_normal(1000).astype(np.float32))
+    fitted = [quantize.fit(sketch, BY_NAME["F32"], bins=16, domain="linear") for _ in range(5)]
+    assert calls == ["_fit_reference"] * 3 + ["_fit_kernel"] * 2
+    assert len({e.stage.levels.tobytes() for e in fitted}) == 1
 
 
 @pytest.mark.parametrize("name", ["F32", "BF16", "F16", "F64"])
@@ -554,8 +572,8 @@ def test_the_fit_kernel_gives_the_levels_of_the_numpy_fit(values, bins, domain, 
     sketch.add(np.ascontiguousarray(values))
     args = dict(bins=bins, domain=domain, prune=prune, protect=protect, seed=7,
                 zero_level=zero_level)
-    got = quantize.fit(sketch, BY_NAME[dtype], **args)
-    want = quantize._fit_reference(sketch, BY_NAME[dtype], **args)
+    got = quantize._fit_kernel(sketch, BY_NAME[dtype], sigma=0.2, **args)
+    want = quantize._fit_reference(sketch, BY_NAME[dtype], sigma=0.2, **args)
     assert got.stage.levels.tobytes() == want.stage.levels.tobytes()
     assert got.boundaries.tobytes() == want.boundaries.tobytes()
     assert (got.protect_at, got.prune_below) == (want.protect_at, want.prune_below)

@@ -1,0 +1,154 @@
+"""First calls and many small tensors: what a fresh process pays, and what a save of a
+checkpoint of thousands of small tensors costs per core and in the garbage collector.
+
+    python benchmarks/bench_first_call.py first [--runs 5]
+    python benchmarks/bench_first_call.py small [--tensors 2000] [--reps 10]
+
+``first``: a small checkpoint (2.1 MB, 164 tensors: 41 parameters of a small model — 96×90
+and 90×96 matrices, biases — their AdamW moments and steps) saved with
+``policy="balanced"`` by a fresh process with an empty Numba cache (``NUMBA_CACHE_DIR`` a new
+folder), then by a second fresh process with the cache the first one filled. Prints wall and
+CPU seconds of ``import inshrink`` and of the save, per run.
+
+``small``: a synthetic checkpoint of ``--tensors`` float32 tensors of 256–4,096 elements
+(weights, first and second moments), saved ``--reps`` times with one thread, lossless and
+``balanced``, in a process that has imported torch (a training process's heap, which the
+collector's full passes visit). Prints CPU ms per save (least and mean), the collector's ms
+per save and collections per save by generation, and MB per CPU second.
+
+To compare revisions, run the script with each revision's tree on ``PYTHONPATH``,
+alternating.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def small_model_checkpoint(seed: int = 0) -> dict[str, np.ndarray]:
+    """41 parameters of a small model, their AdamW moments and step counts (164 tensors)."""
+    rng = np.random.default_rng(seed)
+    shapes = [s for _ in range(10) for s in ((96, 90), (96,), (90, 96), (90,))] + [(8,)]
+    state = {}
+    for i, shape in enumerate(shapes):
+        w = (rng.standard_normal(shape) * 0.02).astype(np.float32)
+        g = (rng.standard_normal(shape) * 1e-3).astype(np.float32)
+        state[f"model.p{i}.weight" if len(shape) > 1 else f"model.p{i}.bias"] = w
+        state[f"optimizer.state.{i}.exp_avg"] = (g * 0.1).astype(np.float32)
+        state[f"optimizer.state.{i}.exp_avg_sq"] = (g * g * 1e-3 + 1e-12).astype(np.float32)
+        state[f"optimizer.state.{i}.step"] = np.array(1000.0, np.float32)
+    return state
+
+
+def many_small_tensors(count: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """``count`` float32 tensors of 256–4,096 elements: weights, moments, squared moments."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    k = 0
+    while len(out) < count:
+        size = int(rng.integers(256, 4097))
+        out[f"model.layers.{k}.weight"] = (rng.standard_normal(size) * 0.02).astype(np.float32)
+        out[f"optimizer.state.{k}.exp_avg"] = (rng.standard_normal(size) * 1e-3).astype(np.float32)
+        out[f"optimizer.state.{k}.exp_avg_sq"] = (rng.random(size) * 1e-6).astype(np.float32)
+        k += 1
+    return dict(list(out.items())[:count])
+
+
+_CHILD = """
+import sys, time
+t0, c0 = time.perf_counter(), time.process_time()
+import inshrink
+t1, c1 = time.perf_counter(), time.process_time()
+import numpy as np
+state = dict(np.load(sys.argv[1]))
+t2, c2 = time.perf_counter(), time.process_time()
+inshrink.save(sys.argv[2], state, policy="balanced")
+t3, c3 = time.perf_counter(), time.process_time()
+print(f"{t1 - t0:.3f} {c1 - c0:.3f} {t3 - t2:.3f} {c3 - c2:.3f}")
+"""
+
+
+def first(runs: int) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        source = os.path.join(scratch, "ckpt.npz")
+        np.savez(source, **small_model_checkpoint())
+        target = os.path.join(scratch, "ckpt.ink")
+        print("run | load | import wall / CPU s | first save, empty cache: wall / CPU s | "
+              "first save, cache filled: wall / CPU s")
+        for run in range(runs):
+            cache = tempfile.mkdtemp(dir=scratch)
+            env = {**os.environ, "NUMBA_CACHE_DIR": cache}
+            rows = []
+            for _ in range(2):  # empty cache, then the cache it filled
+                out = subprocess.run([sys.executable, "-c", _CHILD, source, target], env=env,
+                                     check=True, capture_output=True, text=True).stdout.split()
+                rows.append([float(x) for x in out])
+            (iw, ic, fw, fc), (_, _, cw, cc) = rows
+            print(f"{run + 1} | {os.getloadavg()[0]:.2f} | {iw:.3f} / {ic:.3f} | "
+                  f"{fw:.3f} / {fc:.3f} | {cw:.3f} / {cc:.3f}")
+
+
+def small(count: int, reps: int) -> None:
+    import torch  # noqa: F401  a training process's heap
+
+    import inshrink
+    tensors = many_small_tensors(count)
+    nbytes = sum(t.nbytes for t in tensors.values())
+    collector = {"seconds": 0.0, "count": [0, 0, 0], "start": 0.0}
+
+    def on_collect(phase: str, info: dict) -> None:
+        if phase == "start":
+            collector["start"] = time.perf_counter()
+        else:
+            collector["seconds"] += time.perf_counter() - collector["start"]
+            collector["count"][info["generation"]] += 1
+
+    gc.callbacks.append(on_collect)
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(scratch, "small.ink")
+        for policy in (None, "balanced"):
+            inshrink.save(path, tensors, threads=1, policy=policy)  # compile, warm up
+            cpu, collected, generations = [], [], [0, 0, 0]
+            for _ in range(reps):
+                collector["seconds"], collector["count"] = 0.0, [0, 0, 0]
+                started = time.process_time()
+                inshrink.save(path, tensors, threads=1, policy=policy)
+                cpu.append(time.process_time() - started)
+                collected.append(collector["seconds"])
+                generations = [a + b for a, b in zip(generations, collector["count"])]
+            print(json.dumps({
+                "tensors": count, "MB": round(nbytes / 1e6, 2), "policy": policy or "lossless",
+                "cpu_ms_least": round(1e3 * min(cpu), 1),
+                "cpu_ms_mean": round(1e3 * statistics.mean(cpu), 1),
+                "gc_ms_mean": round(1e3 * statistics.mean(collected), 1),
+                "collections_per_save": [round(g / reps, 2) for g in generations],
+                "MB_per_cpu_s": round(nbytes / 1e6 / min(cpu), 1),
+                "load": round(os.getloadavg()[0], 2)}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="mode", required=True)
+    p_first = sub.add_parser("first", help="first lossy save in a fresh process")
+    p_first.add_argument("--runs", type=int, default=5)
+    p_small = sub.add_parser("small", help="saves of many small tensors")
+    p_small.add_argument("--tensors", type=int, default=2000)
+    p_small.add_argument("--reps", type=int, default=10)
+    args = parser.parse_args()
+    if args.mode == "first":
+        first(args.runs)
+    else:
+        small(args.tensors, args.reps)
+
+
+if __name__ == "__main__":
+    main()
