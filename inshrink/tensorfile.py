@@ -181,8 +181,25 @@ def _writer_pool(threads: int) -> Executor | None:
     per Writer: a pool kept between saves was measured (2026-12-01) to fault 2-3 times as
     many pages in a 2-thread lossy save of a 256 MB tensor (its threads' malloc arenas kept
     being trimmed and refilled by the quantizer's per-chunk arrays), 5-12% more CPU, and
-    saved nothing measurable on lossless saves."""
-    return _executor(threads)
+    saved nothing measurable on lossless saves.
+
+    Every thread is started here, before any work: a pool starts a thread at a submit, and
+    the submitting thread then waits until the new one has run, which needs the GIL that a
+    busy encoder thread holds (measured 2026-12-01: the second encoder thread of a save took
+    its first job ~2 ms late, the calling thread waiting as long in ``submit``)."""
+    pool = _executor(threads)
+    if pool is None:
+        return None
+    started = threading.Barrier(threads + 1)  # each job holds its thread until all have run
+    try:
+        for _ in range(threads):
+            pool.submit(started.wait)
+        started.wait()
+    except BaseException:
+        started.abort()  # the threads started are let go
+        pool.shutdown(wait=True)
+        raise
+    return pool
 
 
 class Writer:
@@ -290,7 +307,11 @@ class Writer:
                 raise named_error(exc, os.fspath(path)) from exc
             path = self._standalone = os.path.join(self._staging.name, "standalone.ink")
         self._container = ContainerWriter(path)
-        self._pool = _writer_pool(self._threads)
+        try:
+            self._pool = _writer_pool(self._threads)
+        except BaseException:
+            self._container.abort()
+            raise
         self._planes = PLANES  # plane buffers, recycled once their records are written
         # Records go out in file order, (tensor number, chunk number), written by the pool
         # threads: the thread that encodes the next chunk to write writes it and any later
@@ -892,38 +913,52 @@ class File:
         """
         headers = self._reader.expected_headers(
             [chunk for entry in entries for stream in entry.streams for chunk in stream])
-        jobs, first = [], 0
+        # job i: chunk cs[i] of tensors[i] into views[i], its records' headers from
+        # headers[firsts[i]::counts[i]]. Flat lists of numbers and arrays, not a tuple and a
+        # list per job: what lives through the decoding is promoted by the garbage collector,
+        # and the more it promotes, the sooner a full collection comes
+        tensors, cs, views, firsts, counts = [], [], [], [], []
+        first = 0
         for entry, out in zip(entries, outs):
             step = entry.chunk_elements * entry.dtype.itemsize
             n = entry.chunk_count
-            last = first + n * len(entry.streams)
-            jobs += [(entry, c, out[c * step:(c + 1) * step], headers[first + c:last:n])
-                     for c in range(n)]
-            first = last
+            tensors += [entry] * n
+            cs += range(n)
+            views += [out[c * step:(c + 1) * step] for c in range(n)]
+            firsts += range(first, first + n)
+            counts += [n] * n
+            first += n * len(entry.streams)
 
-        def run(job: tuple) -> int:
-            entry, c, view, expected = job
-            self._decode_chunk(entry, c, view, expected)
+        def run(i: int) -> int:
+            entry, view, n = tensors[i], views[i], counts[i]
+            self._decode_chunk(entry, cs[i], view,
+                               headers[firsts[i]:firsts[i] + n * len(entry.streams):n])
             return view.size
 
-        if self._pool is None or len(jobs) < 2:
-            for job in jobs:
-                size = run(job)
+        if self._pool is None or len(views) < 2:
+            for i in range(len(views)):
+                size = run(i)
                 if progress is not None:
                     progress(size)
             return
-        self._share(run, jobs, progress)
+        self._share(run, [view.size for view in views], progress)
 
-    def _share(self, run: Callable[[tuple], int], jobs: list, progress: Progress | None) -> None:
-        """``run`` every job, on the calling thread and ``threads - 1`` of the pool's, each
-        taking the largest job not yet taken (whole chunks: no thread waits on another, and
-        the last ones to finish are small). After a failure, only jobs earlier in ``jobs``
-        still run, so that the error raised is the first one in order, as with one thread."""
-        sizes = [job[2].size for job in jobs]
-        order = iter(sorted(range(len(jobs)), key=sizes.__getitem__, reverse=True))
+    def _share(self, run: Callable[[int], int], sizes: list[int],
+               progress: Progress | None) -> None:
+        """``run(i)`` for every job ``i`` (of ``sizes[i]`` bytes), on the calling thread and ``threads - 1`` of the pool's (whole
+        chunks: no thread waits on another). The pool's threads take the largest job not yet
+        taken, the calling thread the smallest: a small chunk's decoding is mostly Python
+        holding the GIL, a large one's mostly zstd and kernels without it, so the two kinds
+        overlap instead of two threads handing the GIL to each other at every call (measured
+        2026-12-01: a checkpoint of 212 tensors, most of a few KiB, took 20-37% more CPU at 2
+        threads than at 1 when every thread took the largest job first). After a failure,
+        only jobs earlier in order still run, so that the error raised is the first one in
+        order, as with one thread."""
+        order = sorted(range(len(sizes)), key=sizes.__getitem__, reverse=True)
+        ends = [0, len(order)]  # order[ends[0]:ends[1]] not taken yet
         lock = threading.Lock()
         failed: dict[int, BaseException] = {}
-        first_failed = [len(jobs)]
+        first_failed = [len(sizes)]
         finished: list[int] = []
         reported = [0]  # finished[:reported[0]] went to progress, on the calling thread
 
@@ -933,12 +968,22 @@ class File:
                 progress(sum(finished[reported[0]:done]))
                 reported[0] = done
 
+        def take(smallest: bool) -> int | None:
+            with lock:
+                if ends[0] == ends[1]:
+                    return None
+                if smallest:
+                    ends[1] -= 1
+                    return order[ends[1]]
+                ends[0] += 1
+                return order[ends[0] - 1]
+
         def work(calling_thread: bool = False) -> None:
-            for i in order:  # next() on the iterator is atomic under the GIL
+            while (i := take(calling_thread)) is not None:
                 if i > first_failed[0]:
                     continue
                 try:
-                    finished.append(run(jobs[i]))
+                    finished.append(run(i))
                 except BaseException as exc:
                     with lock:
                         failed[i] = exc
