@@ -181,25 +181,8 @@ def _writer_pool(threads: int) -> Executor | None:
     per Writer: a pool kept between saves was measured (2026-12-01) to fault 2-3 times as
     many pages in a 2-thread lossy save of a 256 MB tensor (its threads' malloc arenas kept
     being trimmed and refilled by the quantizer's per-chunk arrays), 5-12% more CPU, and
-    saved nothing measurable on lossless saves.
-
-    Every thread is started here, before any work: a pool starts a thread at a submit, and
-    the submitting thread then waits until the new one has run, which needs the GIL that a
-    busy encoder thread holds (measured 2026-12-01: the second encoder thread of a save took
-    its first job ~2 ms late, the calling thread waiting as long in ``submit``)."""
-    pool = _executor(threads)
-    if pool is None:
-        return None
-    started = threading.Barrier(threads + 1)  # each job holds its thread until all have run
-    try:
-        for _ in range(threads):
-            pool.submit(started.wait)
-        started.wait()
-    except BaseException:
-        started.abort()  # the threads started are let go
-        pool.shutdown(wait=True)
-        raise
-    return pool
+    saved nothing measurable on lossless saves."""
+    return _executor(threads)
 
 
 class Writer:
@@ -307,11 +290,7 @@ class Writer:
                 raise named_error(exc, os.fspath(path)) from exc
             path = self._standalone = os.path.join(self._staging.name, "standalone.ink")
         self._container = ContainerWriter(path)
-        try:
-            self._pool = _writer_pool(self._threads)
-        except BaseException:
-            self._container.abort()
-            raise
+        self._pool = _writer_pool(self._threads)
         self._planes = PLANES  # plane buffers, recycled once their records are written
         # Records go out in file order, (tensor number, chunk number), written by the pool
         # threads: the thread that encodes the next chunk to write writes it and any later
@@ -908,8 +887,8 @@ class File:
         """Decode every chunk of ``entries`` into ``outs`` (uint8, one per entry).
 
         The headers their records must have are computed first, for all at once. The calling
-        thread decodes too, taking the next chunk in order like the pool's threads; a failure
-        raises the error of the first chunk in order that fails, as one thread would.
+        thread decodes too (see :meth:`_share`); a failure raises the error of the first chunk
+        in order that fails, as one thread would.
         """
         headers = self._reader.expected_headers(
             [chunk for entry in entries for stream in entry.streams for chunk in stream])
@@ -945,9 +924,9 @@ class File:
 
     def _share(self, run: Callable[[int], int], sizes: list[int],
                progress: Progress | None) -> None:
-        """``run(i)`` for every job ``i`` (of ``sizes[i]`` bytes), on the calling thread and ``threads - 1`` of the pool's (whole
-        chunks: no thread waits on another). The pool's threads take the largest job not yet
-        taken, the calling thread the smallest: a small chunk's decoding is mostly Python
+        """``run(i)`` for every job ``i`` (of ``sizes[i]`` bytes), on the calling thread and
+        ``threads - 1`` of the pool's (whole chunks: no thread waits on another). The pool's
+        threads take the largest job not yet taken, the calling thread the smallest: a small chunk's decoding is mostly Python
         holding the GIL, a large one's mostly zstd and kernels without it, so the two kinds
         overlap instead of two threads handing the GIL to each other at every call (measured
         2026-12-01: a checkpoint of 212 tensors, most of a few KiB, took 20-37% more CPU at 2

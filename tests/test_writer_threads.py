@@ -204,39 +204,3 @@ def test_a_small_tensor_whose_chunk_fails_in_a_batch_leaves_no_file(tmp_path):
     with pytest.raises(inshrink.errors.InvalidArgumentError, match="returned"):
         w.close()
     assert list(tmp_path.iterdir()) == []
-
-
-def _encoder_threads() -> int:
-    return sum(t.name.startswith("inshrink") for t in threading.enumerate())
-
-
-def test_the_encoder_threads_are_started_before_the_first_tensor(tmp_path):
-    # started lazily, the second thread's start waited for the GIL the first one held
-    before = _encoder_threads()
-    w = inshrink.Writer(tmp_path / "t.ink", threads=3)
-    try:
-        assert _encoder_threads() == before + 3
-    finally:
-        w.abort()
-    assert _encoder_threads() == before
-    assert os.listdir(tmp_path) == []
-
-
-def test_a_writer_whose_threads_cannot_start_leaves_no_file_and_no_thread(tmp_path,
-                                                                           monkeypatch):
-    from concurrent.futures import ThreadPoolExecutor
-
-    from inshrink import tensorfile
-
-    class Failing(ThreadPoolExecutor):
-        def submit(self, fn, *args, **kwargs):
-            if len(self._threads) >= 1:
-                raise RuntimeError("can't start new thread")
-            return super().submit(fn, *args, **kwargs)
-
-    monkeypatch.setattr(tensorfile, "_executor", lambda threads: Failing(threads))
-    before = _encoder_threads()
-    with pytest.raises(RuntimeError, match="can't start"):
-        inshrink.Writer(tmp_path / "t.ink", threads=2)
-    assert os.listdir(tmp_path) == []
-    assert _encoder_threads() == before
