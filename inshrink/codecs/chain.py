@@ -134,7 +134,12 @@ class Pipeline:
             delta = DELTA_STAGES[delta_dict["id"]].from_dict(delta_dict, dtype)
             if isinstance(delta, CodeDelta):
                 delta.check(stage)
-        return cls(stage, delta)
+        # one entropy stage for every pipeline read from files: a file's quantized tensors each
+        # have their own pipeline, alive as long as the file is open
+        return cls(stage, delta, _ENTROPY)
+
+
+_ENTROPY = Entropy()
 
 
 @functools.lru_cache(maxsize=64)

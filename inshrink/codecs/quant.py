@@ -29,6 +29,7 @@ _HEX = re.compile(r"[0-9a-fA-F]*")  # hex digits of either case, nothing else (s
 MAX_LEVELS = 65_535
 DTYPES = ("F64", "F32", "F16", "BF16")
 WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_NO_VALUES = {word: np.empty(0, word) for word in WORDS.values()}  # read-only by the kernel
 
 
 @dataclass(frozen=True)
@@ -123,18 +124,20 @@ class Quant(ArrayStage):
         word = WORDS[self.dtype.itemsize]
         words = out.view(word)
         codes = self.decode_codes(packed, n, undo)
-        positions = np.cumsum(np.frombuffer(gaps, "<u4").astype(np.int64) + 1) - 1
+        escaped = memoryview(gaps).nbytes // 4  # a whole number of gaps (rule C-5)
         if self.levels.size:
             bad = kernels.lookup_decode(codes, self.levels.view(word), self.escape,
-                                        np.empty(0, word), words)
+                                        _NO_VALUES[word], words)
             if bad < 0:
                 raise CorruptError(f"[D-5] quantization code out of range at element "
                                    f"{-1 - bad}")
-        elif positions.size != n:
+        elif escaped != n:
             raise CorruptError("[D-5] a chunk without levels must escape every element")
-        if positions.size and positions[-1] >= n:
-            raise CorruptError("[D-6] escaped position past the end of its chunk")
-        words[positions] = np.frombuffer(values, word)
+        if escaped:  # most chunks escape nothing: no numpy calls for them
+            positions = np.cumsum(np.frombuffer(gaps, "<u4").astype(np.int64) + 1) - 1
+            if positions[-1] >= n:
+                raise CorruptError("[D-6] escaped position past the end of its chunk")
+            words[positions] = np.frombuffer(values, word)
         return codes
 
 
