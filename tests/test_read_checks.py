@@ -81,6 +81,80 @@ def test_the_first_failing_chunk_in_order_is_reported(tmp_path, threads):
             inshrink.load(path, threads=threads)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_a_bad_large_chunk_is_reported_before_a_later_bad_small_one(tmp_path, threads):
+    """The calling thread starts with the smallest chunk (here the last tensor's, corrupt):
+    the error is still the first bad chunk in file order, a large one a pool thread takes."""
+    path = tmp_path / "x.ink"
+    with inshrink.Writer(path, chunk_bytes=4096, threads=1) as writer:
+        writer.add("big", np.linspace(-1, 1, 4096, dtype=np.float32))
+        writer.add("tiny", np.linspace(-1, 1, 5, dtype=np.float32))
+    with inshrink.open(path) as f:
+        big, tiny = (e.streams for e in f._reader.index.tensors)
+    _flip(path, tiny[0][0].offset + layout.RECORD_HEADER_SIZE)
+    want = big[0][1].offset  # chunk 1 of 4
+    _flip(path, want + layout.RECORD_HEADER_SIZE)
+    for _ in range(5):
+        with pytest.raises(ChecksumError, match=rf"offset {want}$"):
+            inshrink.load(path, threads=threads)
+
+
+def test_the_calling_thread_decodes_the_smallest_chunks_the_pool_the_largest(tmp_path,
+                                                                           monkeypatch):
+    """Small chunks are decoded mostly in Python, holding the GIL; two threads that both
+    took them handed the GIL to each other at every call. The pool's thread starts from the
+    largest chunk, the calling thread from the smallest."""
+    path = tmp_path / "x.ink"
+    state = {f"t{i}": np.linspace(-1, 1, 64 << i, dtype=np.float32) for i in range(10)}
+    inshrink.save(path, state, threads=1)
+    seen: dict[int, list[int]] = {}
+    decode = inshrink.File._decode_chunk
+
+    def spy(self, entry, c, out, headers=None):
+        seen.setdefault(threading.get_ident(), []).append(out.size)
+        return decode(self, entry, c, out, headers)
+    monkeypatch.setattr(inshrink.File, "_decode_chunk", spy)
+    with inshrink.File(path, threads=2) as f:
+        out = f.load()
+    sizes = sorted(a.nbytes for a in state.values())
+    mine = seen.pop(threading.get_ident())
+    assert mine[0] == sizes[0] and mine == sorted(mine)
+    pool = [size for sizes_of in seen.values() for size in sizes_of]
+    assert not pool or (pool[0] == sizes[-1] and pool == sorted(pool, reverse=True))
+    assert sorted(mine + pool) == sizes
+    for name, array in state.items():
+        assert np.array_equal(out[name], array)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_load_makes_no_tracked_objects_per_chunk(tmp_path, monkeypatch, threads):
+    """What lives through a load's decoding is promoted by the garbage collector (a full
+    collection comes sooner the more it promotes): the jobs of a load are flat lists, not a
+    tuple and a list of headers per chunk (2 objects per chunk before)."""
+    import gc
+    path = tmp_path / "x.ink"
+    state = {f"t{i}": np.full(16, i, np.float32) for i in range(400)}
+    inshrink.save(path, state, threads=1)
+    counts = []
+    decode_all, decode = inshrink.File._decode_all, inshrink.File._decode_chunk
+
+    def before(self, *args):
+        gc.collect()
+        counts.append(len(gc.get_objects()))
+        return decode_all(self, *args)
+
+    def during(self, *args):
+        if len(counts) == 1:
+            gc.collect()
+            counts.append(len(gc.get_objects()))
+        return decode(self, *args)
+    monkeypatch.setattr(inshrink.File, "_decode_all", before)
+    monkeypatch.setattr(inshrink.File, "_decode_chunk", during)
+    with inshrink.File(path, threads=threads) as f:
+        f.load()
+    assert counts[1] - counts[0] < 100  # 400 chunks
+
+
 def _with_index(path: Path, edit) -> None:
     data = path.read_bytes()
     offset, doc = ink_repair.read_index(data)
@@ -188,8 +262,9 @@ def test_read_buffers_are_reused_from_load_to_load(tmp_path, monkeypatch):
        st.sampled_from([64, 256, 4096]), st.integers(0, 2**32 - 1))
 def test_loads_with_any_thread_count_return_what_was_saved(tmp_path_factory, specs, chunk_bytes,
                                                            seed):
-    """The threads take the largest chunk first, not the file's order; every tensor still
-    comes back bit for bit, whatever the thread count."""
+    """The pool's threads take the largest chunk first and the calling thread the smallest,
+    not the file's order; every tensor still comes back bit for bit, whatever the thread
+    count."""
     rng = np.random.default_rng(seed)
     state = {f"t{i}": rng.integers(0, 256, n * np.dtype(dt).itemsize, np.uint8).view(dt)
              for i, (dt, n) in enumerate(specs)}
