@@ -690,6 +690,7 @@ class Writer:
         self._tensors[entry.name] = (self._lossless_chain(tensor.pipeline)[2]
                                      if isinstance(tensor, encoder.LosslessTensor)
                                      else tensor.pipeline.minor)
+        self._container.finished(entry)  # its index JSON, made on this thread
 
     def _check_open(self) -> None:
         if self._closed:

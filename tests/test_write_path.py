@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import json
 
 import numpy as np
 import pytest
@@ -119,3 +120,42 @@ def test_what_close_reports_is_what_the_file_says(tmp_path, threads, policy):
     if policy is not None:
         assert any(i.role is not None and i.codec == "bytegroup+zstd" for i in infos)
         assert any(i.codec.startswith("quant") for i in infos)
+
+
+def test_each_tensors_index_text_is_made_once_it_is_written_not_at_commit(tmp_path,
+                                                                           monkeypatch):
+    # at commit every encoder thread waits for the index: its parts are made before
+    from inshrink.container import index
+
+    made_at_commit = []
+    real = index.entry_text
+    monkeypatch.setattr(index, "entry_text", lambda e: made_at_commit.append(e.name) or real(e))
+    tensors = {f"t{i}": np.arange(i * 300, dtype=np.float32) for i in range(24)}
+    for threads in (1, 2):
+        for policy in (None, "balanced"):
+            inshrink.save(tmp_path / "a.ink", tensors, threads=threads, policy=policy)
+            back = inshrink.load(tmp_path / "a.ink")
+            assert list(back) == list(tensors)
+    assert made_at_commit == []
+
+
+def test_index_text_from_made_parts_is_the_json_of_the_whole_index():
+    from inshrink import dtypes
+    from inshrink.container.index import Index, TensorEntry, entry_text
+
+    f32 = dtypes.BY_NAME["F32"]
+    entries = [TensorEntry(f"é{i}", f32, (i, 3), [{"id": "bytegroup", "word": 4,
+                                                   "rotate": True}], 1024,
+                           [[Chunk(64 * i, 10, 7, 12 * i, "zstd")]],
+                           {"role": "w", "rel_l2_error": 0.1 * i} if i % 2 else None)
+               for i in range(5)]
+    metadata, header, base = {"k": "ü"}, '{"a":1}', {"file": "b.ink", "sha256": "0" * 64}
+    for made in ({}, {id(e): entry_text(e) for e in entries[::2]}):
+        for extra in ((None, None), (header, None), (header, base)):
+            doc = {"tensors": [e.to_json() for e in entries], "metadata": metadata}
+            if extra[0] is not None:
+                doc["safetensors_header"] = extra[0]
+            if extra[1] is not None:
+                doc["base"] = extra[1]
+            whole = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+            assert Index(entries, metadata, *extra).to_bytes(made) == whole

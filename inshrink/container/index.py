@@ -10,7 +10,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
 import numpy as np
 import zstandard
@@ -92,13 +92,23 @@ class Index:
     safetensors_header: str | None = None
     base: dict | None = None   # {"file": name, "sha256": hex} of the file deltas refer to
 
-    def to_bytes(self) -> bytes:
-        doc: dict = {"tensors": [t.to_json() for t in self.tensors], "metadata": self.metadata}
+    def to_bytes(self, texts: Mapping[int, str] | None = None) -> bytes:
+        """The index JSON; ``texts`` maps ``id(entry)`` to :func:`entry_text` of entries
+        whose text was made already (the same bytes as without it)."""
+        texts = texts or {}
+        tensors = ",".join(texts.get(id(t)) or entry_text(t) for t in self.tensors)
+        doc: dict = {"metadata": self.metadata}
         if self.safetensors_header is not None:
             doc["safetensors_header"] = self.safetensors_header
         if self.base is not None:
             doc["base"] = self.base
-        return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+        rest = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+        return f'{{"tensors":[{tensors}],{rest[1:]}'.encode()
+
+
+def entry_text(entry: TensorEntry) -> str:
+    """One tensor's JSON in the index (what :meth:`Index.to_bytes` joins)."""
+    return json.dumps(entry.to_json(), ensure_ascii=False, separators=(",", ":"))
 
 
 # The index is JSON with many repeated keys: zstd shrinks it 5-7x (docs/decisions.md). Level 9
