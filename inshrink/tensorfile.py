@@ -40,6 +40,14 @@ DEFAULT_CHUNK_BYTES = 4 << 20
 _BATCH_TENSORS = 16
 _BATCH_BYTES = 256 << 10
 
+# Chunks decoding to fewer bytes than this are left to the calling thread when a load is
+# shared between threads: their decoding is mostly Python, holding the GIL, and two threads on
+# them hand it to each other at every zstd or kernel call (measured 2026-12-01: 2,000 tensors
+# of 1-16 KiB loaded in 82-90 ms of wall and 94-102 ms of CPU with 2 threads, 2,100 context
+# switches per load, against 55-61 ms with one; a 64 KiB chunk's zstd alone takes about as
+# long as its Python).
+_SHARED_CHUNK_BYTES = 64 << 10
+
 Progress = Callable[[int], None]
 """Called with the number of tensor bytes just processed."""
 
@@ -915,23 +923,25 @@ class File:
                                headers[firsts[i]:firsts[i] + n * len(entry.streams):n])
             return view.size
 
-        if self._pool is None or len(views) < 2:
+        sizes = [view.size for view in views]
+        # a pool thread for each chunk it may take (none: no thread is woken for the load)
+        helpers = min(self._threads - 1, sum(size >= _SHARED_CHUNK_BYTES for size in sizes))
+        if self._pool is None or len(views) < 2 or not helpers:
             for i in range(len(views)):
                 size = run(i)
                 if progress is not None:
                     progress(size)
             return
-        self._share(run, [view.size for view in views], progress)
+        self._share(run, sizes, helpers, progress)
 
-    def _share(self, run: Callable[[int], int], sizes: list[int],
+    def _share(self, run: Callable[[int], int], sizes: list[int], helpers: int,
                progress: Progress | None) -> None:
         """``run(i)`` for every job ``i`` (of ``sizes[i]`` bytes), on the calling thread and
-        ``threads - 1`` of the pool's (whole chunks: no thread waits on another). The pool's
-        threads take the largest job not yet taken, the calling thread the smallest: a small chunk's decoding is mostly Python
-        holding the GIL, a large one's mostly zstd and kernels without it, so the two kinds
-        overlap instead of two threads handing the GIL to each other at every call (measured
-        2026-12-01: a checkpoint of 212 tensors, most of a few KiB, took 20-37% more CPU at 2
-        threads than at 1 when every thread took the largest job first). After a failure,
+        ``helpers`` of the pool's (whole chunks: no thread waits on another). The pool's
+        threads take the largest job not yet taken, down to ``_SHARED_CHUNK_BYTES``, the
+        calling thread the smallest: a small chunk's decoding is mostly Python holding the
+        GIL, a large one's mostly zstd and kernels without it, so the two kinds overlap
+        instead of two threads handing the GIL to each other at every call. After a failure,
         only jobs earlier in order still run, so that the error raised is the first one in
         order, as with one thread."""
         order = sorted(range(len(sizes)), key=sizes.__getitem__, reverse=True)
@@ -955,6 +965,8 @@ class File:
                 if smallest:
                     ends[1] -= 1
                     return order[ends[1]]
+                if sizes[order[ends[0]]] < _SHARED_CHUNK_BYTES:
+                    return None  # only small chunks left: the calling thread's
                 ends[0] += 1
                 return order[ends[0] - 1]
 
@@ -974,15 +986,15 @@ class File:
                 if calling_thread and progress is not None:
                     report()
 
-        helpers = [self._pool.submit(work) for _ in range(self._threads - 1)]
+        futures = [self._pool.submit(work) for _ in range(helpers)]
         try:
             work(calling_thread=True)
         except BaseException:  # e.g. KeyboardInterrupt: the helpers stop after their job
             first_failed[0] = -1
             raise
         finally:
-            for helper in helpers:
-                helper.result()
+            for future in futures:
+                future.result()
         if failed:
             raise failed[min(failed)]
         if progress is not None:
