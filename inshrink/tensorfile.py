@@ -937,11 +937,12 @@ class File:
     def _share(self, run: Callable[[int], int], sizes: list[int], helpers: int,
                progress: Progress | None) -> None:
         """``run(i)`` for every job ``i`` (of ``sizes[i]`` bytes), on the calling thread and
-        ``helpers`` of the pool's (whole chunks: no thread waits on another). The pool's
-        threads take the largest job not yet taken, down to ``_SHARED_CHUNK_BYTES``, the
-        calling thread the smallest: a small chunk's decoding is mostly Python holding the
-        GIL, a large one's mostly zstd and kernels without it, so the two kinds overlap
-        instead of two threads handing the GIL to each other at every call. After a failure,
+        ``helpers`` of the pool's (whole chunks: no thread waits on another). Every thread
+        takes the largest job not yet taken, except that the calling thread first takes the
+        jobs under ``_SHARED_CHUNK_BYTES``, smallest first, and the pool's threads none of
+        them: a small chunk's decoding is mostly Python holding the GIL, a large one's mostly
+        zstd and kernels without it, so the two kinds overlap instead of two threads handing
+        the GIL to each other at every call. After a failure,
         only jobs earlier in order still run, so that the error raised is the first one in
         order, as with one thread."""
         order = sorted(range(len(sizes)), key=sizes.__getitem__, reverse=True)
@@ -962,7 +963,7 @@ class File:
             with lock:
                 if ends[0] == ends[1]:
                     return None
-                if smallest:
+                if smallest and sizes[order[ends[1] - 1]] < _SHARED_CHUNK_BYTES:
                     ends[1] -= 1
                     return order[ends[1]]
                 if sizes[order[ends[0]]] < _SHARED_CHUNK_BYTES:

@@ -107,7 +107,8 @@ def test_the_calling_thread_decodes_the_smallest_chunks_the_pool_the_largest(tmp
                                                                            monkeypatch):
     """Small chunks are decoded mostly in Python, holding the GIL; two threads that both
     took them handed the GIL to each other at every call. The pool's thread starts from the
-    largest chunk, the calling thread from the smallest."""
+    largest chunk and takes no small one, the calling thread takes the small ones first,
+    smallest first, then large ones."""
     path = tmp_path / "x.ink"
     state = {f"t{i}": np.linspace(-1, 1, 64 << i, dtype=np.float32) for i in range(10)}
     inshrink.save(path, state, threads=1)
@@ -121,11 +122,13 @@ def test_the_calling_thread_decodes_the_smallest_chunks_the_pool_the_largest(tmp
     with inshrink.File(path, threads=2) as f:
         out = f.load()
     sizes = sorted(a.nbytes for a in state.values())
+    small = [size for size in sizes if size < tensorfile._SHARED_CHUNK_BYTES]
+    assert 0 < len(small) < len(sizes)
     mine = seen.pop(threading.get_ident())
-    assert mine[0] == sizes[0] and mine == sorted(mine)
+    assert mine[:len(small)] == small
+    assert mine[len(small):] == sorted(mine[len(small):], reverse=True)
     pool = [size for sizes_of in seen.values() for size in sizes_of]
     assert not pool or (pool[0] == sizes[-1] and pool == sorted(pool, reverse=True))
-    assert all(size >= tensorfile._SHARED_CHUNK_BYTES for size in pool)
     assert sorted(mine + pool) == sizes
     for name, array in state.items():
         assert np.array_equal(out[name], array)
