@@ -60,8 +60,8 @@ def write_delta(src: str | os.PathLike, dst: str | os.PathLike, *,
             if rebased is None:
                 for stream, out in zip(entry.streams, new.streams):
                     for c in stream:
-                        out.append(writer.write_chunk(c.coding, reader.read_chunk(c),
-                                                      c.size, c.crc))
+                        out.append(writer.write_chunk(c[4], reader.read_chunk(c),  # coding
+                                                      c[3], c[2]))  # size, crc
             else:
                 pipeline = rebased
                 new.codec = pipeline.chain()
@@ -105,7 +105,7 @@ class Decoded(Mapping):
 
 def _stored(entry: TensorEntry, c: int) -> int:
     """Payload bytes of chunk ``c`` of a stored tensor, all streams."""
-    return sum(stream[c].length for stream in entry.streams)
+    return sum(stream[c][1] for stream in entry.streams)  # lengths
 
 
 def _rebase_quant(reader, writer, entry, new, pipeline, src_codes, base_codes,
@@ -126,15 +126,15 @@ def _rebase_quant(reader, writer, entry, new, pipeline, src_codes, base_codes,
         coding, payload, size = chunk = rebased.encode_codes(codes[start:stop],
                                                              base[start:stop])
         # the escape streams are the same either way
-        if c == 0 and not deltas.keep(entry.streams[0][0].length,
+        if c == 0 and not deltas.keep(entry.streams[0][0][1],
                                       deltas.stored_size([chunk])):
             return None  # no gain: keep the tensor standalone
         # the first chunk decides: each chunk is written as it is encoded (none is held)
         new.streams[0].append(writer.write_chunk(coding, payload, size))
         for k in (1, 2):
             old = entry.streams[k][c]
-            new.streams[k].append(writer.write_chunk(old.coding, reader.read_chunk(old),
-                                                     old.size, old.crc))
+            new.streams[k].append(writer.write_chunk(old[4], reader.read_chunk(old),
+                                                     old[3], old[2]))  # size, crc
     return rebased
 
 

@@ -130,7 +130,7 @@ def pipeline_for(entry: TensorEntry, has_base: bool = True,
     itemsize, per_chunk, numel = entry.dtype.itemsize, entry.chunk_elements, entry.numel
     for c in range(entry.chunk_count):
         n = min(per_chunk, numel - c * per_chunk)  # entry.chunk_range(c), inlined
-        if not pipeline.sizes_ok(n, [stream[c].size for stream in entry.streams], itemsize):
+        if not pipeline.sizes_ok(n, [stream[c][3] for stream in entry.streams], itemsize):
             raise CorruptError(f"[C-5] tensor {entry.name!r}: chunk {c} sizes do not match "
                                f"its element range")
     return pipeline
@@ -1060,9 +1060,10 @@ class File:
         chunks = [stream[c] for stream in entry.streams]
         payloads = self._reader.read_chunks(chunks, headers)
         if ref is None:  # pipeline.decode without a delta stage, a call less per chunk
-            return pipeline.stage.decode([entropy_decode(chunk.coding, payload, chunk.size)
+            # a chunk entry: (offset, length, crc, size, coding), read by position
+            return pipeline.stage.decode([entropy_decode(chunk[4], payload, chunk[3])
                                           for chunk, payload in zip(chunks, payloads)], out)
-        return pipeline.decode([(chunk.coding, payload, chunk.size)
+        return pipeline.decode([(chunk[4], payload, chunk[3])
                                 for chunk, payload in zip(chunks, payloads)], out, ref)
 
     def _chunk_ref(self, entry: TensorEntry, pipeline: Pipeline, c: int) -> np.ndarray:
@@ -1099,7 +1100,7 @@ class File:
             ref = self._chunk_base_codes(entry, c) if pipeline.is_delta else None
             chunk = entry.streams[0][c]
             payload = self._reader.read_chunks([chunk])[0]
-            out[start:stop] = pipeline.decode_codes((chunk.coding, payload, chunk.size),
+            out[start:stop] = pipeline.decode_codes((chunk[4], payload, chunk[3]),
                                                     stop - start, ref)
         return out
 
@@ -1154,7 +1155,7 @@ class File:
                 for c in range(entry.chunk_count):
                     chunks = [stream[c] for stream in entry.streams]
                     for chunk, payload in zip(chunks, self._reader.read_chunks(chunks)):
-                        pipeline.entropy.decode(chunk.coding, payload, chunk.size)
+                        pipeline.entropy.decode(chunk[4], payload, chunk[3])
             else:
                 self.read_into(name, lambda start, chunk: None)
 

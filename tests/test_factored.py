@@ -32,7 +32,7 @@ def stored_factors(path) -> tuple[np.ndarray, np.ndarray]:
         entry = f._entries[NAME]
         stage = f._pipelines[NAME].stage
         rows = [np.frombuffer(zstandard.ZstdDecompressor().decompress(f._reader.read_chunk(c))
-                              if c.coding == "zstd" else f._reader.read_chunk(c),
+                              if c[4] == "zstd" else f._reader.read_chunk(c),
                               entry.dtype.numpy) for c in entry.streams[0]]
     return np.concatenate(rows), stage.columns
 

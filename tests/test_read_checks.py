@@ -62,9 +62,9 @@ def test_a_bad_payload_before_a_bad_header_is_reported_first(tmp_path, monkeypat
     path = tmp_path / "x.ink"
     streams = _file(path)
     first = streams[0][0][0]                   # tensor a, stream 0, chunk 0
-    _flip(path, first.offset + layout.RECORD_HEADER_SIZE)
-    _flip(path, streams[1][3][2].offset)       # tensor b, stream 3, chunk 2: its tag
-    with pytest.raises(ChecksumError, match=rf"\[R-5\] .* offset {first.offset}$"):
+    _flip(path, first[0] + layout.RECORD_HEADER_SIZE)
+    _flip(path, streams[1][3][2][0])       # tensor b, stream 3, chunk 2: its tag
+    with pytest.raises(ChecksumError, match=rf"\[R-5\] .* offset {first[0]}$"):
         inshrink.load(path, threads=threads)
     with inshrink.open(path, threads=threads) as f:
         with pytest.raises(CorruptError, match=r"\[R-1\]"):
@@ -78,8 +78,8 @@ def test_the_first_failing_chunk_in_order_is_reported(tmp_path, monkeypatch, thr
     streams = _file(path)
     for tensor in (1, 0):
         chunk = streams[tensor][2][2]          # stream 2, chunk 2 of b, then of a
-        _flip(path, chunk.offset + layout.RECORD_HEADER_SIZE)
-    want = streams[0][2][2].offset
+        _flip(path, chunk[0] + layout.RECORD_HEADER_SIZE)
+    want = streams[0][2][2][0]
     for _ in range(5):  # whichever thread reaches the chunks first
         with pytest.raises(ChecksumError, match=rf"offset {want}$"):
             inshrink.load(path, threads=threads)
@@ -95,8 +95,8 @@ def test_a_bad_large_chunk_is_reported_before_a_later_bad_small_one(tmp_path, th
         writer.add("tiny", np.linspace(-1, 1, 5, dtype=np.float32))
     with inshrink.open(path) as f:
         big, tiny = (e.streams for e in f._reader.index.tensors)
-    _flip(path, tiny[0][0].offset + layout.RECORD_HEADER_SIZE)
-    want = big[0][1].offset  # chunk 1 of 4
+    _flip(path, tiny[0][0][0] + layout.RECORD_HEADER_SIZE)
+    want = big[0][1][0]  # chunk 1 of 4
     _flip(path, want + layout.RECORD_HEADER_SIZE)
     for _ in range(5):
         with pytest.raises(ChecksumError, match=rf"offset {want}$"):
@@ -262,7 +262,7 @@ def test_a_file_truncated_while_open_is_a_typed_error(tmp_path, mmap):
     path = tmp_path / "x.ink"
     streams = _file(path)
     with inshrink.open(path, mmap=mmap) as f:
-        os.truncate(path, streams[1][0][0].offset + 40)
+        os.truncate(path, streams[1][0][0][0] + 40)
         assert f["a"].shape == (192,)
         with pytest.raises(TruncatedError, match=r"\[R-0\]"):
             f["b"]

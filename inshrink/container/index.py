@@ -5,7 +5,6 @@ records not overlapping), so nothing downstream sees an unchecked number.
 """
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
@@ -23,8 +22,10 @@ from . import layout
 class Chunk(NamedTuple):
     """One record of a stream: where it lies and what it decodes to.
 
-    A named tuple: an index holds one per record, and a tuple is built several times faster
-    than a frozen dataclass (opening a file builds them all).
+    The fields in order of a chunk entry. An index read from a file holds plain
+    ``(offset, length, crc, size, coding)`` tuples instead, read by position: the garbage
+    collector stops tracking a plain tuple of numbers and strings, never a named tuple, and
+    a file opened keeps one per record alive while it is read.
     """
 
     offset: int      # of the record header
@@ -46,9 +47,11 @@ class TensorEntry:
     shape: tuple[int, ...]
     codec: list[dict]
     chunk_elements: int
-    # per stream, its chunks in order; a Writer's tensor, once written, holds tuples of plain
-    # (offset, length, crc, size, coding) tuples instead (see ContainerWriter.write_chunks)
-    streams: list[list[Chunk]] = field(default_factory=list)
+    # per stream, its chunks in order as plain (offset, length, crc, size, coding) tuples,
+    # read by position (Chunk names the fields); an index read from a file holds tuples of
+    # them (nothing changes them), a Writer's tensor too once written
+    # (see ContainerWriter.write_chunks)
+    streams: list = field(default_factory=list)
     report: dict | None = None   # optional, informational: what the encoder measured
 
     @property
@@ -239,7 +242,7 @@ def check_base(base) -> None:
                       'and optionally "digest": a positive integer')
 
 
-def _parse_chunk(raw, data_end: int) -> Chunk:
+def _parse_chunk(raw, data_end: int) -> tuple:
     if not isinstance(raw, list) or len(raw) != 5:
         _fail("I-13", "a chunk must be [offset, length, crc, size, coding]")
     offset, length, crc, size, coding = raw
@@ -257,11 +260,7 @@ def _parse_chunk(raw, data_end: int) -> Chunk:
         _fail("I-13", f"chunk offset {offset} is not an aligned offset after the header")
     if offset + layout.RECORD_HEADER_SIZE + length > data_end:
         _fail("I-13", f"chunk at offset {offset} extends past the data section")
-    return Chunk(offset, length, crc, size, coding)
-
-
-# Chunk(*row) without a Python frame per record (rows already checked to hold 5 fields)
-_new_chunk = functools.partial(tuple.__new__, Chunk)
+    return offset, length, crc, size, coding
 
 
 def _is_report_value(value) -> bool:
@@ -306,7 +305,7 @@ def _parse_tensor(raw, data_end: int, check_chunks: bool = True) -> TensorEntry:
     if not set(map(len, streams)) <= {chunk_count}:
         _fail("I-12", f"tensor {raw['name']!r}: every stream needs {chunk_count} chunks")
     if check_chunks:
-        streams = [[_parse_chunk(c, data_end) for c in s] for s in streams]
+        streams = tuple([tuple([_parse_chunk(c, data_end) for c in s]) for s in streams])
     # unchecked, the chunks stay as read: parse() checks all of the file's at once
     return TensorEntry(raw["name"], dtype, shape, codec, per_chunk, streams, report)
 
@@ -370,9 +369,9 @@ def parse(payload: bytes, data_end: int, file_size: int | None = None) -> Index:
         valid = _chunks_valid(raw, data_end)
     except InshrinkError:  # maybe a later tensor's: an earlier chunk entry may fail first
         valid = False
-    if valid:
+    if valid:  # plain tuples (see TensorEntry.streams): few objects for the collector
         for t in tensors:
-            t.streams = [list(map(_new_chunk, s)) for s in t.streams]
+            t.streams = tuple([tuple(map(tuple, s)) for s in t.streams])
     else:  # one entry after another, in the spec's order, to raise the first failure
         tensors = [_parse_tensor(t, data_end) for t in raw]
     if len({t.name for t in tensors}) != len(tensors):
@@ -385,8 +384,8 @@ def _check_no_overlap(tensors: list[TensorEntry]) -> None:
     chunks = [c for t in tensors for s in t.streams for c in s]
     if len(chunks) < 2:
         return
-    starts = np.fromiter((c.offset for c in chunks), np.int64, len(chunks))
-    ends = starts + layout.RECORD_HEADER_SIZE + np.fromiter((c.length for c in chunks),
+    starts = np.fromiter((c[0] for c in chunks), np.int64, len(chunks))  # offsets
+    ends = starts + layout.RECORD_HEADER_SIZE + np.fromiter((c[1] for c in chunks),  # lengths
                                                             np.int64, len(chunks))
     order = np.argsort(starts, kind="stable")
     starts, ends = starts[order], ends[order]

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import ChecksumError, CorruptError, LimitExceededError, TruncatedError
 from . import layout
-from .index import Chunk, Index, parse, unpack_index
+from .index import Index, parse, unpack_index
 
 
 class _BufferPool:
@@ -131,11 +131,15 @@ class ContainerReader:
         self._check_payload(payload, offset, crc)
         return payload
 
-    def read_chunk(self, chunk: Chunk) -> bytes:
-        return self.read_record(chunk.offset, chunk.length, chunk.crc, layout.KIND_CHUNK)
+    def read_chunk(self, chunk: tuple) -> bytes:
+        """Read and check one chunk record, ``(offset, length, crc, size, coding)``."""
+        offset, length, crc = chunk[:3]
+        return self.read_record(offset, length, crc, layout.KIND_CHUNK)
 
-    def read_chunks(self, chunks: list[Chunk], headers: list[bytes] | None = None) -> list:
-        """Read and check several chunk records; return views of their payloads.
+    def read_chunks(self, chunks: list, headers: list[bytes] | None = None) -> list:
+        """Read and check several chunk records (``(offset, length, crc, size, coding)``
+        tuples, read by position: see :class:`~inshrink.container.index.Chunk`); return
+        views of their payloads.
 
         Memory-mapped: the views are slices of the map. Otherwise back-to-back records (the
         writer's layout for the planes of one chunk) are read at once into a buffer owned by
@@ -147,11 +151,11 @@ class ContainerReader:
             headers = [None] * len(chunks)
         if self._map is not None:
             return [self._mapped_payload(c, h) for c, h in zip(chunks, headers)]
-        start = at = chunks[0].offset
+        start = at = chunks[0][0]
         for c in chunks:
-            if c.offset != at:  # not back to back: one read each
+            if c[0] != at:  # not back to back: one read each
                 return [self.read_chunk(c) for c in chunks]
-            end = c.offset + layout.RECORD_HEADER_SIZE + c.length
+            end = c[0] + layout.RECORD_HEADER_SIZE + c[1]
             at = end + layout.padding(end)
         view = self._buffer(end - start)
         if os.preadv(self._fd, [view], start) != end - start:
@@ -159,19 +163,20 @@ class ContainerReader:
                                  f"{start}")
         payloads = []
         for c, header in zip(chunks, headers):
-            at = c.offset - start
+            offset, length, crc = c[:3]
+            at = offset - start
             head = view[at:at + layout.RECORD_HEADER_SIZE]
             if header is None or head != header:
-                self._check_record(head, c.offset, layout.KIND_CHUNK, c.length, c.crc)
+                self._check_record(head, offset, layout.KIND_CHUNK, length, crc)
             at += layout.RECORD_HEADER_SIZE
-            payload = view[at:at + c.length]
-            if layout.crc32(payload) != c.crc:
-                self._check_payload(payload, c.offset, c.crc)
+            payload = view[at:at + length]
+            if layout.crc32(payload) != crc:
+                self._check_payload(payload, offset, crc)
             payloads.append(payload)
         return payloads
 
     @staticmethod
-    def expected_headers(chunks: list[Chunk]) -> list[bytes]:
+    def expected_headers(chunks: list) -> list[bytes]:
         """The header each of these chunk records must have: exactly when its stored header
         equals it, rules R-1 ... R-4 pass for it. Computed for all records at once."""
         if not chunks:
@@ -180,17 +185,18 @@ class ContainerReader:
         headers = layout.record_headers(layout.KIND_CHUNK, lengths, crcs)
         return [row.tobytes() for row in headers]
 
-    def _mapped_payload(self, c: Chunk, header: bytes | None = None) -> memoryview:
-        end = c.offset + layout.RECORD_HEADER_SIZE + c.length
+    def _mapped_payload(self, c: tuple, header: bytes | None = None) -> memoryview:
+        offset, length, crc = c[:3]
+        end = offset + layout.RECORD_HEADER_SIZE + length
         if end > len(self._map):  # the index parser already guarantees this
-            raise TruncatedError(f"[R-0] {self.path}: record at offset {c.offset} passes the "
+            raise TruncatedError(f"[R-0] {self.path}: record at offset {offset} passes the "
                                  f"end")
-        view = memoryview(self._map)[c.offset:end]
+        view = memoryview(self._map)[offset:end]
         head = view[:layout.RECORD_HEADER_SIZE]
         if header is None or head != header:
-            self._check_record(head, c.offset, layout.KIND_CHUNK, c.length, c.crc)
+            self._check_record(head, offset, layout.KIND_CHUNK, length, crc)
         payload = view[layout.RECORD_HEADER_SIZE:]
-        self._check_payload(payload, c.offset, c.crc)
+        self._check_payload(payload, offset, crc)
         return payload
 
     def _buffer(self, size: int) -> memoryview:

@@ -452,7 +452,7 @@ def quant_reference_decode(path: Path, base_codes: dict | None = None,
                 n = t - s
                 codes_raw, gaps_raw, values_raw = (
                     zstandard.ZstdDecompressor().decompress(reader.read_chunk(ch))
-                    if ch.coding == "zstd" else reader.read_chunk(ch)
+                    if ch[4] == "zstd" else reader.read_chunk(ch)
                     for ch in (stream[c] for stream in entry.streams))
                 raw = np.frombuffer(codes_raw, np.uint8)
                 def unpacked(data, width):
@@ -757,7 +757,7 @@ def factored_reference_decode(path: Path) -> Tensors:
             rows = []
             for chunk in entry.streams[0]:
                 payload = reader.read_chunk(chunk)
-                if chunk.coding == "zstd":
+                if chunk[4] == "zstd":
                     payload = zstandard.ZstdDecompressor().decompress(payload)
                 rows.append(np.frombuffer(payload, float_type))
             matrix = np.concatenate(rows)[:, None] * columns[None, :]
