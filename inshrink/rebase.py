@@ -44,7 +44,7 @@ def write_delta(src: str | os.PathLike, dst: str | os.PathLike, *,
             return write_delta(src, dst, src_codes=src_codes, base_exact=base_exact,
                                base_codes=base_codes, base_file=base_file, level=level,
                                src_exact=Decoded(f, codes=False))
-    reader = ContainerReader(src, use_mmap=False)
+    reader = ContainerReader(src)
     writer = ContainerWriter(dst)
     entropy = Entropy(level)
     try:

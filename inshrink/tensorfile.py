@@ -805,7 +805,7 @@ class File:
                  base_codes: Mapping[str, np.ndarray] | None = None) -> None:
         self._threads = resolve_threads(threads)
         self._base, self._base_codes = base, base_codes
-        self._reader = ContainerReader(path, use_mmap=False)
+        self._reader = ContainerReader(path)
         try:
             self._entries = {e.name: e for e in self._reader.index.tensors}
             has_base = self._reader.index.base is not None

@@ -2,7 +2,6 @@
 record is checked against its header and the index before its payload is handed out."""
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 
@@ -53,31 +52,24 @@ os.register_at_fork(after_in_child=lambda: _BUFFERS.__init__(64 << 20))
 
 
 class ContainerReader:
-    """Random access to the records of one .ink file.
+    """Random access to the records of one .ink file, read with ``pread`` (docs/decisions.md,
+    "Reading"): a file truncated by another program while open is a typed error.
 
     Parameters
     ----------
     path : str or os.PathLike
         The file to open. Raises a typed :class:`~inshrink.errors.InshrinkError` if the file is
         not a valid .ink file; ``OSError`` if it cannot be read at all.
-    use_mmap : bool
-        Read chunk payloads through a read-only memory map (no copy; the default) instead of
-        ``pread`` into a buffer. A mapped file must not be truncated by another program while
-        it is open (inshrink itself never modifies a file in place: it writes a new one and
-        renames it), or the process receives SIGBUS.
     """
 
-    def __init__(self, path: str | os.PathLike, use_mmap: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
         self._local = threading.local()
         self._taken: list[np.ndarray] = []  # buffers of _BUFFERS, given back on close
-        self._map: mmap.mmap | None = None
         self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         try:
             self.size = os.fstat(self._fd).st_size
             self.index = self._read_index()
-            if use_mmap:
-                self._map = mmap.mmap(self._fd, self.size, access=mmap.ACCESS_READ)
         except BaseException:
             os.close(self._fd)
             raise
@@ -141,16 +133,14 @@ class ContainerReader:
         tuples, read by position: see :class:`~inshrink.container.index.Chunk`); return
         views of their payloads.
 
-        Memory-mapped: the views are slices of the map. Otherwise back-to-back records (the
-        writer's layout for the planes of one chunk) are read at once into a buffer owned by
-        the calling thread, and the views are valid until that thread's next call.
+        Back-to-back records (the writer's layout for the planes of one chunk) are read at
+        once into a buffer owned by the calling thread; the views are valid until that
+        thread's next call.
         ``headers``: the header each record must have (:meth:`expected_headers`), computed
         beforehand for many records at once.
         """
         if headers is None:
             headers = [None] * len(chunks)
-        if self._map is not None:
-            return [self._mapped_payload(c, h) for c, h in zip(chunks, headers)]
         start = at = chunks[0][0]
         for c in chunks:
             if c[0] != at:  # not back to back: one read each
@@ -185,20 +175,6 @@ class ContainerReader:
         headers = layout.record_headers(layout.KIND_CHUNK, lengths, crcs)
         return [row.tobytes() for row in headers]
 
-    def _mapped_payload(self, c: tuple, header: bytes | None = None) -> memoryview:
-        offset, length, crc = c[:3]
-        end = offset + layout.RECORD_HEADER_SIZE + length
-        if end > len(self._map):  # the index parser already guarantees this
-            raise TruncatedError(f"[R-0] {self.path}: record at offset {offset} passes the "
-                                 f"end")
-        view = memoryview(self._map)[offset:end]
-        head = view[:layout.RECORD_HEADER_SIZE]
-        if header is None or head != header:
-            self._check_record(head, offset, layout.KIND_CHUNK, length, crc)
-        payload = view[layout.RECORD_HEADER_SIZE:]
-        self._check_payload(payload, offset, crc)
-        return payload
-
     def _buffer(self, size: int) -> memoryview:
         """This thread's read buffer, grown to at least ``size`` bytes (sizes are bounded by
         records already proven to lie inside the file)."""
@@ -213,12 +189,6 @@ class ContainerReader:
         # the views handed out are dead by now: File decodes them before its next read
         taken, self._taken = self._taken, []
         _BUFFERS.give(taken)
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:  # a view is still alive (e.g. in a traceback): unmap on GC
-                pass
-            self._map = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -435,7 +435,7 @@ def quant_reference_decode(path: Path, base_codes: dict | None = None,
     code delta against ``base_codes``, look levels up, place escaped values. Codes go to
     ``codes_out``."""
     from inshrink.container.reader import ContainerReader
-    reader = ContainerReader(path, use_mmap=False)
+    reader = ContainerReader(path)
     out = {}
     try:
         for entry in reader.index.tensors:
@@ -748,7 +748,7 @@ def factored_reference_decode(path: Path) -> Tensors:
     decoder (spec section 10.9): per chunk, its row factors times the column factors, one
     multiplication in the tensor's dtype."""
     from inshrink.container.reader import ContainerReader
-    reader = ContainerReader(path, use_mmap=False)
+    reader = ContainerReader(path)
     out = {}
     try:
         for entry in reader.index.tensors:
