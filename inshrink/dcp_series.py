@@ -79,6 +79,7 @@ from .dcp import (_RANK_FILE, METADATA_FILE, InkStorageReader, InkStorageWriter,
                   _consolidate_to, _describe, _done, _named, _RankFiles, _read_metadata)
 from .errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError,
                      LimitExceededError, SeriesLockedError, UnsupportedVersionError)
+from . import strict_json
 from .policy import Policy
 from .policy import resolve as resolve_policy
 from .rebase import Decoded, write_delta
@@ -153,24 +154,12 @@ def _fail(rule: str, path: str, why: str, error: type[InshrinkError] = CorruptEr
     raise error(f"[{rule}] {path}: invalid DCP series manifest: {why}")
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
-    doc = dict(pairs)
-    if len(doc) != len(pairs):
-        raise ValueError("duplicate key")
-    return doc
-
-
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
-
-
 def decode_manifest(raw: bytes, path: str = MANIFEST) -> list[Step]:
     """The steps of the bytes of a ``series.json`` (rules M-1 ... M-16)."""
     if len(raw) > MAX_MANIFEST_BYTES:
         _fail("M-1", path, f"larger than {MAX_MANIFEST_BYTES} bytes", LimitExceededError)
     try:
-        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys,
-                         parse_constant=_no_constant)
+        doc = strict_json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as exc:
         _fail("M-1", path, f"not JSON ({reprlib.repr(str(exc))})")
     return parse_manifest(doc, path)

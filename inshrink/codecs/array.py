@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import dtypes
+from .. import dtypes, strict_json
 from ..errors import (CorruptError, InvalidArgumentError, LimitExceededError, UnknownCodecError,
                       UnsupportedVersionError)
 from .chain import Pipeline, for_new_tensor
@@ -168,17 +168,6 @@ def _is_int(x, lo: int = 0, hi: int = MAX_INT) -> bool:
     return type(x) is int and lo <= x <= hi
 
 
-def _no_duplicates(pairs: list) -> dict:
-    keys = [k for k, _ in pairs]
-    if len(set(keys)) != len(keys):
-        raise ValueError("duplicate key")
-    return dict(pairs)
-
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not JSON")
-
-
 def _header(view: memoryview) -> tuple[dict, int]:
     """The parsed JSON header (rules A-1 ... A-4) and the offset of the first payload."""
     if len(view) < PREFIX or bytes(view[:4]) != MAGIC[:4]:
@@ -192,8 +181,7 @@ def _header(view: memoryview) -> tuple[dict, int]:
     if length > len(view) - PREFIX:
         _fail("A-3", f"header of {length} bytes does not fit in {len(view)} bytes")
     try:
-        header = json.loads(bytes(view[PREFIX:PREFIX + length]).decode("utf-8"),
-                            object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        header = strict_json.loads(bytes(view[PREFIX:PREFIX + length]).decode("utf-8"))
     except (ValueError, RecursionError) as exc:
         _fail("A-4", f"header is not UTF-8 JSON without duplicate keys ({exc})")
     return header, PREFIX + length
