@@ -294,7 +294,9 @@ def _parse_tensor(raw, data_end: int, check_chunks: bool = True) -> TensorEntry:
             isinstance(s, dict) and isinstance(s.get("id"), str) for s in codec):
         _fail("I-11", "codec must be a non-empty list of objects with a string 'id'")
     streams = raw["streams"]
-    if not isinstance(streams, list) or not set(map(type, streams)) <= {list}:
+    # a tuple: chunk entries that _parse_canonical read and typed already (never from JSON)
+    if type(streams) is not tuple and (not isinstance(streams, list)
+                                       or not set(map(type, streams)) <= {list}):
         _fail("I-11", "streams must be a list of chunk lists")
     report = raw.get("report")
     if report is not None and not (isinstance(report, dict)
@@ -320,7 +322,13 @@ def _chunks_valid(tensors: list, data_end: int) -> bool:
         return True
     if set(map(type, rows)) != {list} or set(map(len, rows)) != {5}:
         return False
-    offsets, lengths, crcs, sizes, codings = zip(*rows)
+    return _columns_valid(*zip(*rows), data_end)
+
+
+def _columns_valid(offsets, lengths, crcs, sizes, codings, data_end: int) -> bool:
+    """:func:`_chunks_valid` for the fields of the chunk entries as columns."""
+    if not offsets:
+        return True
     for column in (offsets, lengths, crcs, sizes):
         if set(map(type, column)) != {int} or min(column) < 0:
             return False
@@ -342,6 +350,120 @@ def parse(payload: bytes, data_end: int, file_size: int | None = None) -> Index:
     index would have), which bounds the number of tensors (spec rule I-3)."""
     if file_size is None:
         file_size = layout.file_size(data_end, len(payload))
+    index = _parse_canonical(payload, data_end, file_size)
+    if index is not None:
+        return index
+    return _parse_general(payload, data_end, file_size)
+
+
+# The chunk entries of an index as Index.to_bytes writes them: no spaces, integers without
+# sign, fraction or leading zeros. Such a "streams" value is read without the JSON parser.
+_UINT = r"(?:0|[1-9][0-9]*)"
+_CHUNK = rf'\[{_UINT},{_UINT},{_UINT},{_UINT},"(?:zstd|raw)"\]'
+_STREAM = rf"\[(?:{_CHUNK}(?:,{_CHUNK})*)?\]"
+_STREAMS = re.compile(rf'"streams":(\[(?:{_STREAM}(?:,{_STREAM})*)?\])')
+_CODINGS = {'"zstd"': "zstd", '"raw"': "raw"}
+# What stands for the k-th "streams" value in the text the JSON parser reads: the number
+# _PLACEHOLDER + k (k < 10^8). No integer written in the text itself can equal one when
+# its first digits, _PLACEHOLDER_DIGITS, occur nowhere in the text.
+_PLACEHOLDER = 91111111111100000000
+_PLACEHOLDER_DIGITS = str(_PLACEHOLDER)[:12]
+
+
+def _read_streams(texts: list[str]) -> tuple[list[tuple], tuple]:
+    """The chunk entries of "streams" values that :data:`_STREAMS` matched: for each value,
+    its streams as tuples of ``(offset, length, crc, size, coding)`` tuples; and all entries
+    in order as the five columns. Read for all values at once, in C as far as possible."""
+    if not texts:
+        return [], ([], [], [], [], [])
+    # without brackets, the values are one list of fields, five per entry
+    fields = ",".join(texts).replace("[", "").replace("]", "").split(",")
+    empty = "[]" in "".join(texts)  # a tensor without elements has empty streams
+    if empty:
+        fields = [f for f in fields if f]
+    columns = (list(map(int, fields[0::5])), list(map(int, fields[1::5])),
+               list(map(int, fields[2::5])), list(map(int, fields[3::5])),
+               list(map(_CODINGS.__getitem__, fields[4::5])))
+    chunks = list(zip(*columns))
+    values, at = [], 0
+    for text in texts:
+        entries = text.count('"') >> 1  # two quotes per entry: its coding
+        if not empty and text.count("]],[[") + 1 == entries:  # one entry per stream
+            values.append(tuple(zip(chunks[at:at + entries])))
+            at += entries
+            continue
+        if "[]" in text:
+            counts = [len(s) for s in json.loads(text)]
+        else:
+            counts = [s.count('"') >> 1 for s in text.split("]],[[")]
+        streams = []
+        for n in counts:
+            streams.append(tuple(chunks[at:at + n]))
+            at += n
+        values.append(tuple(streams))
+    return values, columns
+
+
+def _parse_canonical(payload: bytes, data_end: int, file_size: int) -> Index | None:
+    """:func:`_parse_general`'s index, read with fewer objects, or None (then the general
+    parser runs and raises the error of the first rule broken, if any).
+
+    Each "streams" value in the writer's form becomes a number before the JSON parser sees
+    the text, and its chunk entries tuples directly: on a file of many small tensors the
+    lists of the chunk entries were most of the objects a parse made, and those that live
+    through a collection drive the garbage collector to full collections. Only used when
+    every number stands, after the JSON parse, exactly where a tensor's "streams" value
+    belongs, in order (so the text was valid JSON exactly when the one parsed is), and every
+    check of the general parser passes.
+    """
+    try:
+        text = payload.decode("utf-8")
+        if not text.startswith('{"tensors":['):
+            return None
+        if _PLACEHOLDER_DIGITS in text:  # then a number in the text could pass for one
+            return None
+        texts: list[str] = []
+        parts: list[str] = []
+        at = 0
+        for match in _STREAMS.finditer(text):
+            parts += (text[at:match.start(1)], str(_PLACEHOLDER + len(texts)))
+            texts.append(match[1])
+            at = match.end(1)
+        parts.append(text[at:])
+        streams, columns = _read_streams(texts)
+        doc = json.loads("".join(parts), object_pairs_hook=_reject_duplicate_keys,
+                         parse_constant=_reject_constant)
+        raw = doc["tensors"]
+        if (type(raw) is not list or len(raw) != len(streams)
+                or len(raw) > layout.max_tensors(file_size)):
+            return None
+        for k, t in enumerate(raw, _PLACEHOLDER):
+            if type(t) is not dict or type(t.get("streams")) is not int or t["streams"] != k:
+                return None
+            t["streams"] = streams[k - _PLACEHOLDER]
+        metadata = doc.get("metadata", {})
+        check_metadata(metadata)
+        header = doc.get("safetensors_header")
+        if header is not None and not isinstance(header, str):
+            return None
+        base = doc.get("base")
+        if base is not None:
+            check_base(base)
+        tensors = [_parse_tensor(t, data_end, check_chunks=False) for t in raw]
+        if not _columns_valid(*columns, data_end):
+            return None
+        if len({t.name for t in tensors}) != len(tensors):
+            return None
+        offsets, lengths = columns[:2]
+        if _first_overlap(np.array(offsets, np.int64), np.array(lengths, np.int64)) is not None:
+            return None
+    except Exception:  # noqa: BLE001  any problem: the general parser names it
+        return None
+    return Index(tensors, metadata, header, base)
+
+
+def _parse_general(payload: bytes, data_end: int, file_size: int) -> Index:
+    """:func:`parse` for any text: each rule checked in the spec's order."""
     try:
         doc = json.loads(payload.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys,
                          parse_constant=_reject_constant)
@@ -384,11 +506,19 @@ def _check_no_overlap(tensors: list[TensorEntry]) -> None:
     chunks = [c for t in tensors for s in t.streams for c in s]
     if len(chunks) < 2:
         return
-    starts = np.fromiter((c[0] for c in chunks), np.int64, len(chunks))  # offsets
-    ends = starts + layout.RECORD_HEADER_SIZE + np.fromiter((c[1] for c in chunks),  # lengths
-                                                            np.int64, len(chunks))
+    at = _first_overlap(np.fromiter((c[0] for c in chunks), np.int64, len(chunks)),  # offsets
+                        np.fromiter((c[1] for c in chunks), np.int64, len(chunks)))  # lengths
+    if at is not None:
+        _fail("I-15", f"records overlap at offset {at}")
+
+
+def _first_overlap(starts: np.ndarray, lengths: np.ndarray) -> int | None:
+    """The offset of the first record (by offset) that starts inside the one before it, or
+    None; ``starts`` and ``lengths`` of the chunk records, in the index's order."""
+    if len(starts) < 2:
+        return None
+    ends = starts + layout.RECORD_HEADER_SIZE + lengths
     order = np.argsort(starts, kind="stable")
     starts, ends = starts[order], ends[order]
     overlap = np.flatnonzero(starts[1:] < ends[:-1])
-    if overlap.size:
-        _fail("I-15", f"records overlap at offset {starts[overlap[0] + 1]}")
+    return int(starts[overlap[0] + 1]) if overlap.size else None

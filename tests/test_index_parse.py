@@ -1,0 +1,151 @@
+"""The index parser's two ways: the writer's form is read with fewer objects
+(``_parse_canonical``), anything else by the general parser, which names the first rule
+broken. For every text, ``parse`` must give what the general parser gives: the same index,
+or the same error."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from inshrink import dtypes
+from inshrink.container import index, layout
+from inshrink.container.index import Index, TensorEntry
+from inshrink.errors import InshrinkError
+
+F32 = dtypes.BY_NAME["F32"]
+CODEC = [{"id": "bytegroup", "word": 4, "rotate": True}]
+DATA_END = 1 << 20
+
+
+def _entry(name: str, numel: int, chunk_elements: int, at: list[int], streams: int = 4,
+           report: dict | None = None) -> TensorEntry:
+    chunks = -(-numel // chunk_elements) if numel else 0
+    planes = []
+    for s in range(streams):
+        plane = []
+        for c in range(chunks):
+            n = min(chunk_elements, numel - c * chunk_elements)
+            plane.append((at[0], n, (7919 * at[0] + s) & 0xFFFFFFFF, n,
+                          "zstd" if s == 0 else "raw"))
+            at[0] += layout.RECORD_HEADER_SIZE + n
+            at[0] += layout.padding(at[0])
+        planes.append(tuple(plane))
+    return TensorEntry(name, F32, (numel,) if numel else (0, 3), CODEC, chunk_elements,
+                       tuple(planes), report)
+
+
+def _text(**extra) -> bytes:
+    at = [layout.HEADER_SIZE]
+    tensors = [_entry("a", 1000, 1000, at), _entry("b.weight", 2500, 1000, at),
+               _entry("empty", 0, 16, at), _entry("ü name", 10, 4, at, streams=1,
+                                                  report={"role": "small", "x": 0.5}),
+               _entry("c", 3, 8, at)]
+    return Index(tensors, {"k": "v"}, **extra).to_bytes()
+
+
+def _outcome(parse, text: bytes):
+    try:
+        return parse(text, DATA_END, 1 << 24)
+    except InshrinkError as exc:
+        return type(exc), str(exc)
+
+
+def _assert_same(text: bytes) -> None:
+    general = _outcome(index._parse_general, text)
+    canonical = _outcome(index._parse_canonical, text)
+    assert canonical is None or canonical == general, text
+    assert _outcome(index.parse, text) == general
+
+
+VALID = [_text(), _text(safetensors_header='{"x":1}'),
+         _text(base={"file": "b.ink", "sha256": "0" * 64}), Index([], {}).to_bytes()]
+
+
+@pytest.mark.parametrize("text", VALID)
+def test_the_writers_form_is_read_the_short_way_into_the_same_index(text):
+    canonical = index._parse_canonical(text, DATA_END, 1 << 24)
+    assert canonical is not None
+    assert canonical == index._parse_general(text, DATA_END, 1 << 24)
+    for entry in canonical.tensors:  # plain tuples, as the general parser makes them
+        assert type(entry.streams) is tuple
+        assert all(type(s) is tuple and all(type(c) is tuple for c in s)
+                   for s in entry.streams)
+
+
+FORGERIES = [
+    # a tensor's streams given as a number, another "streams" value elsewhere in its entry
+    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
+    b'"codec":[{"id":"bytegroup","word":1,"rotate":false,"streams":[[[64,4,1,4,"raw"]]]}],'
+    b'"streams":91111111111100000000}],"metadata":{}}',
+    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
+    b'"codec":[{"id":"bytegroup","word":1,"rotate":false,"streams":[[[64,4,1,4,"raw"]]]}],'
+    b'"streams":0}],"metadata":{}}',
+    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
+    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],'
+    b'"str\\u0065ams":0}],"metadata":{"x":"streams","streams":[[[64,4,1,4,"raw"]]]}}',
+    # a "streams" value inside a string; one in the metadata
+    b'{"tensors":[{"name":"\\"streams\\":[[[64,4,1,4,\\"raw\\"]]]","dtype":"F32","shape":[1],'
+    b'"chunk_elements":1,"codec":[{"id":"bytegroup","word":1,"rotate":false}],'
+    b'"streams":[[[64,4,1,4,"raw"]]]}],"metadata":{}}',
+    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
+    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],'
+    b'"streams":[[[64,4,1,4,"raw"]]]}],"metadata":{"streams":[[[128,4,1,4,"raw"]]]}}',
+    # not valid JSON once the value is cut out of a string
+    b'{"tensors":[{"name":"a","streams":[[[64,4,1,4,"raw"]]]"}],"metadata":{}}',
+    # leading zeros, spaces, a negative number, a duplicate key, a BOM, huge numbers
+    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
+    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],"streams":[[[064,4,1,4,"raw"]]]}]}',
+    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
+    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],"streams":[[[64, 4,1,4,"raw"]]]}]}',
+    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
+    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],"streams":[[[64,4,-1,4,"raw"]]]}]}',
+    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,"name":"b",'
+    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],"streams":[[[64,4,1,4,"raw"]]]}]}',
+    b'\xef\xbb\xbf{"tensors":[],"metadata":{}}',
+    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
+    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],"streams":[[[' + b"9" * 5000
+    + b',4,1,4,"raw"]]]}]}',
+    # I-12: streams of unequal lengths whose entries add up; overlapping records
+    b'{"tensors":[{"name":"a","dtype":"F32","shape":[2],"chunk_elements":1,'
+    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],'
+    b'"streams":[[[64,4,1,4,"raw"],[128,4,1,4,"raw"],[192,4,1,4,"raw"]],[[256,4,1,4,"raw"]]]}]}',
+    b'{"tensors":[{"name":"a","dtype":"F32","shape":[2],"chunk_elements":1,'
+    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],'
+    b'"streams":[[[64,40,1,4,"raw"],[64,4,1,4,"raw"]]]}]}',
+    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
+    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],"streams":[[],[[64,4,1,4,"raw"]]]}]}',
+]
+
+
+@pytest.mark.parametrize("text", FORGERIES)
+def test_texts_near_the_writers_form_give_the_general_parsers_outcome(text):
+    _assert_same(text)
+
+
+def test_a_number_where_a_streams_value_belongs_is_not_taken_for_one():
+    # the general parser rejects the entry's streams (I-11) before its codec is looked at
+    assert index._parse_canonical(FORGERIES[0], DATA_END, 1 << 24) is None
+    with pytest.raises(InshrinkError, match=r"\[I-11\]"):
+        index.parse(FORGERIES[0], DATA_END, 1 << 24)
+
+
+_ALPHABET = [b"[", b"]", b"{", b"}", b",", b":", b'"', b"0", b"1", b"9", b" ", b"\\",
+             b"-", b"[]", b'"raw"', b'"zstd"', b'"streams":', b"64", b"],[", b"]],[["]
+
+
+def test_mutations_of_the_writers_form_give_the_general_parsers_outcome():
+    rng = random.Random(1)
+    for _ in range(1500):
+        text = bytearray(rng.choice(VALID))
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(text))
+            token = rng.choice(_ALPHABET)
+            kind = rng.randrange(3)
+            if kind == 0:
+                text[at:at + 1] = token
+            elif kind == 1:
+                text[at:at] = token
+            else:
+                del text[at:at + rng.randint(1, 8)]
+        _assert_same(bytes(text))
