@@ -114,3 +114,17 @@ def test_small_chunks_use_the_kernels_once_compiled(width, monkeypatch):
     out = np.zeros(data.size + 1, np.uint8)[1:]  # misaligned output
     stage.decode([p.tobytes() for p in planes], out)
     np.testing.assert_array_equal(out, data)
+
+
+@pytest.mark.parametrize("width", [2, 4, 8])
+@pytest.mark.parametrize("rotate", [False, True])
+@given(data=st.binary(max_size=256), skip=st.integers(0, 7))
+def test_numpy_join_of_small_chunks_matches_oracle(width, rotate, data, skip):
+    """The grouping a small chunk gets while the join kernel is not compiled: the words of
+    the oracle's planes, in any buffer (misaligned output and read-only planes included)."""
+    word_type = KERNELS[width][0]
+    words = np.frombuffer(data[:len(data) - len(data) % width], word_type)
+    planes = [p.tobytes() for p in oracle_split(words, rotate)]
+    out = np.zeros(skip + words.nbytes, np.uint8)[skip:]
+    lossless._join_small(planes, rotate, out)
+    np.testing.assert_array_equal(out, words.view(np.uint8))
