@@ -260,7 +260,7 @@ def weighted_points(draw, min_size=1, max_size=60):
 def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol):
     """The kernel with scratch of the least length it allows, full of garbage it must not
     read."""
-    scratch = np.full(points.size + 2 * centroids.size, np.nan)
+    scratch = np.full(2 * (points.size + centroids.size), np.nan)
     return quant.kmeans_1d(points, weights, uniforms, centroids, max_iter, tol, scratch)
 
 

@@ -456,7 +456,7 @@ def _kmeans(points: np.ndarray, weights: np.ndarray, k: int, seed: int) -> np.nd
     if points.size != weights.size:  # the kernel reads both up to len(points)
         raise InvalidArgumentError(f"{points.size} points and {weights.size} weights")
     m, _ = kernels.kmeans_1d(points, weights, _uniforms(seed, k), centroids, 100, 1e-7,
-                             _scratch("kmeans", np.float64, points.size + 2 * k))
+                             _scratch("kmeans", np.float64, 2 * (points.size + k)))
     return _unique(centroids[:m])
 
 

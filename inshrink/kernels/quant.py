@@ -37,7 +37,7 @@ zero_code, escape, force, codes, positions, others, out)``
     ``k >= 1`` with values in ``[0, 1)``, ``len(points) >= 1`` and ``centroids`` float64 of
     length ``>= k``, or ``uniforms`` is empty and ``centroids`` is float64 of length ``>= 1``,
     sorted ascending and distinct; ``scratch`` is float64 of length
-    ``>= len(points) + 2 * len(centroids)`` (its contents are overwritten).
+    ``>= 2 * len(points) + 2 * len(centroids)`` (its contents are overwritten).
 
 ``fit_points(counts, first, stop, zeros, prune, protect, linear, table, points, weights)``
     ``counts`` is int64 of shape ``(2, m)``; ``0 <= first <= stop <= m``, every non-zero count
@@ -190,8 +190,9 @@ def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol, scratch):
     iterations start from ``centroids`` as given.
 
     Lloyd: a point goes to the nearest centroid (one exactly at a midpoint goes to the lower
-    one); a centroid whose points weigh nothing keeps its value; centroids are re-sorted after
-    each iteration. Iteration stops once no centroid moved by more than
+    one); a centroid moves to the weighted mean of its points (their weights and weighted
+    values summed in point order), or keeps its value when they weigh nothing; centroids are
+    re-sorted after each iteration. Iteration stops once no centroid moved by more than
     ``tol * (max(points) - min(points))``.
 
     Returns
@@ -203,45 +204,60 @@ def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol, scratch):
     k = uniforms.shape[0]
     m = centroids.shape[0]
     if k > 0:  # k-means++ seeding
+        # The mass of point j is its weight for the first draw, then its weight times its
+        # squared distance to the nearest centroid drawn. running[j] is the sum of the masses
+        # of points 0..j in order, made in the pass that updates them (not decreasing: a
+        # draw is then a binary search instead of a second pass).
+        positive = True
+        nearest = scratch[:n]
+        running = scratch[n:2 * n]
+        last = -1  # the last point with mass
         total = 0.0
         for j in range(n):
             total += weights[j]
-        positive = total > 0.0  # else every point weighs 1
-        if not positive:
-            total = float(n)
-        # the mass of point j is its weight for the first draw, then its weight times its
-        # squared distance to the nearest centroid drawn; total is their sum
-        nearest = scratch[:n]
+            running[j] = total
+            last = j if weights[j] > 0.0 else last
+        if not total > 0.0:  # every point weighs 1
+            positive = False
+            total = 0.0
+            for j in range(n):
+                total += 1.0
+                running[j] = total
+            last = n - 1
         m = 0
         while m < k and total > 0.0:
             target = uniforms[m] * total
-            running = 0.0
-            picked = -1
-            for j in range(n):
-                weight = weights[j] if positive else 1.0
-                mass = weight if m == 0 else nearest[j] * weight
-                if mass > 0.0:
-                    running += mass
-                    picked = j
-                    if running > target:
-                        break
-            drawn = points[picked]
+            # the first point whose running sum exceeds target (its mass is positive)
+            base = 0
+            size = n
+            while size > 0:
+                half = size >> 1
+                if running[base + half] > target:
+                    size = half
+                else:
+                    base += half + 1
+                    size -= half + 1
+            drawn = points[base if base < n else last]
             centroids[m] = drawn
             m += 1
             if m == k:
                 break
             total = 0.0
+            last = -1
             for j in range(n):
                 gap = points[j] - drawn
                 gap = gap * gap
                 if m == 1 or gap < nearest[j]:
                     nearest[j] = gap
-                total += nearest[j] * (weights[j] if positive else 1.0)
+                mass = nearest[j] * (weights[j] if positive else 1.0)
+                total += mass
+                running[j] = total
+                last = j if mass > 0.0 else last
     # Lloyd
     span = points[n - 1] - points[0] if n > 0 else 0.0
     threshold = tol * span
-    sum_w = scratch[n:n + m]
-    sum_wp = scratch[n + m:n + 2 * m]
+    sum_w = scratch[2 * n:2 * n + m]
+    sum_wp = scratch[2 * n + m:2 * n + 2 * m]
     iterations = 0
     largest_move = math.inf
     while True:
