@@ -115,7 +115,29 @@ FORGERIES = [
     b'"streams":[[[64,40,1,4,"raw"],[64,4,1,4,"raw"]]]}]}',
     b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
     b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],"streams":[[],[[64,4,1,4,"raw"]]]}]}',
+    # "codec" values: given as a number, one more in the metadata, one with an array, one
+    # whose string holds a brace, one not valid JSON on its own, one with a duplicate key
+    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
+    b'"codec":92222222222200000000,"streams":[[[64,4,1,4,"raw"]]]}],"metadata":{}}',
+    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
+    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],"streams":[[[64,4,1,4,"raw"]]]}],'
+    b'"metadata":{"codec":[{"id":"x"}]}}',
+    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
+    b'"codec":[{"id":"bytegroup","word":[1],"rotate":false}],"streams":[[[64,4,1,4,"raw"]]]}]}',
+    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
+    b'"codec":[{"id":"byte}group","word":1,"rotate":false}],"streams":[[[64,4,1,4,"raw"]]]}]}',
+    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
+    b'"codec":[{"id":"bytegroup","word":1,"rotate":fals}],"streams":[[[64,4,1,4,"raw"]]]}]}',
+    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
+    b'"codec":[{"id":"bytegroup","id":"bytegroup"}],"streams":[[[64,4,1,4,"raw"]]]}]}',
+    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
+    b'"codec":[{"id":"bytegroup","word":NaN}],"streams":[[[64,4,1,4,"raw"]]]}]}',
 ]
+
+
+def test_tensors_with_the_same_codec_text_share_its_chain():
+    parsed = index._parse_canonical(VALID[0], DATA_END, 1 << 24)
+    assert parsed.tensors[0].codec == CODEC and parsed.tensors[0].codec is parsed.tensors[1].codec
 
 
 @pytest.mark.parametrize("text", FORGERIES)
@@ -131,7 +153,8 @@ def test_a_number_where_a_streams_value_belongs_is_not_taken_for_one():
 
 
 _ALPHABET = [b"[", b"]", b"{", b"}", b",", b":", b'"', b"0", b"1", b"9", b" ", b"\\",
-             b"-", b"[]", b'"raw"', b'"zstd"', b'"streams":', b"64", b"],[", b"]],[["]
+             b"-", b"[]", b'"raw"', b'"zstd"', b'"streams":', b"64", b"],[", b"]],[[",
+             b'"codec":', b'[{"id":"x"}]', b"true", b'"id"']
 
 
 def test_mutations_of_the_writers_form_give_the_general_parsers_outcome():

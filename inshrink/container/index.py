@@ -5,6 +5,7 @@ records not overlapping), so nothing downstream sees an unchecked number.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -334,6 +335,11 @@ def _columns_valid(offsets, lengths, crcs, sizes, codings, data_end: int) -> boo
             return False
     if set(map(type, codings)) != {str} or not set(codings) <= {"zstd", "raw"}:
         return False
+    return _in_bounds(offsets, lengths, crcs, sizes, data_end)
+
+
+def _in_bounds(offsets, lengths, crcs, sizes, data_end: int) -> bool:
+    """:func:`_columns_valid` for columns of non-negative ints (at least one row)."""
     # bounds first, so that the arithmetic below fits in 64 bits
     if (max(crcs) > 0xFFFFFFFF or max(sizes) > layout.MAX_CHUNK_BYTES
             or max(offsets) > data_end or max(lengths) > data_end):
@@ -358,49 +364,56 @@ def parse(payload: bytes, data_end: int, file_size: int | None = None) -> Index:
 
 # The chunk entries of an index as Index.to_bytes writes them: no spaces, integers without
 # sign, fraction or leading zeros. Such a "streams" value is read without the JSON parser.
-_UINT = r"(?:0|[1-9][0-9]*)"
-_CHUNK = rf'\[{_UINT},{_UINT},{_UINT},{_UINT},"(?:zstd|raw)"\]'
-_STREAM = rf"\[(?:{_CHUNK}(?:,{_CHUNK})*)?\]"
-_STREAMS = re.compile(rf'"streams":(\[(?:{_STREAM}(?:,{_STREAM})*)?\])')
+# (Leading zeros are looked for apart, in all values at once; the possessive quantifiers
+# spare the matcher its backtracking records: about half the time.)
+_CHUNK = r'\[[0-9]++,[0-9]++,[0-9]++,[0-9]++,"(?:zstd|raw)"\]'
+_STREAM = rf"\[(?:{_CHUNK}(?:,{_CHUNK})*+)?+\]"
+_LEADING_ZERO = re.compile(r"[\[,]0[0-9]")
+# A "codec" value whose objects hold no array or object: the same text in many tensors of
+# a file is parsed once, and those tensors share its list (nothing changes a chain read).
+_CODEC = r"\[\{[^\[\]{}]*+\}(?:,\{[^\[\]{}]*+\})*+\]"
+_STREAMS = re.compile(rf'"streams":(\[(?:{_STREAM}(?:,{_STREAM})*+)?+\])')
+_CODECS = re.compile(rf'"codec":({_CODEC})')  # apart: a literal start is found fastest
 _CODINGS = {'"zstd"': "zstd", '"raw"': "raw"}
 # What stands for the k-th "streams" value in the text the JSON parser reads: the number
 # _PLACEHOLDER + k (k < 10^8). No integer written in the text itself can equal one when
 # its first digits, _PLACEHOLDER_DIGITS, occur nowhere in the text.
 _PLACEHOLDER = 91111111111100000000
 _PLACEHOLDER_DIGITS = str(_PLACEHOLDER)[:12]
+_CODEC_PLACEHOLDER = 92222222222200000000  # the same for "codec" values
+_CODEC_PLACEHOLDER_DIGITS = str(_CODEC_PLACEHOLDER)[:12]
 
 
-def _read_streams(texts: list[str]) -> tuple[list[tuple], tuple]:
+def _read_streams(texts: list[str]) -> tuple[list[tuple], tuple] | None:
     """The chunk entries of "streams" values that :data:`_STREAMS` matched: for each value,
     its streams as tuples of ``(offset, length, crc, size, coding)`` tuples; and all entries
-    in order as the five columns. Read for all values at once, in C as far as possible."""
+    in order as the five columns. Read for all values at once, in C as far as possible.
+    None if a number has a leading zero (not JSON)."""
     if not texts:
         return [], ([], [], [], [], [])
+    joined = ",".join(texts)
+    if _LEADING_ZERO.search(joined):
+        return None
     # without brackets, the values are one list of fields, five per entry
-    fields = ",".join(texts).replace("[", "").replace("]", "").split(",")
-    empty = "[]" in "".join(texts)  # a tensor without elements has empty streams
+    fields = joined.replace("[", "").replace("]", "").split(",")
+    empty = "[]" in joined  # a tensor without elements has empty streams
     if empty:
         fields = [f for f in fields if f]
     columns = (list(map(int, fields[0::5])), list(map(int, fields[1::5])),
                list(map(int, fields[2::5])), list(map(int, fields[3::5])),
                list(map(_CODINGS.__getitem__, fields[4::5])))
-    chunks = list(zip(*columns))
-    values, at = [], 0
+    chunks = iter(list(zip(*columns)))
+    entries = [n >> 1 for n in map(str.count, texts, itertools.repeat('"'))]  # 2 per entry
+    # each stream ends in "]]" (the last one in "]]]"): as many as entries, one entry each
+    if not empty and joined.count("]]") == len(columns[0]):
+        return [tuple(zip(itertools.islice(chunks, n))) for n in entries], columns
+    values = []
     for text in texts:
-        entries = text.count('"') >> 1  # two quotes per entry: its coding
-        if not empty and text.count("]],[[") + 1 == entries:  # one entry per stream
-            values.append(tuple(zip(chunks[at:at + entries])))
-            at += entries
-            continue
         if "[]" in text:
             counts = [len(s) for s in json.loads(text)]
         else:
             counts = [s.count('"') >> 1 for s in text.split("]],[[")]
-        streams = []
-        for n in counts:
-            streams.append(tuple(chunks[at:at + n]))
-            at += n
-        values.append(tuple(streams))
+        values.append(tuple([tuple(itertools.islice(chunks, n)) for n in counts]))
     return values, columns
 
 
@@ -409,7 +422,8 @@ def _parse_canonical(payload: bytes, data_end: int, file_size: int) -> Index | N
     parser runs and raises the error of the first rule broken, if any).
 
     Each "streams" value in the writer's form becomes a number before the JSON parser sees
-    the text, and its chunk entries tuples directly: on a file of many small tensors the
+    the text, and its chunk entries tuples directly (each "codec" value too, parsed once per
+    distinct text): on a file of many small tensors the
     lists of the chunk entries were most of the objects a parse made, and those that live
     through a collection drive the garbage collector to full collections. Only used when
     every number stands, after the JSON parse, exactly where a tensor's "streams" value
@@ -420,27 +434,49 @@ def _parse_canonical(payload: bytes, data_end: int, file_size: int) -> Index | N
         text = payload.decode("utf-8")
         if not text.startswith('{"tensors":['):
             return None
-        if _PLACEHOLDER_DIGITS in text:  # then a number in the text could pass for one
+        # then a number in the text could pass for one
+        if _PLACEHOLDER_DIGITS in text or _CODEC_PLACEHOLDER_DIGITS in text:
             return None
         texts: list[str] = []
+        codec_texts: list[str] = []
         parts: list[str] = []
         at = 0
-        for match in _STREAMS.finditer(text):
-            parts += (text[at:match.start(1)], str(_PLACEHOLDER + len(texts)))
-            texts.append(match[1])
-            at = match.end(1)
+        for start, end, value in sorted([m.span(1) + (m[1],) for m in _STREAMS.finditer(text)]
+                                        + [m.span(1) + (None,) for m in _CODECS.finditer(text)]):
+            if start < at:
+                return None
+            if value is not None:
+                parts += (text[at:start], str(_PLACEHOLDER + len(texts)))
+                texts.append(value)
+            else:
+                parts += (text[at:start], str(_CODEC_PLACEHOLDER + len(codec_texts)))
+                codec_texts.append(text[start:end])
+            at = end
         parts.append(text[at:])
-        streams, columns = _read_streams(texts)
+        read = _read_streams(texts)
+        if read is None:
+            return None
+        streams, columns = read
+        chains = {t: json.loads(t, object_pairs_hook=_reject_duplicate_keys,
+                                parse_constant=_reject_constant) for t in set(codec_texts)}
         doc = json.loads("".join(parts), object_pairs_hook=_reject_duplicate_keys,
                          parse_constant=_reject_constant)
         raw = doc["tensors"]
         if (type(raw) is not list or len(raw) != len(streams)
                 or len(raw) > layout.max_tensors(file_size)):
             return None
+        codecs = 0  # "codec" values replaced so far
         for k, t in enumerate(raw, _PLACEHOLDER):
             if type(t) is not dict or type(t.get("streams")) is not int or t["streams"] != k:
                 return None
             t["streams"] = streams[k - _PLACEHOLDER]
+            if type(t.get("codec")) is int:
+                if t["codec"] != _CODEC_PLACEHOLDER + codecs:
+                    return None
+                t["codec"] = chains[codec_texts[codecs]]
+                codecs += 1
+        if codecs != len(codec_texts):
+            return None
         metadata = doc.get("metadata", {})
         check_metadata(metadata)
         header = doc.get("safetensors_header")
@@ -450,7 +486,7 @@ def _parse_canonical(payload: bytes, data_end: int, file_size: int) -> Index | N
         if base is not None:
             check_base(base)
         tensors = [_parse_tensor(t, data_end, check_chunks=False) for t in raw]
-        if not _columns_valid(*columns, data_end):
+        if columns[0] and not _in_bounds(*columns[:4], data_end):  # ints >= 0 as read
             return None
         if len({t.name for t in tensors}) != len(tensors):
             return None
