@@ -118,12 +118,20 @@ def pipeline_for(entry: TensorEntry, has_base: bool = True,
     already validated (a dict this fills in), so that the tensors of a file that share a
     chain validate it once.
     """
-    key = _chain_key(entry, has_base) if known is not None else None
-    pipeline = known.get(key) if key is not None else None
+    pipeline = None
+    if known is not None:  # first by the chain's list: tensors of a parsed index share it
+        same = known.get((id(entry.codec), entry.dtype.name, has_base))
+        if same is not None and same[0] is entry.codec:
+            pipeline = same[1]
     if pipeline is None:
-        pipeline = Pipeline.from_chain(entry.codec, entry.dtype, has_base, entry.name)
-        if key is not None:
-            known[key] = pipeline
+        key = _chain_key(entry, has_base) if known is not None else None
+        pipeline = known.get(key) if key is not None else None
+        if pipeline is None:
+            pipeline = Pipeline.from_chain(entry.codec, entry.dtype, has_base, entry.name)
+            if key is not None:
+                known[key] = pipeline
+        if known is not None:
+            known[(id(entry.codec), entry.dtype.name, has_base)] = (entry.codec, pipeline)
     if len(entry.streams) != pipeline.streams:
         raise CorruptError(f"[C-4] tensor {entry.name!r}: {len(entry.streams)} streams, its "
                            f"codec needs {pipeline.streams}")

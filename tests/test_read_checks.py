@@ -182,14 +182,19 @@ def test_a_load_makes_no_tracked_objects_per_chunk(tmp_path, monkeypatch, thread
     assert counts[1] - counts[0] < 100  # 400 chunks
 
 
-def _with_index(path: Path, edit) -> None:
+def _with_index(path: Path, edit, compact: bool = False) -> None:
+    """Edit the index; ``compact``: written in the writer's form (no spaces), which the
+    parser reads its short way (``index._parse_canonical``) when nothing else is wrong."""
     data = path.read_bytes()
     offset, doc = ink_repair.read_index(data)
     edit(doc)
-    path.write_bytes(ink_repair.replace_index(data, offset, json.dumps(doc).encode()))
+    text = (json.dumps(doc, separators=(",", ":"), ensure_ascii=False) if compact
+            else json.dumps(doc))
+    path.write_bytes(ink_repair.replace_index(data, offset, text.encode()))
 
 
-def test_index_rules_follow_the_tensor_order(tmp_path):
+@pytest.mark.parametrize("compact", [False, True])
+def test_index_rules_follow_the_tensor_order(tmp_path, compact):
     """Chunk entries are checked for the whole file at once, but a bad chunk entry of the
     first tensor (I-13) is still reported before a bad name of the second (I-7)."""
     path = tmp_path / "x.ink"
@@ -198,7 +203,7 @@ def test_index_rules_follow_the_tensor_order(tmp_path):
     def edit(doc):
         doc["tensors"][0]["streams"][1][1][0] += 1    # an unaligned offset
         doc["tensors"][1]["name"] = ""
-    _with_index(path, edit)
+    _with_index(path, edit, compact)
     with pytest.raises(CorruptError, match=r"\[I-13\]"):
         inshrink.open(path)
 
@@ -206,29 +211,32 @@ def test_index_rules_follow_the_tensor_order(tmp_path):
 @pytest.mark.parametrize("field,value,rule", [
     (0, 1 << 63, "I-13"), (1, -1, "I-13"), (2, 1 << 32, "I-13"), (3, True, "I-13"),
     (4, "lz4", "I-13"), (0, 7.0, "I-13")])
-def test_each_bad_chunk_field_is_refused(tmp_path, field, value, rule):
+@pytest.mark.parametrize("compact", [False, True])
+def test_each_bad_chunk_field_is_refused(tmp_path, field, value, rule, compact):
     path = tmp_path / "x.ink"
     _file(path)
 
     def edit(doc):
         doc["tensors"][1]["streams"][3][2][field] = value
-    _with_index(path, edit)
+    _with_index(path, edit, compact)
     with pytest.raises(inshrink.InshrinkError, match=rf"\[{rule}\]"):
         inshrink.open(path)
 
 
-def test_overlapping_records_are_refused(tmp_path):
+@pytest.mark.parametrize("compact", [False, True])
+def test_overlapping_records_are_refused(tmp_path, compact):
     path = tmp_path / "x.ink"
     _file(path)
 
     def edit(doc):
         doc["tensors"][1]["streams"][0][1][0] = doc["tensors"][0]["streams"][2][0][0]
-    _with_index(path, edit)
+    _with_index(path, edit, compact)
     with pytest.raises(CorruptError, match=r"\[I-15\]"):
         inshrink.open(path)
 
 
-def test_a_chain_shared_by_tensors_is_validated_with_its_types(tmp_path):
+@pytest.mark.parametrize("compact", [False, True])
+def test_a_chain_shared_by_tensors_is_validated_with_its_types(tmp_path, compact):
     """The tensors' pipelines are built once per distinct chain; JSON's ``1`` equals
     ``true`` in Python but is still refused as the rotate flag (C-3)."""
     path = tmp_path / "x.ink"
@@ -236,8 +244,28 @@ def test_a_chain_shared_by_tensors_is_validated_with_its_types(tmp_path):
 
     def edit(doc):
         doc["tensors"][1]["codec"][0]["rotate"] = 1
-    _with_index(path, edit)
+    _with_index(path, edit, compact)
     with pytest.raises(CorruptError, match=r"\[C-3\] .*rotate"):
+        inshrink.open(path)
+
+
+@pytest.mark.parametrize("stream,rule", [(0, "C-5"), (None, "C-4")])
+def test_tensors_sharing_a_chain_are_each_checked_against_it(tmp_path, monkeypatch, stream,
+                                                             rule):
+    """A file in the writer's form is parsed its short way and its tensors share one chain
+    list and pipeline; the stream checks still run for every tensor."""
+    from inshrink.container import index
+    path = tmp_path / "x.ink"
+    _file(path)
+
+    def edit(doc):
+        if stream is None:
+            del doc["tensors"][1]["streams"][3]
+        else:
+            doc["tensors"][1]["streams"][stream][2][3] += 1  # a plane size off by one
+    _with_index(path, edit, compact=True)
+    monkeypatch.setattr(index, "_parse_general", mock.Mock(side_effect=AssertionError))
+    with pytest.raises(CorruptError, match=rf"\[{rule}\] tensor 'b'"):
         inshrink.open(path)
 
 
