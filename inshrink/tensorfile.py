@@ -759,7 +759,7 @@ class Writer:
         """Finish the file and move it into place; return a report per tensor."""
         self._check_open()
         try:
-            self._drain(reports=True)
+            self._drain(reports=self._delta is None)  # (a delta file's come from its rewrite)
             held = []  # encoders not let go (none once everything is written)
             for entry in self._container.tensors:  # the rest have their report already
                 tensor = self._tensors[entry.name]
