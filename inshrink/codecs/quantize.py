@@ -351,37 +351,54 @@ def rank_table(boundaries: np.ndarray) -> tuple[np.ndarray, int]:
     """The table that starts the kernel's rank search of a float32 element, and how many
     comparisons finish it.
 
-    Float32 bit patterns, sign-folded so that their order is the order of the values, are
-    cut into ``2^(32 - RANK_SHIFT)`` buckets of consecutive patterns (log-spaced magnitudes,
-    as in the sketch). An element's rank (the number of boundaries strictly below it) does
-    not fall as its pattern rises, so the rank of a bucket's first value is at most that of
-    any element in it, and the ranks in a bucket exceed it by at most the next bucket's
-    first rank minus its own: the number of comparisons needed.
+    An element's bit pattern shifted right by ``RANK_SHIFT`` is its bucket: one sign and a
+    run of consecutive patterns (log-spaced magnitudes, as in the sketch), whose values rise
+    with the pattern for positive buckets and fall for negative ones. An element's rank (the
+    number of boundaries strictly below it) does not fall as its value rises, so the rank of
+    a bucket's least value is at most that of any element in it, and the ranks in a bucket
+    exceed it by at most the least rank of the bucket of the next larger values minus its
+    own: the number of comparisons needed.
 
     Returns
     -------
     (numpy.ndarray, int)
-        uint16 rank of each bucket's first value and the most comparisons any bucket needs;
-        an empty table when the boundaries are unsorted, too many (a rank over uint16) or
-        crowded into too few buckets (more than ``_MAX_PROBES`` comparisons).
+        uint16 rank of each bucket's least value, by bucket, and the most comparisons any
+        bucket needs; an empty table when the boundaries are unsorted, too many (a rank over
+        uint16) or crowded into too few buckets (more than ``_MAX_PROBES`` comparisons).
     """
     b = np.asarray(boundaries, np.float64)
     if b.size >= 0xFFFF or np.isnan(b).any() or (b.size > 1 and (b[1:] < b[:-1]).any()):
         return _NO_TABLE
     firsts = _bucket_firsts()
-    # rank(first of bucket B) = the number of boundaries below it = of those whose first
-    # bucket with a larger first value is at most B
-    jumps = np.bincount(np.searchsorted(firsts, b, side="right"), minlength=firsts.size + 1)
-    probes = int(jumps[1:].max())  # the last bucket's values rank at most len(b)
+    # in the order of the values, the buckets from which on each boundary is below the least
+    # value (ascending, as the boundaries): the rank of bucket B's least value is the number
+    # of them at most B, and a bucket needs as many comparisons as there are boundaries at
+    # the next bucket (the last bucket: above every least value)
+    at = np.searchsorted(firsts, b, side="right")
+    counted = at[np.searchsorted(at, 0, side="right"):]  # those at 0 are below every value
+    probes = 0
+    if counted.size:  # the longest run of equal buckets
+        probes = int((np.arange(counted.size)
+                      - np.searchsorted(counted, counted, side="left")).max()) + 1
     if probes > _MAX_PROBES:
         return _NO_TABLE
-    return np.cumsum(jumps[:firsts.size]).astype(np.uint16), probes
+    runs = np.empty(b.size + 1, np.int64)  # the buckets of each rank, in value order
+    runs[0] = at[0] if b.size else firsts.size
+    if b.size:
+        np.subtract(at[1:], at[:-1], out=runs[1:-1])
+        runs[-1] = firsts.size - at[-1]
+    ordered = np.repeat(np.arange(b.size + 1, dtype=np.uint16), runs)
+    # by bucket: the positive patterns' buckets are the upper half in value order, the
+    # negative ones the lower half reversed
+    half = firsts.size // 2
+    return np.concatenate((ordered[half:], ordered[half - 1::-1])), probes
 
 
 @functools.lru_cache(maxsize=1)
 def _bucket_firsts() -> np.ndarray:
-    """The first value of each rank-table bucket (float64, ascending; NaN patterns stand for
-    the infinity of their sign: a NaN is escaped, whatever its rank)."""
+    """The least value of each rank-table bucket in the order of the values (float64,
+    ascending; NaN patterns stand for the infinity of their sign: a NaN is escaped, whatever
+    its rank)."""
     keys = (np.arange(1 << (32 - kernels.RANK_SHIFT), dtype=np.uint64)
             << np.uint64(kernels.RANK_SHIFT)).astype(np.uint32)
     positive = keys >= np.uint32(0x80000000)

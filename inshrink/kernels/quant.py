@@ -446,7 +446,7 @@ def assign_codes(x, boundaries, protect_lo, protect_hi, prune_lo, prune_hi, zero
 
 
 _BLOCK = 512  # elements ranked together: the count over a short table runs across a block
-RANK_SHIFT = 18  # float32 order keys >> 18: 2^14 rank-table buckets, 32 per octave per sign
+RANK_SHIFT = 18  # float32 bit patterns >> 18: 2^14 rank-table buckets, 32 per octave per sign
 
 
 @kernel
@@ -491,9 +491,8 @@ def quantize_chunk(x, words, boundaries, lut, probes, table, protect_lo, protect
 
     ``boundaries`` ends with an extra +inf; ``table`` is sorted. With a rank table (``lut``
     not empty, ``x`` float32, ``words`` its uint32 view), an element's rank starts at
-    ``lut[key >> RANK_SHIFT]`` (``key``: its bits, sign-folded into the order of the values)
-    and rises by up to ``probes`` comparisons; otherwise ``codes`` holds the ranks on entry
-    (:func:`rank_chunk`).
+    ``lut[bits >> RANK_SHIFT]`` (``bits``: its bit pattern) and rises by up to ``probes``
+    comparisons; otherwise ``codes`` holds the ranks on entry (:func:`rank_chunk`).
 
     Returns
     -------
@@ -543,38 +542,65 @@ def quantize_chunk(x, words, boundaries, lut, probes, table, protect_lo, protect
     worst = out[1]
     # others: the elements not coded by their rank, in order
     n_others = 0
-    for i in range(n):
-        v = np.float64(x[i])
-        if looked_up:  # O(1): a table entry, then a comparison or two
-            w = np.int64(words[i])
-            rank = np.int64(lut[(w ^ (0x80000000 | ((w >> 31) * 0x7FFFFFFF))) >> RANK_SHIFT])
+    if looked_up and not forced and escape > nb:
+        # the usual chunk, in a loop of its own (a fifth faster than the general one below):
+        # no overrides, and every rank (at most nb) differs from escape
+        for i in range(n):
+            v = np.float64(x[i])
+            rank = np.int64(lut[np.int64(words[i]) >> RANK_SHIFT])
             rank += np.int64(boundaries[rank] < v)  # (safe when probes == 0: the +inf)
             for _ in range(1, probes):
                 rank += np.int64(boundaries[rank] < v)
-        else:
-            rank = np.int64(codes[i])
-        f = force[i] if forced else 0
-        code = rank
-        # (not a chained comparison: Numba compiles `a < v < b` here into slower code); the
-        # rare case stays short, which keeps the common one fast
-        if not (f == 0 and rank != escape and not (prune_lo < v and v < prune_below) and (
-                protect_lo < v and v < protect_hi)):
-            others[n_others] = i
-            n_others += 1
-            if f == 2 or (prune_lo < v and v < prune_below):
-                code = zero_code
-            if f == 1 or not (protect_lo < v and v < protect_hi):  # also NaN
-                code = escape
-            if code == escape:
-                positions[escapes] = i
-                escapes += 1
-                codes[i] = rank if math.isfinite(v) else 0
-                continue
-        d = table[code]
-        codes[i] = code
-        e = abs(v - d)
-        sse += e * e
-        worst = max(worst, e)  # (an if here is 3% slower per chunk)
+            code = rank
+            if not ((prune_below <= v or v <= prune_lo) and (protect_lo < v and v < protect_hi)):
+                others[n_others] = i
+                n_others += 1
+                if prune_lo < v and v < prune_below:
+                    code = zero_code
+                if not (protect_lo < v and v < protect_hi):  # also NaN
+                    code = escape
+                if code == escape:
+                    positions[escapes] = i
+                    escapes += 1
+                    codes[i] = rank if math.isfinite(v) else 0
+                    continue
+            d = table[code]
+            codes[i] = code
+            e = abs(v - d)
+            sse += e * e
+            worst = max(worst, e)
+    else:
+        for i in range(n):
+            v = np.float64(x[i])
+            if looked_up:  # O(1): a table entry, then a comparison or two
+                rank = np.int64(lut[np.int64(words[i]) >> RANK_SHIFT])
+                rank += np.int64(boundaries[rank] < v)  # (safe when probes == 0: the +inf)
+                for _ in range(1, probes):
+                    rank += np.int64(boundaries[rank] < v)
+            else:
+                rank = np.int64(codes[i])
+            f = force[i] if forced else 0
+            code = rank
+            # (not a chained comparison: Numba compiles `a < v < b` here into slower code);
+            # the rare case stays short, which keeps the common one fast
+            if not (f == 0 and rank != escape and not (prune_lo < v and v < prune_below) and (
+                    protect_lo < v and v < protect_hi)):
+                others[n_others] = i
+                n_others += 1
+                if f == 2 or (prune_lo < v and v < prune_below):
+                    code = zero_code
+                if f == 1 or not (protect_lo < v and v < protect_hi):  # also NaN
+                    code = escape
+                if code == escape:
+                    positions[escapes] = i
+                    escapes += 1
+                    codes[i] = rank if math.isfinite(v) else 0
+                    continue
+            d = table[code]
+            codes[i] = code
+            e = abs(v - d)
+            sse += e * e
+            worst = max(worst, e)  # (an if here is 3% slower per chunk)
     pruned = 0
     escaped = 0
     for k in range(n_others):  # their counters, as error_stats counts them
