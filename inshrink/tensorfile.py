@@ -966,13 +966,20 @@ class File:
         tensors, cs, views, firsts, counts = [], [], [], [], []
         first = 0
         for entry, out in zip(entries, outs):
-            step = entry.chunk_elements * entry.dtype.itemsize
             n = entry.chunk_count
-            tensors += [entry] * n
-            cs += range(n)
-            views += [out[c * step:(c + 1) * step] for c in range(n)]
-            firsts += range(first, first + n)
-            counts += [n] * n
+            if n == 1:  # most tensors of a checkpoint: the whole output is the chunk's
+                tensors.append(entry)
+                cs.append(0)
+                views.append(out)
+                firsts.append(first)
+                counts.append(1)
+            else:
+                step = entry.chunk_elements * entry.dtype.itemsize
+                tensors += [entry] * n
+                cs += range(n)
+                views += [out[c * step:(c + 1) * step] for c in range(n)]
+                firsts += range(first, first + n)
+                counts += [n] * n
             first += n * len(entry.streams)
 
         def run(i: int) -> int:
@@ -1190,16 +1197,17 @@ class File:
         cheaper for the OS to provide than hundreds of small ones.
         """
         entries = self._entries if names is None else {n: self._entry(n) for n in names}
-        offsets, total = {}, 0
-        for name, entry in entries.items():
-            offsets[name] = total
-            total += entry.nbytes + layout.padding(entry.nbytes)
+        values = list(entries.values())
+        sizes = [e.nbytes for e in values]
+        starts, total = [], 0
+        for size in sizes:
+            starts.append(total)
+            total += size + (-size % layout.ALIGNMENT)  # layout.padding, inlined
         block = self._allocate(total, "the checkpoint")
-        outs = {name: block[offsets[name]:offsets[name] + e.nbytes]
-                for name, e in entries.items()}
-        self._decode_all(list(entries.values()), list(outs.values()), progress)
-        return {name: outs[name].view(e.dtype.numpy).reshape(e.shape)
-                for name, e in entries.items()}
+        outs = [block[start:start + size] for start, size in zip(starts, sizes)]
+        self._decode_all(values, outs, progress)
+        return {name: out.view(e.dtype.numpy).reshape(e.shape)
+                for (name, e), out in zip(entries.items(), outs)}
 
     def verify(self) -> None:
         """Read and decode every record, checking every checksum and size; raise on a problem.
