@@ -14,7 +14,8 @@ CPU seconds of ``import inshrink`` and of the save, per run.
 (weights, first and second moments), saved ``--reps`` times with one thread, lossless and
 ``balanced``, in a process that has imported torch (a training process's heap, which the
 collector's full passes visit). Prints CPU ms per save (least and mean), the collector's ms
-per save and collections per save by generation, and MB per CPU second.
+per save and collections per save by generation, and MB per CPU second; then the same for
+``--reps`` loads of the file saved (lines with ``"op": "load"``).
 
 To compare revisions, run the script with each revision's tree on ``PYTHONPATH``,
 alternating.
@@ -132,6 +133,24 @@ def small(count: int, reps: int) -> None:
                 "gc_ms_mean": round(1e3 * statistics.mean(collected), 1),
                 "collections_per_save": [round(g / reps, 2) for g in generations],
                 "MB_per_cpu_s": round(nbytes / 1e6 / min(cpu), 1),
+                "load": round(os.getloadavg()[0], 2)}))
+            # loads of the file just saved: opening its index (2,000 entries) and decoding
+            # 2,000 one-chunk tensors, in a process with torch's heap
+            inshrink.load(path, threads=1)
+            cpu, collected, generations = [], [], [0, 0, 0]
+            for _ in range(reps):
+                collector["seconds"], collector["count"] = 0.0, [0, 0, 0]
+                started = time.process_time()
+                inshrink.load(path, threads=1)
+                cpu.append(time.process_time() - started)
+                collected.append(collector["seconds"])
+                generations = [a + b for a, b in zip(generations, collector["count"])]
+            print(json.dumps({
+                "op": "load", "tensors": count, "policy": policy or "lossless",
+                "cpu_ms_least": round(1e3 * min(cpu), 1),
+                "cpu_ms_mean": round(1e3 * statistics.mean(cpu), 1),
+                "gc_ms_mean": round(1e3 * statistics.mean(collected), 1),
+                "collections_per_load": [round(g / reps, 2) for g in generations],
                 "load": round(os.getloadavg()[0], 2)}))
 
 
