@@ -13,6 +13,7 @@ values, in the tensor's dtype. Each then goes through the entropy stage.
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import ClassVar
@@ -58,8 +59,9 @@ class Quant(ArrayStage):
         """The code the assignment kernel marks escaped elements with (never stored)."""
         return len(self.levels)
 
-    @property
+    @functools.cached_property
     def zero_code(self) -> int:
+        """The code of the zero level (``escape`` without one); computed once per stage."""
         hits = np.flatnonzero(self.levels.astype(np.float64) == 0)
         return int(hits[0]) if hits.size else self.escape
 

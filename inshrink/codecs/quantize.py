@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 import threading
 from dataclasses import dataclass
 
@@ -38,6 +39,22 @@ def work_dtype(dtype: DType) -> np.dtype:
 # --- pass 1: the sketch ---------------------------------------------------------------------
 
 _FLOAT_BITS = {4: (np.uint32, 23), 8: (np.uint64, 52)}
+# by work itemsize: the word type, all bits but the sign, the pattern of +inf (the sketch
+# kernel's constants); struct formats of a word and of the float
+_WORDS = {4: (np.uint32, np.uint64(0x7FFFFFFF), np.uint64(0x7F800000)),
+          8: (np.uint64, np.uint64(0x7FFFFFFFFFFFFFFF), np.uint64(0x7FF0000000000000))}
+_STRUCT = {4: ("<I", "<f"), 8: ("<Q", "<d")}
+
+
+@functools.lru_cache(maxsize=64)
+def _geometry(work: np.dtype, alpha: float, bins: int) -> tuple[int, int]:
+    """(shift, buckets per sign) of :meth:`Sketch.for_dtype`."""
+    mantissa = _FLOAT_BITS[work.itemsize][1]
+    kept = max(math.ceil(math.log2(1 / (2 * alpha))), min(12, bins.bit_length() + 2))
+    exponent = 8 * work.itemsize - 1 - mantissa
+    kept = min(mantissa, 20 - exponent, max(1, kept))  # at most 2^20 buckets per sign
+    shift = mantissa - kept
+    return shift, int(_WORDS[work.itemsize][2] >> np.uint64(shift)) + 1
 
 
 @dataclass
@@ -73,12 +90,7 @@ class Sketch:
         """A sketch of relative bucket width <= 2·alpha, refined for many bins (k-means
         cannot place levels closer than the buckets: up to 2^12 buckets per octave)."""
         work = work_dtype(dtype)
-        word, mantissa = _FLOAT_BITS[work.itemsize]
-        kept = max(math.ceil(math.log2(1 / (2 * alpha))), min(12, bins.bit_length() + 2))
-        exponent = 8 * work.itemsize - 1 - mantissa
-        kept = min(mantissa, 20 - exponent, max(1, kept))  # at most 2^20 buckets per sign
-        shift = mantissa - kept
-        size = int(cls._inf_bits(work) >> np.uint64(shift)) + 1
+        shift, size = _geometry(work, alpha, bins)
         counts = _spare_counts().pop(size, None)  # zeroed by the sketch that released it
         if counts is None:
             counts = np.zeros((2, size), np.int64)
@@ -97,15 +109,14 @@ class Sketch:
 
     @staticmethod
     def _inf_bits(work: np.dtype) -> np.uint64:
-        return np.uint64(np.array(np.inf, work).view(_FLOAT_BITS[work.itemsize][0]))
+        return _WORDS[work.itemsize][2]
 
     def add(self, x: np.ndarray) -> None:
         """Count one chunk (``x`` contiguous, in the work dtype)."""
         self.__dict__.pop("buckets", None)  # counts change
-        word = _FLOAT_BITS[self.work.itemsize][0]
-        abs_mask = np.uint64((1 << (8 * self.work.itemsize - 1)) - 1)
-        kernels.sketch_words(x, x.view(word), abs_mask, self._inf_bits(self.work),
-                             np.uint64(self.shift), self.counts, self.totals, self.span)
+        word, abs_mask, inf_bits = _WORDS[self.work.itemsize]
+        kernels.sketch_words(x, x.view(word), abs_mask, inf_bits, np.uint64(self.shift),
+                             self.counts, self.totals, self.span)
 
     @functools.cached_property
     def buckets(self) -> "Buckets":
@@ -145,6 +156,12 @@ class Sketch:
 
     def lower(self, index):
         return self._edge(index)
+
+    def edge(self, index: int) -> float:
+        """:meth:`lower` of one bucket as a float (no numpy calls: a fit takes two)."""
+        size = self.work.itemsize
+        bits = (index << self.shift) & ((1 << 8 * size) - 1)  # the wrap of astype(word)
+        return struct.unpack(_STRUCT[size][1], struct.pack(_STRUCT[size][0], bits))[0]
 
     def center(self, index):
         """Representative magnitude of a bucket: the geometric middle of its edges."""
@@ -314,7 +331,10 @@ class QuantEncoder:
     @functools.cached_property
     def _padded(self) -> np.ndarray:
         """The boundaries and +inf after them: the kernel's rank search stops there."""
-        return np.append(self.boundaries.astype(np.float64), math.inf)
+        padded = np.empty(self.boundaries.size + 1, np.float64)
+        padded[:-1] = self.boundaries
+        padded[-1] = math.inf
+        return padded
 
     @functools.cached_property
     def _rank_table(self) -> tuple[np.ndarray, int]:
@@ -474,7 +494,13 @@ def _kmeans(points: np.ndarray, weights: np.ndarray, k: int, seed: int) -> np.nd
         raise InvalidArgumentError(f"{points.size} points and {weights.size} weights")
     m, _ = kernels.kmeans_1d(points, weights, _uniforms(seed, k), centroids, 100, 1e-7,
                              _scratch("kmeans", np.float64, 2 * (points.size + k)))
-    return _unique(centroids[:m])
+    centroids = centroids[:m]  # sorted: only equal neighbours to drop
+    if m > 1:
+        distinct = np.empty(m, bool)
+        distinct[0] = True
+        np.not_equal(centroids[1:], centroids[:-1], out=distinct[1:])
+        centroids = centroids[distinct]
+    return centroids
 
 
 def _fit_centroids(sketch: Sketch, lo: int, hi: int, bins: int, domain: str | None,
@@ -507,16 +533,23 @@ def _fit_centroids(sketch: Sketch, lo: int, hi: int, bins: int, domain: str | No
 
 
 _SMALLEST_SUBNORMAL = float(np.finfo(np.float64).smallest_subnormal)
+_NO_LEVELS = np.empty(0, np.float64)
 
 
 def _boundaries(levels: np.ndarray, domain: str | None) -> np.ndarray:
-    """Decision thresholds between consecutive levels, in the value domain (float64)."""
+    """Decision thresholds between consecutive levels (sorted, distinct, no -0.0), in the
+    value domain (float64)."""
     a, b = levels[:-1], levels[1:]
     if domain == "linear":
         return (a + b) / 2
-    out = np.where(a * b > 0, np.sign(a) * np.sqrt(np.abs(a * b)), 0.0)
+    # the geometric middle, signed, of levels of one sign; 0 between levels of both signs
+    product = a * b
+    out = np.sqrt(np.abs(product))
+    out = np.where(product > 0, np.copysign(out, a, out=out), 0.0)
     # a negative level next to the zero level: only exact zeros (and -0.0) go to zero
-    out[(a < 0) & (b == 0)] = -_SMALLEST_SUBNORMAL
+    zero = int(np.searchsorted(levels, 0.0))
+    if 0 < zero < levels.size and levels[zero] == 0 and levels[zero - 1] < 0:
+        out[zero - 1] = -_SMALLEST_SUBNORMAL
     return out
 
 
@@ -560,8 +593,8 @@ def _fit_kernel(sketch: Sketch, dtype: DType, *, bins: int, domain: str | None,
     lo, hi, n_neg, n_pos, elements_neg, elements_pos = kernels.fit_points(
         sketch.counts, first, stop, sketch.zeros, float(prune), float(protect), linear, table,
         points, weights)
-    prune_below = float(sketch.upper(lo)) if lo >= 0 else 0.0
-    protect_at = float(sketch.lower(hi)) if hi < size - 1 else math.inf
+    prune_below = sketch.edge(lo + 1) if lo >= 0 else 0.0
+    protect_at = sketch.edge(hi) if hi < size - 1 else math.inf
     if not bins:
         centroids = np.empty(0)
     elif linear:
@@ -575,12 +608,17 @@ def _fit_kernel(sketch: Sketch, dtype: DType, *, bins: int, domain: str | None,
     else:  # each sign on its own, log magnitudes
         k_pos = bins if not elements_neg else 0 if not elements_pos else min(
             max(1, round(bins * elements_pos / (elements_pos + elements_neg))), max(1, bins - 1))
-        fitted = []
-        for sign, at, count, k in ((1.0, half, n_pos, k_pos), (-1.0, 0, n_neg, bins - k_pos)):
-            if k and count:
-                fitted.append(sign * np.exp(_kmeans(points[at:at + count],
-                                                    weights[at:at + count], k, seed)))
-        centroids = np.sort(np.concatenate(fitted)) if fitted else np.empty(0)
+        # (ascending: the negative levels, the negated exponentials of ascending logarithms,
+        # reversed, then the positive ones; the sort of both but for the order of zeros
+        # that exp() may underflow to, which are dropped)
+        negative = positive = _NO_LEVELS
+        if bins - k_pos and n_neg:
+            negative = np.negative(np.exp(_kmeans(points[:n_neg], weights[:n_neg],
+                                                  bins - k_pos, seed)))[::-1]
+        if k_pos and n_pos:
+            positive = np.exp(_kmeans(points[half:half + n_pos], weights[half:half + n_pos],
+                                      k_pos, seed))
+        centroids = np.concatenate((negative, positive))
     return _encoder(sketch, dtype, centroids, bins, domain, prune_below, protect_at,
                     zero_level)
 
