@@ -240,7 +240,7 @@ def test_close_reports_the_tensors_written_while_it_waits_for_the_last(tmp_path)
         return last[start:stop]
     w = inshrink.Writer(tmp_path / "x.ink", threads=2, policy=POLICY)
     for name, x in tensors.items():
-        w.add(name, x, wait=False)
+        w.add(name, x, wait=name == "t19")  # all 20 written before the last is added
     w.add_source("last", F32, (300,), read)
     closed = []
     closer = threading.Thread(target=lambda: closed.append(w.close()))
