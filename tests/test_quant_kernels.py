@@ -6,6 +6,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from inshrink.codecs import quantize
 from inshrink.codecs.quantize import rank_table
 from inshrink.kernels import quant
 
@@ -638,6 +639,20 @@ def test_rank_table_gives_the_rank_of_every_float32(bits, boundaries):
     finite = np.isfinite(x) | np.isinf(x)
     want = np.searchsorted(boundaries, x[finite], side="left")
     assert (start[finite] <= want).all() and (want - start[finite] <= probes).all()
+
+
+@given(boundaries=st.lists(st.floats(allow_infinity=True, width=32), max_size=64),
+       unsorted=st.booleans())
+def test_rank_table_of_few_boundaries_is_the_numpy_one(boundaries, unsorted):
+    """Up to 64 boundaries (every preset's bin counts) the table is made in Python: the same
+    table and comparisons as the numpy one, and the same refusals (NaN, unsorted, crowded)."""
+    b = np.array(boundaries, np.float64)
+    if not unsorted:
+        b = np.sort(b)
+    small, probes = quantize._small_rank_table(b)
+    want, want_probes = quantize._numpy_rank_table(b)
+    assert small.dtype == want.dtype == np.uint16 and probes == want_probes
+    np.testing.assert_array_equal(small, want)
 
 
 def test_rank_table_refuses_crowded_or_unsorted_boundaries():

@@ -387,6 +387,11 @@ def rank_table(boundaries: np.ndarray) -> tuple[np.ndarray, int]:
         uint16) or crowded into too few buckets (more than ``_MAX_PROBES`` comparisons).
     """
     b = np.asarray(boundaries, np.float64)
+    return _small_rank_table(b) if b.size <= _FEW_BOUNDARIES else _numpy_rank_table(b)
+
+
+def _numpy_rank_table(b: np.ndarray) -> tuple[np.ndarray, int]:
+    """:func:`rank_table` of float64 boundaries, in numpy."""
     if b.size >= 0xFFFF or np.isnan(b).any() or (b.size > 1 and (b[1:] < b[:-1]).any()):
         return _NO_TABLE
     firsts = _bucket_firsts()
@@ -412,6 +417,48 @@ def rank_table(boundaries: np.ndarray) -> tuple[np.ndarray, int]:
     # negative ones the lower half reversed
     half = firsts.size // 2
     return np.concatenate((ordered[half:], ordered[half - 1::-1])), probes
+
+
+_FEW_BOUNDARIES = 64  # up to this many: rank_table in Python on a list (fewer numpy calls)
+
+
+def _small_rank_table(b: np.ndarray) -> tuple[np.ndarray, int]:
+    """:func:`rank_table` of a few float64 boundaries: the table :func:`_numpy_rank_table`
+    makes, with three numpy calls (a save runs it once per tensor, where each numpy call
+    costs a few microseconds)."""
+    values = b.tolist()
+    if any(v != v for v in values) or any(
+            after < before for before, after in zip(values, values[1:])):
+        return _NO_TABLE  # NaN or unsorted
+    firsts = _bucket_firsts()
+    size = firsts.size
+    half = size // 2
+    at = np.searchsorted(firsts, b, side="right").tolist() + [size]  # as in rank_table
+    probes = run = 0
+    for k in range(len(values)):  # the longest run of equal buckets past the first
+        run = run + 1 if k and at[k] == at[k - 1] else 1
+        if at[k]:
+            probes = max(probes, run)
+    if probes > _MAX_PROBES:
+        return _NO_TABLE
+    # rank k covers the buckets [at[k - 1], at[k]) in value order (at[-1] = 0): the table by
+    # bucket is the upper half of them in order, then the lower half reversed
+    ranks, runs, lower = [], [], []
+    start = 0
+    for rank, stop in enumerate(at):
+        if stop > half:
+            ranks.append(rank)
+            runs.append(stop - max(start, half))
+        if start < half:
+            lower.append((rank, min(stop, half) - start))
+        start = max(start, stop)
+    for rank, count in reversed(lower):
+        ranks.append(rank)
+        runs.append(count)
+    return np.repeat(_RANKS[ranks], runs), probes
+
+
+_RANKS = np.arange(_FEW_BOUNDARIES + 1, dtype=np.uint16)
 
 
 @functools.lru_cache(maxsize=1)
@@ -473,18 +520,6 @@ def _uniforms(seed: int, k: int) -> np.ndarray:
     return uniforms
 
 
-def _unique(values: np.ndarray) -> np.ndarray:
-    """``np.unique`` of an array without NaN, by the same sort and comparison, without its
-    overhead (a fit calls it a few times per tensor, mostly on a few values)."""
-    out = np.sort(values)
-    if out.size > 1:
-        keep = np.empty(out.size, bool)
-        keep[0] = True
-        np.not_equal(out[1:], out[:-1], out=keep[1:])
-        out = out[keep]
-    return out
-
-
 def _kmeans(points: np.ndarray, weights: np.ndarray, k: int, seed: int) -> np.ndarray:
     """Weighted k-means++ then Lloyd on sorted 1-D points; at most k sorted centroids."""
     if points.size <= k:
@@ -534,6 +569,7 @@ def _fit_centroids(sketch: Sketch, lo: int, hi: int, bins: int, domain: str | No
 
 _SMALLEST_SUBNORMAL = float(np.finfo(np.float64).smallest_subnormal)
 _NO_LEVELS = np.empty(0, np.float64)
+_ZERO_LEVEL = np.zeros(1, np.float64)
 
 
 def _boundaries(levels: np.ndarray, domain: str | None) -> np.ndarray:
@@ -626,12 +662,18 @@ def _fit_kernel(sketch: Sketch, dtype: DType, *, bins: int, domain: str | None,
 def _encoder(sketch: Sketch, dtype: DType, centroids: np.ndarray, bins: int,
              domain: str | None, prune_below: float, protect_at: float,
              zero_level: bool) -> QuantEncoder:
-    """The encoder of fitted centroids: rounded to the dtype, the zero level added."""
-    rounded = centroids.astype(dtype.numpy).astype(np.float64)
-    rounded = rounded[np.isfinite(rounded) & (rounded != 0)]
+    """The encoder of fitted centroids (ascending): rounded to the dtype, the zero level
+    added."""
+    rounded = centroids.astype(dtype.numpy).astype(np.float64)  # still ascending
+    # the distinct finite non-zero ones (np.unique of them: equal values are neighbours)
+    keep = np.isfinite(rounded)
+    keep &= rounded != 0
+    if rounded.size > 1:
+        keep[1:] &= rounded[1:] != rounded[:-1]
+    values = rounded[keep]
     if sketch.zeros or prune_below > 0 or zero_level or not bins:
-        rounded = np.append(rounded, 0.0)
-    values = _unique(rounded)
+        at = int(np.searchsorted(values, 0.0))
+        values = np.concatenate((values[:at], _ZERO_LEVEL, values[at:]))
     levels = values.astype(dtype.numpy)
     stage = Quant(dtype, levels, packing_bits(len(levels)))
     return QuantEncoder(stage, _boundaries(values, domain), protect_at, prune_below)
