@@ -33,7 +33,10 @@ BIN_LADDER = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512
 
 def work_dtype(dtype: DType) -> np.dtype:
     """The float type codes are computed in: exact for every lossy dtype."""
-    return np.dtype(np.float64 if dtype.name == "F64" else np.float32)
+    return _FLOAT64 if dtype.name == "F64" else _FLOAT32
+
+
+_FLOAT64, _FLOAT32 = np.dtype(np.float64), np.dtype(np.float32)
 
 
 # --- pass 1: the sketch ---------------------------------------------------------------------
@@ -499,7 +502,7 @@ def _thresholds(sketch: Sketch, prune: float, protect: float) -> tuple[int, int,
     if prune > 0 and target > 0:
         at = int(np.searchsorted(cumulative, target, side="left"))
         lo = int(occupied[at]) if at < occupied.size else size
-        prune_below = float(sketch.upper(lo))
+        prune_below = sketch.edge(lo + 1)
     hi, protect_at = size - 1, math.inf  # the last bucket starts at inf: always empty
     target = protect * finite
     if protect > 0 and target > 0:
@@ -507,7 +510,7 @@ def _thresholds(sketch: Sketch, prune: float, protect: float) -> tuple[int, int,
         from_top = total - cumulative + counts  # elements in this bucket and above
         reached = np.flatnonzero(from_top >= target)
         hi = int(occupied[reached[-1]]) if reached.size else 0
-        protect_at = float(sketch.lower(hi))
+        protect_at = sketch.edge(hi)
     return lo, hi, prune_below, protect_at
 
 
@@ -546,12 +549,13 @@ def _fit_centroids(sketch: Sketch, lo: int, hi: int, bins: int, domain: str | No
     b = max(int(buckets.index.searchsorted(hi, side="left")), a)
     centers, pos, neg = buckets.centers[a:b], buckets.pos[a:b], buckets.neg[a:b]
     if domain == "linear":
-        points = np.concatenate([-centers[::-1][neg[::-1] > 0], centers[pos > 0]])
-        freq = np.concatenate([neg[::-1][neg[::-1] > 0], pos[pos > 0]]).astype(np.float64)
+        neg, negative, positive = neg[::-1], neg[::-1] > 0, pos > 0
+        points = np.concatenate([-centers[::-1][negative], centers[positive]])
+        freq = np.concatenate([neg[negative], pos[positive]]).astype(np.float64)
         if points.size == 0:
             return points
-        weights = (sigma * freq / freq.max()
-                   + (1 - sigma) * np.abs(points) / np.abs(points).max())
+        magnitudes = np.abs(points)
+        weights = sigma * freq / freq.max() + (1 - sigma) * magnitudes / magnitudes.max()
         return _kmeans(points, weights, bins, seed)
     # log domains: each sign on its own, log magnitude, weighted by frequency only
     n_pos, n_neg = int(pos.sum()), int(neg.sum())
