@@ -1108,12 +1108,17 @@ class File:
             yield from map(fn, items)
             return
         window: collections.deque = collections.deque()
-        for item in items:
-            window.append(self._pool.submit(fn, item))
-            if len(window) > 2 * self._threads:
+        try:
+            for item in items:
+                window.append(self._pool.submit(fn, item))
+                if len(window) > 2 * self._threads:
+                    yield window.popleft().result()
+            while window:
                 yield window.popleft().result()
-        while window:
-            yield window.popleft().result()
+        finally:  # left early (a sink raised): no job of this file runs after it returns
+            for future in window:
+                future.cancel()
+            concurrent.futures.wait(window)
 
     def _decode_chunk(self, entry: TensorEntry, c: int, out: np.ndarray,
                       headers: list[bytes] | None = None) -> Any:
@@ -1232,7 +1237,10 @@ class File:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            # every job of this file has ended (load and read_into wait for theirs, even
+            # when they raise): the idle threads end by themselves, without being joined
+            # (0.2-0.3 ms of a 2-thread load of final_fp32)
+            self._pool.shutdown(wait=False)
             self._pool = None
         self._reader.close()
 

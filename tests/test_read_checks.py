@@ -335,3 +335,29 @@ def test_loads_with_any_thread_count_return_what_was_saved(tmp_path_factory, spe
         for name, array in state.items():
             assert out[name].dtype == array.dtype
             assert out[name].tobytes() == array.tobytes()
+
+
+def test_no_job_of_a_file_runs_once_read_into_has_raised(tmp_path, monkeypatch):
+    """close() lets the pool's threads end without joining them: a read_into left early by
+    its sink must not leave chunks decoding (they would read a closed descriptor)."""
+    path = tmp_path / "x.ink"
+    with inshrink.Writer(path, chunk_bytes=256, threads=1) as writer:
+        writer.add("a", np.linspace(-1, 1, 4096, dtype=np.float32))  # 64 chunks
+    running = []
+    decode = tensorfile.File._decode_chunk
+
+    def slow(self, *args, **kwargs):
+        running.append(1)
+        try:
+            threading.Event().wait(0.002)
+            return decode(self, *args, **kwargs)
+        finally:
+            running.pop()
+    monkeypatch.setattr(tensorfile.File, "_decode_chunk", slow)
+
+    def sink(start, chunk):
+        raise RuntimeError("stop")
+    with inshrink.File(path, threads=3) as f:
+        with pytest.raises(RuntimeError, match="stop"):
+            f.read_into("a", sink)
+        assert not running  # nothing still decoding when read_into has returned
