@@ -532,8 +532,9 @@ def _kmeans(points: np.ndarray, weights: np.ndarray, k: int, seed: int) -> np.nd
         raise InvalidArgumentError(f"{points.size} points and {weights.size} weights")
     m, _ = kernels.kmeans_1d(points, weights, _uniforms(seed, k), centroids, 100, 1e-7,
                              _scratch("kmeans", np.float64, 2 * (points.size + k)))
-    centroids = centroids[:m]  # sorted: only equal neighbours to drop
-    if m > 1:
+    centroids = centroids[:m]  # sorted: only equal neighbours to drop (rarely any)
+    values = centroids.tolist()
+    if any(after == before for before, after in zip(values, values[1:])):
         distinct = np.empty(m, bool)
         distinct[0] = True
         np.not_equal(centroids[1:], centroids[:-1], out=distinct[1:])
@@ -648,17 +649,17 @@ def _fit_kernel(sketch: Sketch, dtype: DType, *, bins: int, domain: str | None,
     else:  # each sign on its own, log magnitudes
         k_pos = bins if not elements_neg else 0 if not elements_pos else min(
             max(1, round(bins * elements_pos / (elements_pos + elements_neg))), max(1, bins - 1))
-        # (ascending: the negative levels, the negated exponentials of ascending logarithms,
-        # reversed, then the positive ones; the sort of both but for the order of zeros
-        # that exp() may underflow to, which are dropped)
-        negative = positive = _NO_LEVELS
+        negative = positive = _NO_LEVELS  # logarithms of the magnitudes, ascending
         if bins - k_pos and n_neg:
-            negative = np.negative(np.exp(_kmeans(points[:n_neg], weights[:n_neg],
-                                                  bins - k_pos, seed)))[::-1]
+            negative = _kmeans(points[:n_neg], weights[:n_neg], bins - k_pos, seed)
         if k_pos and n_pos:
-            positive = np.exp(_kmeans(points[half:half + n_pos], weights[half:half + n_pos],
-                                      k_pos, seed))
-        centroids = np.concatenate((negative, positive))
+            positive = _kmeans(points[half:half + n_pos], weights[half:half + n_pos], k_pos,
+                               seed)
+        # ascending: the negated exponentials of the negative side's logarithms, reversed,
+        # then the positive side's (the sort of both but for the order of zeros exp() may
+        # underflow to, which are dropped)
+        centroids = np.exp(np.concatenate((negative[::-1], positive)))
+        np.negative(centroids[:negative.size], out=centroids[:negative.size])
     return _encoder(sketch, dtype, centroids, bins, domain, prune_below, protect_at,
                     zero_level)
 
