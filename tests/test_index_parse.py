@@ -5,6 +5,7 @@ or the same error."""
 from __future__ import annotations
 
 import random
+from unittest import mock
 
 import pytest
 
@@ -42,6 +43,21 @@ def _text(**extra) -> bytes:
                                                   report={"role": "small", "x": 0.5}),
                _entry("c", 3, 8, at)]
     return Index(tensors, {"k": "v"}, **extra).to_bytes()
+
+
+@pytest.fixture(autouse=True)
+def _short_way_for_any_size(monkeypatch):
+    """parse() takes the short way for indexes of any length here (by default only from
+    CANONICAL_MIN_BYTES on)."""
+    monkeypatch.setattr(index, "CANONICAL_MIN_BYTES", 0)
+
+
+def test_a_short_index_goes_to_the_general_parser(monkeypatch):
+    monkeypatch.undo()
+    monkeypatch.setattr(index, "_parse_canonical", mock.Mock(side_effect=AssertionError))
+    assert len(VALID[0]) < index.CANONICAL_MIN_BYTES
+    assert index.parse(VALID[0], DATA_END, 1 << 24) == index._parse_general(VALID[0], DATA_END,
+                                                                           1 << 24)
 
 
 def _outcome(parse, text: bytes):
