@@ -89,65 +89,44 @@ def test_the_writers_form_is_read_the_short_way_into_the_same_index(text):
                    for s in entry.streams)
 
 
+# parts of a one-tensor index: its start, a chain, a stream of one record
+HEAD = b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
+CHAIN = b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],'
+ONE = b'"streams":[[[64,4,1,4,"raw"]]]'
+NESTED = b'"codec":[{"id":"bytegroup","word":1,"rotate":false,' + ONE + b"}],"
 FORGERIES = [
     # a tensor's streams given as a number, another "streams" value elsewhere in its entry
-    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
-    b'"codec":[{"id":"bytegroup","word":1,"rotate":false,"streams":[[[64,4,1,4,"raw"]]]}],'
-    b'"streams":91111111111100000000}],"metadata":{}}',
-    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
-    b'"codec":[{"id":"bytegroup","word":1,"rotate":false,"streams":[[[64,4,1,4,"raw"]]]}],'
-    b'"streams":0}],"metadata":{}}',
-    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
-    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],'
-    b'"str\\u0065ams":0}],"metadata":{"x":"streams","streams":[[[64,4,1,4,"raw"]]]}}',
+    HEAD + NESTED + b'"streams":91111111111100000000}],"metadata":{}}',
+    HEAD + NESTED + b'"streams":0}],"metadata":{}}',
+    HEAD + CHAIN + b'"str\\u0065ams":0}],"metadata":{"x":"streams",' + ONE + b"}}",
     # a "streams" value inside a string; one in the metadata
-    b'{"tensors":[{"name":"\\"streams\\":[[[64,4,1,4,\\"raw\\"]]]","dtype":"F32","shape":[1],'
-    b'"chunk_elements":1,"codec":[{"id":"bytegroup","word":1,"rotate":false}],'
-    b'"streams":[[[64,4,1,4,"raw"]]]}],"metadata":{}}',
-    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
-    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],'
-    b'"streams":[[[64,4,1,4,"raw"]]]}],"metadata":{"streams":[[[128,4,1,4,"raw"]]]}}',
+    (b'{"tensors":[{"name":"\\"streams\\":[[[64,4,1,4,\\"raw\\"]]]","dtype":"F32",'
+     b'"shape":[1],"chunk_elements":1,' + CHAIN + ONE + b'}],"metadata":{}}'),
+    HEAD + CHAIN + ONE + b'}],"metadata":{"streams":[[[128,4,1,4,"raw"]]]}}',
     # not valid JSON once the value is cut out of a string
-    b'{"tensors":[{"name":"a","streams":[[[64,4,1,4,"raw"]]]"}],"metadata":{}}',
+    b'{"tensors":[{"name":"a",' + ONE + b'"}],"metadata":{}}',
     # leading zeros, spaces, a negative number, a duplicate key, a BOM, huge numbers
-    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
-    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],"streams":[[[064,4,1,4,"raw"]]]}]}',
-    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
-    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],"streams":[[[64, 4,1,4,"raw"]]]}]}',
-    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
-    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],"streams":[[[64,4,-1,4,"raw"]]]}]}',
-    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,"name":"b",'
-    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],"streams":[[[64,4,1,4,"raw"]]]}]}',
+    HEAD + CHAIN + b'"streams":[[[064,4,1,4,"raw"]]]}]}',
+    HEAD + CHAIN + b'"streams":[[[64, 4,1,4,"raw"]]]}]}',
+    HEAD + CHAIN + b'"streams":[[[64,4,-1,4,"raw"]]]}]}',
+    HEAD + b'"name":"b",' + CHAIN + ONE + b"}]}",
     b'\xef\xbb\xbf{"tensors":[],"metadata":{}}',
-    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
-    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],"streams":[[[' + b"9" * 5000
-    + b',4,1,4,"raw"]]]}]}',
+    HEAD + CHAIN + b'"streams":[[[' + b"9" * 5000 + b',4,1,4,"raw"]]]}]}',
     # I-12: streams of unequal lengths whose entries add up; overlapping records
-    b'{"tensors":[{"name":"a","dtype":"F32","shape":[2],"chunk_elements":1,'
-    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],'
-    b'"streams":[[[64,4,1,4,"raw"],[128,4,1,4,"raw"],[192,4,1,4,"raw"]],[[256,4,1,4,"raw"]]]}]}',
-    b'{"tensors":[{"name":"a","dtype":"F32","shape":[2],"chunk_elements":1,'
-    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],'
-    b'"streams":[[[64,40,1,4,"raw"],[64,4,1,4,"raw"]]]}]}',
-    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
-    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],"streams":[[],[[64,4,1,4,"raw"]]]}]}',
+    (HEAD.replace(b"[1]", b"[2]") + CHAIN
+     + b'"streams":[[[64,4,1,4,"raw"],[128,4,1,4,"raw"],[192,4,1,4,"raw"]],'
+     + b'[[256,4,1,4,"raw"]]]}]}'),
+    HEAD.replace(b"[1]", b"[2]") + CHAIN + b'"streams":[[[64,40,1,4,"raw"],[64,4,1,4,"raw"]]]}]}',
+    HEAD + CHAIN + b'"streams":[[],[[64,4,1,4,"raw"]]]}]}',
     # "codec" values: given as a number, one more in the metadata, one with an array, one
     # whose string holds a brace, one not valid JSON on its own, one with a duplicate key
-    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
-    b'"codec":92222222222200000000,"streams":[[[64,4,1,4,"raw"]]]}],"metadata":{}}',
-    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
-    b'"codec":[{"id":"bytegroup","word":1,"rotate":false}],"streams":[[[64,4,1,4,"raw"]]]}],'
-    b'"metadata":{"codec":[{"id":"x"}]}}',
-    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
-    b'"codec":[{"id":"bytegroup","word":[1],"rotate":false}],"streams":[[[64,4,1,4,"raw"]]]}]}',
-    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
-    b'"codec":[{"id":"byte}group","word":1,"rotate":false}],"streams":[[[64,4,1,4,"raw"]]]}]}',
-    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
-    b'"codec":[{"id":"bytegroup","word":1,"rotate":fals}],"streams":[[[64,4,1,4,"raw"]]]}]}',
-    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
-    b'"codec":[{"id":"bytegroup","id":"bytegroup"}],"streams":[[[64,4,1,4,"raw"]]]}]}',
-    b'{"tensors":[{"name":"a","dtype":"F32","shape":[1],"chunk_elements":1,'
-    b'"codec":[{"id":"bytegroup","word":NaN}],"streams":[[[64,4,1,4,"raw"]]]}]}',
+    HEAD + b'"codec":92222222222200000000,' + ONE + b'}],"metadata":{}}',
+    HEAD + CHAIN + ONE + b'}],"metadata":{"codec":[{"id":"x"}]}}',
+    HEAD + b'"codec":[{"id":"bytegroup","word":[1],"rotate":false}],' + ONE + b"}]}",
+    HEAD + b'"codec":[{"id":"byte}group","word":1,"rotate":false}],' + ONE + b"}]}",
+    HEAD + b'"codec":[{"id":"bytegroup","word":1,"rotate":fals}],' + ONE + b"}]}",
+    HEAD + b'"codec":[{"id":"bytegroup","id":"bytegroup"}],' + ONE + b"}]}",
+    HEAD + b'"codec":[{"id":"bytegroup","word":NaN}],' + ONE + b"}]}",
 ]
 
 
