@@ -8,6 +8,8 @@ import random
 from unittest import mock
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from inshrink import dtypes
 from inshrink.container import index, layout
@@ -167,3 +169,18 @@ def test_mutations_of_the_writers_form_give_the_general_parsers_outcome():
             else:
                 del text[at:at + rng.randint(1, 8)]
         _assert_same(bytes(text))
+
+
+_DIMS = st.one_of(st.integers(-2, 1 << 64), st.sampled_from([0, 1, 1 << 24, 1 << 47, 1 << 63]),
+                  st.booleans(), st.floats(0, 10), st.none())
+
+
+@given(shape=st.one_of(st.lists(_DIMS, max_size=3), st.tuples(st.integers(0, 9))),
+       itemsize=st.sampled_from([1, 2, 4, 8]))
+def test_the_common_shapes_fast_check_agrees_with_the_general_one(shape, itemsize):
+    def outcome(check):
+        try:
+            return check(shape, itemsize)
+        except InshrinkError as exc:
+            return type(exc), str(exc)
+    assert outcome(index.check_shape) == outcome(index._check_shape)

@@ -217,6 +217,21 @@ def check_metadata(metadata) -> None:
 def check_shape(shape, itemsize: int = 1) -> tuple[int, ...]:
     """Dimensions are integers in [0, 2^63]; the product of the non-zero ones times the
     item size is at most MAX_TENSOR_BYTES (so even an empty tensor has a sane shape)."""
+    if type(shape) is list and len(shape) <= 2:  # most tensors: valid, checked in one pass
+        product = itemsize
+        for dim in shape:
+            if type(dim) is not int or not 0 <= dim <= _MAX_INT:
+                break
+            if dim:
+                product *= dim
+        else:
+            if product <= layout.MAX_TENSOR_BYTES:
+                return tuple(shape)
+    return _check_shape(shape, itemsize)
+
+
+def _check_shape(shape, itemsize: int) -> tuple[int, ...]:
+    """:func:`check_shape` for any value: raises the error of the rule it breaks."""
     if not isinstance(shape, list) or shape and not (
             set(map(type, shape)) == {int} and min(shape) >= 0 and max(shape) <= _MAX_INT):
         _fail("I-9", f"shape {shape!r} is not a list of non-negative integers")
