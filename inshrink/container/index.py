@@ -446,12 +446,11 @@ def _parse_canonical(payload: bytes, data_end: int, file_size: int) -> Index | N
 
     Each "streams" value in the writer's form becomes a number before the JSON parser sees
     the text, and its chunk entries tuples directly (each "codec" value too, parsed once per
-    distinct text): on a file of many small tensors the
-    lists of the chunk entries were most of the objects a parse made, and those that live
-    through a collection drive the garbage collector to full collections. Only used when
-    every number stands, after the JSON parse, exactly where a tensor's "streams" value
-    belongs, in order (so the text was valid JSON exactly when the one parsed is), and every
-    check of the general parser passes.
+    distinct text): on a file of many small tensors the lists of the chunk entries were most
+    of the objects a parse made, and those that live through a collection drive the garbage
+    collector to full collections. Only used when every number stands, after the JSON parse,
+    exactly where a tensor's "streams" (or "codec") value belongs, in order (so the text was
+    valid JSON exactly when the one parsed is), and every check of the general parser passes.
     """
     try:
         text = payload.decode("utf-8")
