@@ -159,8 +159,24 @@ class Policy:
         if config is None or dtype not in LOSSY_DTYPES:
             return role, None
         if config.domain is None:
-            config = replace(config, domain=DEFAULT_DOMAIN.get(role, "linear"))
+            config = _with_domain(config, DEFAULT_DOMAIN.get(role, "linear"))
         return role, config
+
+
+# (id(config), domain) -> (config, the config with that domain): config_for resolves the
+# same few configs for every tensor of a save, and replace() validates all fields again
+# (the config is kept with it, so its id stays its own)
+_RESOLVED: dict[tuple[int, str], tuple[QuantConfig, QuantConfig]] = {}
+
+
+def _with_domain(config: QuantConfig, domain: str) -> QuantConfig:
+    """``replace(config, domain=domain)``, made once per config and domain."""
+    known = _RESOLVED.get((id(config), domain))
+    if known is None:
+        known = (config, replace(config, domain=domain))
+        if len(_RESOLVED) < 256:  # a search's per-tensor configs: the rest made each time
+            _RESOLVED[id(config), domain] = known
+    return known[1]
 
 
 PRESETS: Mapping[str, Policy] = MappingProxyType({

@@ -167,6 +167,9 @@ def file_minor(pipelines, reports: bool) -> int:
 # Tensors up to this size may be stored as one byte plane (encoder.lossless_pipeline).
 TINY_TENSOR_BYTES = 16384
 
+# numpy dtype -> the stored dtype, for Writer.add's arrays that need no conversion
+_STORED_DTYPES = {d.numpy: d for d in dtypes.BY_NAME.values()}
+
 
 def _checked_source(name: str, read: Callable[[int, int], Any]) -> Callable[[int, int], Any]:
     """``read`` wrapped so that a result that is not a contiguous buffer is a typed error."""
@@ -355,10 +358,17 @@ class Writer:
         many small tensors, and a lossy tensor's sketch and fit run beside the others'); the
         array must then stay unmodified until :meth:`close`.
         """
-        arr = dtypes.as_numpy(array)
-        flat = arr.reshape(-1).view(np.uint8)
-        self.add_source(name, dtypes.of_numpy(arr.dtype), arr.shape,
-                        lambda start, stop: flat[start:stop], importance=importance)
+        # a C-contiguous array of a stored dtype is what as_numpy would return (the common
+        # case, without its dozen attribute lookups)
+        dtype = (_STORED_DTYPES.get(array.dtype)
+                 if type(array) is np.ndarray and array.flags.c_contiguous else None)
+        if dtype is None:
+            array = dtypes.as_numpy(array)
+            dtype = dtypes.of_numpy(array.dtype)
+        flat = array.reshape(-1).view(np.uint8)
+        # its slices are contiguous buffers: no check of what read returns (_checked_source)
+        self._add_source(name, dtype, array.shape, lambda start, stop: flat[start:stop],
+                         importance, True)
         if wait:  # the chunks are views of the caller's array
             self._drain()
 
@@ -369,6 +379,12 @@ class Writer:
         Lets a caller stream a tensor from disk without holding it in memory. Chunks may be
         encoded after this returns, so ``read`` must return buffers nobody modifies later.
         """
+        self._add_source(name, dtype, shape, read, importance, False)
+
+    def _add_source(self, name: str, dtype: dtypes.DType, shape: tuple[int, ...],
+                    read: Callable[[int, int], Any], importance: Any, contiguous: bool) -> None:
+        """:meth:`add_source`; ``contiguous``: ``read`` is known to return contiguous buffers
+        (else what it returns is checked, :func:`_checked_source`)."""
         self._check_open()
         try:
             check_name(name)
@@ -382,7 +398,8 @@ class Writer:
         if importance is not None and isinstance(importance, (str, bytes, Mapping)):
             raise InvalidArgumentError(f"tensor {name!r}: importance must be an array of "
                                        f"scores, not a {type(importance).__name__}")
-        read = _checked_source(name, read)
+        if not contiguous:
+            read = _checked_source(name, read)
         per_chunk = max(1, self._chunk_bytes // dtype.itemsize)
         entry = TensorEntry(name, dtype, tuple(shape), [], per_chunk)
         role, config = self._policy.config_for(name, dtype.name, entry.shape)

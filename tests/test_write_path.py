@@ -159,3 +159,48 @@ def test_index_text_from_made_parts_is_the_json_of_the_whole_index():
                 doc["base"] = extra[1]
             whole = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
             assert Index(entries, metadata, *extra).to_bytes(made) == whole
+
+
+def test_add_takes_any_array_layout_as_its_contiguous_little_endian_copy(tmp_path):
+    # Writer.add takes a C-contiguous array of a stored dtype as it is (without as_numpy);
+    # any other array-like still goes through as_numpy: the same file either way
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((6, 7)).astype(np.float32)
+    forms = {"contiguous": base, "fortran": np.asfortranarray(base),
+             "big_endian": base.astype(">f4"), "strided": np.repeat(base, 2, axis=1)[:, ::2],
+             "buffer": memoryview(base), "subclass": base.view(np.matrix)}
+    paths = {}
+    for form, value in forms.items():
+        paths[form] = tmp_path / f"{form}.ink"
+        with Writer(paths[form], threads=1) as w:
+            w.add("w", value)
+            w.add("b", np.arange(5, dtype=np.int64))
+    expected = paths["contiguous"].read_bytes()
+    for form, path in paths.items():
+        assert path.read_bytes() == expected, form
+    with Writer(tmp_path / "bad.ink", threads=1) as w:
+        with pytest.raises(inshrink.InvalidArgumentError):
+            w.add("masked", np.ma.masked_array(base, mask=base > 0))
+        with pytest.raises(inshrink.InvalidArgumentError):
+            w.add("objects", np.array([object()] * 3))
+
+
+def test_config_for_resolves_a_config_domain_once():
+    # every tensor of a role shares the config resolved for it (replace() validates all the
+    # fields again); each equals what replace() gives
+    from dataclasses import replace
+
+    from inshrink.policy import DEFAULT_DOMAIN, PRESETS, Policy, QuantConfig
+
+    policy = PRESETS["balanced"]
+    for role, name in (("weight", "model.w"), ("exp_avg", "opt.0.exp_avg"),
+                       ("exp_avg_sq", "opt.0.exp_avg_sq")):
+        first = policy.config_for(name, "F32", (64, 64))
+        again = policy.config_for(name + "2" if role == "weight" else name, "F32", (64, 64))
+        assert first[1] is again[1]
+        assert first[1] == replace(policy.roles[role], domain=DEFAULT_DOMAIN[role])
+    config = QuantConfig(bins=5)  # a config with its own domain keeps it
+    assert Policy({"weight": config}).config_for("w", "F32", (64, 64))[1] == replace(
+        config, domain="linear")
+    assert Policy({"weight": replace(config, domain="log")}).config_for(
+        "w", "F32", (64, 64))[1].domain == "log"
