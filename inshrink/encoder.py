@@ -186,11 +186,19 @@ def _lossless_choice(entry: TensorEntry, read: Read, entropy: Entropy,
     if raw.size != nbytes:  # a short source: the Writer reports it with a typed error
         return pipeline, None
     one = _one_plane(entropy)
-    tried = [p.encode(raw) for p in (pipeline, one)]
-    cost = [sum(_record_bytes(len(memoryview(payload))) for _, payload, _ in streams)
-            for streams in tried]
-    best = 1 if cost[1] < cost[0] else 0
-    return (pipeline, one)[best], (raw.tobytes(), tried[best])
+    grouped, single = pipeline.encode(raw), one.encode(raw)
+    if _file_bytes(single) < _file_bytes(grouped):
+        return one, (raw.tobytes(), single)
+    return pipeline, (raw.tobytes(), grouped)
+
+
+def _file_bytes(streams: Encoded) -> int:
+    """File bytes the records of one chunk's streams take."""
+    total = 0
+    for _, payload, _ in streams:  # zstd frames are bytes, raw streams arrays
+        total += _record_bytes(len(payload) if type(payload) is bytes
+                               else len(memoryview(payload)))
+    return total
 
 
 def prepare_factored(entry: TensorEntry, read: Read, role: str, config: QuantConfig,

@@ -167,6 +167,12 @@ def file_minor(pipelines, reports: bool) -> int:
 # Tensors up to this size may be stored as one byte plane (encoder.lossless_pipeline).
 TINY_TENSOR_BYTES = 16384
 
+# Chunks smaller than this take no planes from the writer's pool (PLANES gives buffers
+# under its min_bytes, 64 KiB, as new arrays, not kept): Writer._encode lends them none, and
+# a small tensor's chunk costs no lease and no give() (a lock, a sort) for nothing.
+_POOLED_CHUNK_BYTES = 64 << 10
+_NONE_TAKEN = ()  # what such a chunk took from the pool
+
 # numpy dtype -> the stored dtype, for Writer.add's arrays that need no conversion
 _STORED_DTYPES = {d.numpy: d for d in dtypes.BY_NAME.values()}
 
@@ -304,8 +310,12 @@ class Writer:
         # format minor version its pipeline needs (the encoder is let go)
         self._tensors: dict[str, encoder.TensorEncoder | int | None] = {}
         self._lossless: dict[int, tuple[Pipeline, list[dict], int]] = {}  # _lossless_chain
+        self._codec_names: dict[int, str] = {}  # id of such a chain -> TensorInfo.codec
         policy = self._policy
         self._reports = bool(policy.roles or policy.overrides or policy.tensors)
+        # for_tensor's options, one dict shared by the tensors without importance overrides
+        self._options = {"entropy": self._entropy, "report": self._reports,
+                         "tiny_bytes": TINY_TENSOR_BYTES, "force": None}
         self._pending: collections.deque = collections.deque()
         self._preparing: collections.deque = collections.deque()  # tensors being prepared
         self.safetensors_header: str | None = None
@@ -406,8 +416,7 @@ class Writer:
         force = (encoder.overrides(importance, config, entry.numel)
                  if config is not None and entry.numel else None)
         args = (entry, read, role, config)
-        options = {"entropy": self._entropy, "report": self._reports,
-                   "tiny_bytes": TINY_TENSOR_BYTES, "force": force}
+        options = self._options if force is None else {**self._options, "force": force}
         if self._pool is None:
             self._start(entry, read, encoder.for_tensor(*args, **options))
             return
@@ -620,7 +629,7 @@ class Writer:
         for entry in entries[len(infos):len(infos) + most]:
             if not isinstance(tensors[entry.name], int):  # not written (see _written)
                 return
-            infos.append(TensorInfo.of(entry))
+            infos.append(self._info(entry))
         if self._failed is not None:  # a chunk is missing: the file cannot be finished
             raise InvalidArgumentError(f"the file cannot be finished: a chunk failed "
                                        f"({self._failed})") from self._failed
@@ -654,8 +663,12 @@ class Writer:
         if raw.size != last - first:
             raise InvalidArgumentError(f"tensor {entry.name!r}: source returned "
                                        f"{raw.size} bytes instead of {last - first}")
-        with planes_from(self._planes) as taken:
+        if raw.size < _POOLED_CHUNK_BYTES:  # its planes would be new arrays anyway
             planes, extra = encoder(raw, start, stop)
+            taken = _NONE_TAKEN
+        else:
+            with planes_from(self._planes) as taken:
+                planes, extra = encoder(raw, start, stop)
         crc32 = layout.crc32
         return start, raw.size, [(coding, payload, size, crc32(payload))
                                  for coding, payload, size in planes], extra, taken
@@ -757,6 +770,21 @@ class Writer:
                 self._lossless[id(pipeline)] = known
         return known
 
+    def _info(self, entry: TensorEntry) -> TensorInfo:
+        """``TensorInfo.of(entry)``; for a lossless tensor without a report (most of a
+        lossless save's), without the report's lookups and with the codec name of its
+        shared chain (:meth:`_lossless_chain`) made once."""
+        if entry.report is not None:
+            return TensorInfo.of(entry)
+        name = self._codec_names.get(id(entry.codec))
+        if name is None:
+            info = TensorInfo.of(entry)
+            if any(known[1] is entry.codec for known in self._lossless.values()):
+                self._codec_names[id(entry.codec)] = info.codec  # kept alive in _lossless
+            return info
+        return TensorInfo(entry.name, entry.dtype.name, entry.shape, name, entry.nbytes,
+                          entry.stored_bytes)
+
     def _written(self, entry: TensorEntry, tensor: encoder.TensorEncoder) -> None:
         """A tensor's chunks are all written (a lossy one's error stats are then complete):
         its report goes into the entry now and its encoder is let go, keeping only the
@@ -800,7 +828,7 @@ class Writer:
         if self._delta is not None:
             return infos
         infos = self._infos  # (made while close waited for the last chunks) and the rest
-        return infos + [TensorInfo.of(e) for e in self._container.tensors[len(infos):]]
+        return infos + [self._info(e) for e in self._container.tensors[len(infos):]]
 
     def _rewrite_as_delta(self) -> list[TensorInfo]:
         """Rewrite the whole file just written as a delta file at the destination."""

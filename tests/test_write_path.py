@@ -204,3 +204,24 @@ def test_config_for_resolves_a_config_domain_once():
         config, domain="linear")
     assert Policy({"weight": replace(config, domain="log")}).config_for(
         "w", "F32", (64, 64))[1].domain == "log"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_only_chunks_the_plane_pool_keeps_buffers_for_borrow_from_it(tmp_path, monkeypatch,
+                                                                      threads):
+    # buffers under the pool's min_bytes are new arrays either way: a small chunk is lent
+    # none, and gives none back (a lock and a sort of the pool per chunk otherwise)
+    from inshrink.codecs import lossless
+
+    given = []
+    real = lossless.PlanePool.give
+    monkeypatch.setattr(lossless.PlanePool, "give",
+                        lambda self, buffers: given.append(len(buffers)) or real(self, buffers))
+    rng = np.random.default_rng(5)
+    tensors = {"big": rng.standard_normal(1 << 16).astype(np.float32)}  # split kernels run
+    tensors.update({f"s{i}": rng.standard_normal(5000 + i).astype(np.float32)
+                    for i in range(20)})
+    inshrink.save(tmp_path / "a.ink", tensors, threads=threads)
+    assert given == [1]  # the big tensor's planes (one buffer), once
+    back = inshrink.load(tmp_path / "a.ink")
+    assert all(np.array_equal(back[k], v) for k, v in tensors.items())
