@@ -618,6 +618,9 @@ class Writer:
                 if reports and not self._pending[0][0].done():
                     self._report_written()
                 self._wait_oldest()
+        if self._failed is not None:  # a chunk is missing: the file cannot be finished
+            raise InvalidArgumentError(f"the file cannot be finished: a chunk failed "
+                                       f"({self._failed})") from self._failed
 
     def _report_written(self, most: int = 32) -> None:
         """Make what :meth:`close` returns for up to ``most`` more of the first tensors, if
@@ -630,9 +633,6 @@ class Writer:
             if not isinstance(tensors[entry.name], int):  # not written (see _written)
                 return
             infos.append(self._info(entry))
-        if self._failed is not None:  # a chunk is missing: the file cannot be finished
-            raise InvalidArgumentError(f"the file cannot be finished: a chunk failed "
-                                       f"({self._failed})") from self._failed
 
     def _wait_oldest(self) -> None:
         future, nbytes, number, entries = self._pending.popleft()
