@@ -493,12 +493,71 @@ state = {"model.w.weight": rng.standard_normal((64, 64)).astype(np.float32),
 inshrink.save("s.ink", state, policy=inshrink.Policy.uniform(inshrink.QuantConfig(bins=4)))
 back = inshrink.load("s.ink")
 assert all(back[k].shape == v.shape for k, v in state.items())
-print(quant.pack_bits.ready, quant.unpack_bits.ready, quant.fit_points.ready)
+print(quant.pack_bits.ready, quant.unpack_bits.ready, quant.fit_points.ready,
+      quant.rank_chunk.ready)
 """
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == ["False", "False", "False"]
+    assert r.stdout.split() == ["False", "False", "False", "False"]
+
+
+@pytest.mark.parametrize("work", [np.float32, np.float64])
+@pytest.mark.parametrize("bins", [1, 2, 16, 32, 64])
+def test_short_chunks_ranked_by_the_kernel_are_quantized_as_by_numpys_search(monkeypatch,
+                                                                             work, bins):
+    # once a process has ranked enough short chunks with numpy, rank_chunk ranks them: the
+    # same codes (escaped ones included: NaN, inf, protected, forced), escapes and error
+    from inshrink.codecs import quantize
+    from inshrink.dtypes import BY_NAME
+    dtype = BY_NAME["F32" if work is np.float32 else "F64"]
+    rng = np.random.default_rng(bins)
+    x = (rng.standard_normal(3000) * 1e-3).astype(work)
+    x[[5, 17, 400]] = [np.nan, np.inf, -np.inf]
+    x[[6, 7, 8]] = [0.0, -0.0, x.max() * 10]
+    sketch = quantize.Sketch.for_dtype(dtype, QuantConfig().alpha, bins)
+    sketch.add(x)
+    raw = x.view(np.uint8)
+    force = rng.integers(0, 3, x.size).astype(np.int8)
+    for domain in ("linear", "signed_log"):
+        encoder = quantize.fit(sketch, dtype, bins=bins, domain=domain, protect=0.001,
+                               prune=0.01)
+        for n in (1, 255, 3000):
+            for f in (None, force[:n]):
+                results = []
+                for due in (False, True):
+                    monkeypatch.setattr(quantize, "_rank_kernel_due", lambda due=due: due)
+                    chunk, stats = encoder.quantize(raw[:n * x.itemsize], f)
+                    results.append((chunk.codes.tobytes(), chunk.positions.tobytes(),
+                                    chunk.values.tobytes(), stats))
+                assert results[0] == results[1], (domain, n)
+
+
+def test_short_chunks_are_ranked_by_the_kernel_once_a_process_has_ranked_enough(monkeypatch):
+    from inshrink.codecs import quantize
+    from inshrink.dtypes import BY_NAME
+    calls = []
+    real = quantize.kernels.rank_chunk
+
+    class Spy:
+        ready = False  # as if not compiled
+
+        def __call__(self, *args):
+            calls.append(len(args[0]))
+            return real(*args)
+    monkeypatch.setattr(quantize.kernels, "rank_chunk", Spy())
+    monkeypatch.setattr(quantize, "_SEARCHES_BEFORE_KERNEL", 3)
+    monkeypatch.setattr(quantize, "_searches_so_far", 0)
+    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    sketch = quantize.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
+    sketch.add(x)
+    encoder = quantize.fit(sketch, BY_NAME["F32"], bins=16, domain="linear")
+    wide = quantize.fit(sketch, BY_NAME["F32"], bins=64, domain="linear")
+    codes = [encoder.quantize(x.view(np.uint8))[0].codes for _ in range(5)]
+    assert calls == [1000, 1000]
+    assert all(np.array_equal(c, codes[0]) for c in codes)
+    wide.quantize(x.view(np.uint8))  # 63 boundaries: numpy's search is as fast
+    assert calls == [1000, 1000]
 
 
 def test_fits_use_the_kernel_once_a_process_has_fitted_enough_tensors(monkeypatch):
