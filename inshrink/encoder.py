@@ -186,8 +186,14 @@ def _lossless_choice(entry: TensorEntry, read: Read, entropy: Entropy,
     if raw.size != nbytes:  # a short source: the Writer reports it with a typed error
         return pipeline, None
     one = _one_plane(entropy)
-    grouped, single = pipeline.encode(raw), one.encode(raw)
-    if _file_bytes(single) < _file_bytes(grouped):
+    single = one.encode(raw)
+    cost = _file_bytes(single)
+    # the planes take a record each, at least _record_bytes(0): a plane that cannot cost
+    # less than that wins without the planes encoded (norm weights, step counters)
+    if cost < pipeline.streams * _record_bytes(0):
+        return one, (raw.tobytes(), single)
+    grouped = pipeline.encode(raw)
+    if cost < _file_bytes(grouped):
         return one, (raw.tobytes(), single)
     return pipeline, (raw.tobytes(), grouped)
 

@@ -225,3 +225,29 @@ def test_only_chunks_the_plane_pool_keeps_buffers_for_borrow_from_it(tmp_path, m
     assert given == [1]  # the big tensor's planes (one buffer), once
     back = inshrink.load(tmp_path / "a.ink")
     assert all(np.array_equal(back[k], v) for k, v in tensors.items())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_a_tiny_tensor_one_plane_cannot_beat_is_stored_without_its_planes_tried(tmp_path,
+                                                                              monkeypatch,
+                                                                              dtype):
+    # one plane that costs less than the planes' least (a record each) is chosen without
+    # them encoded: the same file as when both layouts are tried
+    from inshrink import encoder
+    from inshrink.codecs import entropy
+
+    calls = []
+    real = entropy._encode
+    monkeypatch.setattr(entropy, "_encode",
+                        lambda data, level: calls.append(1) or real(data, level))
+    tensors = {"ln.weight": np.ones(300, dtype), "step": np.array(1000.0, dtype),
+               "bias": np.random.default_rng(2).normal(0, 1, 300).astype(dtype)}
+    inshrink.save(tmp_path / "a.ink", tensors, threads=1)
+    word = np.dtype(dtype).itemsize
+    assert len(calls) == 1 + 1 + (1 + word)  # the random bias: both layouts tried
+    monkeypatch.setattr(encoder, "_record_bytes", lambda payload, real=encoder._record_bytes:
+                        0 if payload == 0 else real(payload))  # the shortcut never taken
+    inshrink.save(tmp_path / "b.ink", tensors, threads=1)
+    assert (tmp_path / "a.ink").read_bytes() == (tmp_path / "b.ink").read_bytes()
+    back = inshrink.load(tmp_path / "a.ink")
+    assert all(np.array_equal(back[k], v) for k, v in tensors.items())
