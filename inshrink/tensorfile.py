@@ -313,6 +313,8 @@ class Writer:
         self._codec_names: dict[int, str] = {}  # id of such a chain -> TensorInfo.codec
         policy = self._policy
         self._reports = bool(policy.roles or policy.overrides or policy.tensors)
+        # a Policy of no roles, overrides or tensors stores every tensor losslessly
+        self._lossless_only = type(policy) is Policy and not self._reports
         # for_tensor's options, one dict shared by the tensors without importance overrides
         self._options = {"entropy": self._entropy, "report": self._reports,
                          "tiny_bytes": TINY_TENSOR_BYTES, "force": None}
@@ -412,7 +414,10 @@ class Writer:
             read = _checked_source(name, read)
         per_chunk = max(1, self._chunk_bytes // dtype.itemsize)
         entry = TensorEntry(name, dtype, tuple(shape), [], per_chunk)
-        role, config = self._policy.config_for(name, dtype.name, entry.shape)
+        if self._lossless_only:  # (config_for would give a role that is not reported)
+            role, config = None, None
+        else:
+            role, config = self._policy.config_for(name, dtype.name, entry.shape)
         force = (encoder.overrides(importance, config, entry.numel)
                  if config is not None and entry.numel else None)
         args = (entry, read, role, config)

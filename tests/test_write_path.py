@@ -251,3 +251,22 @@ def test_a_tiny_tensor_one_plane_cannot_beat_is_stored_without_its_planes_tried(
     assert (tmp_path / "a.ink").read_bytes() == (tmp_path / "b.ink").read_bytes()
     back = inshrink.load(tmp_path / "a.ink")
     assert all(np.array_equal(back[k], v) for k, v in tensors.items())
+
+
+def test_a_policy_subclass_of_no_roles_is_still_asked_for_every_tensor(tmp_path):
+    # a lossless policy's tensors skip config_for (its roles are not reported), a subclass's
+    # config_for still decides
+    from dataclasses import dataclass
+
+    from inshrink.policy import Policy, QuantConfig
+
+    @dataclass(frozen=True)
+    class Everything(Policy):
+        def config_for(self, name, dtype, shape):
+            return "weight", QuantConfig(bins=4, domain="linear")
+
+    x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    infos = inshrink.save(tmp_path / "a.ink", {"x": x}, policy=Everything(), threads=1)
+    assert infos[0].quantized
+    infos = inshrink.save(tmp_path / "b.ink", {"x": x}, policy=Policy(), threads=1)
+    assert infos[0].lossless and infos[0].role is None
