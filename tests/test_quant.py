@@ -660,3 +660,41 @@ def test_chunks_quantized_on_one_thread_keep_their_own_escapes(name):
     again, _ = encoder.quantize(a.view(np.uint8))
     np.testing.assert_array_equal(again.positions, kept[0])
     np.testing.assert_array_equal(again.values, kept[2])
+
+
+def test_the_levels_and_boundaries_of_few_centroids_made_on_a_list_are_numpys(monkeypatch):
+    # _encoder makes a small tensor's levels and boundaries on a list: the same values as
+    # numpy's passes, to the bit (NaN, inf, zeros, -0.0, equal neighbours, huge and tiny
+    # values, every dtype, domain and zero-level setting)
+    from types import SimpleNamespace
+
+    from inshrink.codecs import quantize
+    from inshrink.dtypes import BY_NAME
+    rng = np.random.default_rng(7)
+    specials = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-310, -1e-310, 1e300, -1e300, 1e-45,
+                -1e-45, 3e38, -3e38, 65504.0, 1e-8]
+    cases = []
+    for size in list(range(0, 9)) + [15, 16, 17, 63, 64]:
+        for _ in range(25):
+            c = rng.standard_normal(size) * 10.0 ** rng.integers(-40, 40)
+            if size and rng.random() < 0.5:
+                c[rng.integers(0, size, 1 + size // 4)] = rng.choice(specials, 1 + size // 4)
+            if size > 1 and rng.random() < 0.3:
+                c[1:] = np.where(rng.random(size - 1) < 0.3, c[:-1], c[1:])  # equal pairs
+            cases.append(np.sort(c))
+    for name in ("F32", "BF16", "F16", "F64"):
+        dtype = BY_NAME[name]
+        for centroids in cases:
+            for domain in ("linear", "log", "signed_log"):
+                for zeros in (0, 1):
+                    sketch = SimpleNamespace(zeros=zeros)
+                    made = []
+                    for few in (64, -1):  # on a list, then numpy's passes
+                        monkeypatch.setattr(quantize, "_FEW_BOUNDARIES", few)
+                        with np.errstate(all="ignore"):
+                            e = quantize._encoder(sketch, dtype, centroids, 4, domain, 0.0,
+                                                  1.0, False)
+                        made.append((e.stage.levels.dtype, e.stage.levels.tobytes(),
+                                     e.stage.bits, e.boundaries.dtype, e.boundaries.shape,
+                                     e.boundaries.tobytes()))
+                    assert made[0] == made[1], (name, domain, zeros, centroids)

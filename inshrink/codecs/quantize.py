@@ -14,6 +14,7 @@ Nothing here reads a policy: callers pass plain values.
 """
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import struct
@@ -613,6 +614,29 @@ def _boundaries(levels: np.ndarray, domain: str | None) -> np.ndarray:
     return out
 
 
+def _few_levels(rounded: list[float], zero: bool) -> list[float]:
+    """:func:`_encoder`'s levels (float64) of a few rounded centroids (ascending), on a list:
+    the distinct finite non-zero ones, and the zero level if ``zero``."""
+    values = [v for i, v in enumerate(rounded)
+              if math.isfinite(v) and v != 0 and (i == 0 or v != rounded[i - 1])]
+    if zero:
+        values.insert(bisect.bisect_left(values, 0.0), 0.0)  # numpy's searchsorted, left
+    return values
+
+
+def _few_boundaries(levels: list[float], domain: str | None) -> np.ndarray:
+    """:func:`_boundaries` of a few levels, on a list (the same values: the same operations,
+    each correctly rounded)."""
+    pairs = zip(levels, levels[1:])
+    if domain == "linear":
+        return np.array([(a + b) / 2 for a, b in pairs], np.float64)
+    out = [math.copysign(math.sqrt(abs(a * b)), a) if a * b > 0 else 0.0 for a, b in pairs]
+    zero = bisect.bisect_left(levels, 0.0)
+    if 0 < zero < len(levels) and levels[zero] == 0 and levels[zero - 1] < 0:
+        out[zero - 1] = -_SMALLEST_SUBNORMAL
+    return np.array(out, np.float64)
+
+
 def fit(sketch: Sketch, dtype: DType, *, bins: int, domain: str | None, prune: float = 0.0,
         protect: float = 0.0, sigma: float = 0.2, seed: int = 0,
         zero_level: bool = False) -> QuantEncoder:
@@ -689,13 +713,19 @@ def _encoder(sketch: Sketch, dtype: DType, centroids: np.ndarray, bins: int,
     """The encoder of fitted centroids (ascending): rounded to the dtype, the zero level
     added."""
     rounded = centroids.astype(dtype.numpy).astype(np.float64)  # still ascending
+    zero = bool(sketch.zeros or prune_below > 0 or zero_level or not bins)
+    if rounded.size <= _FEW_BOUNDARIES:  # a small tensor's: on a list, fewer numpy calls
+        values = _few_levels(rounded.tolist(), zero)
+        levels = np.array(values, np.float64).astype(dtype.numpy)
+        stage = Quant(dtype, levels, packing_bits(len(levels)))
+        return QuantEncoder(stage, _few_boundaries(values, domain), protect_at, prune_below)
     # the distinct finite non-zero ones (np.unique of them: equal values are neighbours)
     keep = np.isfinite(rounded)
     keep &= rounded != 0
     if rounded.size > 1:
         keep[1:] &= rounded[1:] != rounded[:-1]
     values = rounded[keep]
-    if sketch.zeros or prune_below > 0 or zero_level or not bins:
+    if zero:
         at = int(np.searchsorted(values, 0.0))
         values = np.concatenate((values[:at], _ZERO_LEVEL, values[at:]))
     levels = values.astype(dtype.numpy)
