@@ -698,3 +698,23 @@ def test_the_levels_and_boundaries_of_few_centroids_made_on_a_list_are_numpys(mo
                                      e.stage.bits, e.boundaries.dtype, e.boundaries.shape,
                                      e.boundaries.tobytes()))
                     assert made[0] == made[1], (name, domain, zeros, centroids)
+
+
+def test_short_chunks_are_packed_by_the_kernel_once_a_process_has_packed_enough(monkeypatch):
+    from inshrink.codecs import quant
+    calls = []
+    real = quant.kernels.pack_bits
+
+    class Spy:
+        ready = False  # as if not compiled
+
+        def __call__(self, *args):
+            calls.append(args[1])
+            return real(*args)
+    monkeypatch.setattr(quant.kernels, "pack_bits", Spy())
+    monkeypatch.setattr(quant, "_PACKS_BEFORE_KERNEL", 3)
+    monkeypatch.setattr(quant, "_packs_so_far", 0)
+    codes = np.random.default_rng(0).integers(0, 16, 1001).astype(np.uint16)
+    packed = [quant.pack_codes(codes, 4).tobytes() for _ in range(5)]
+    assert calls == [4, 4]
+    assert len(set(packed)) == 1
