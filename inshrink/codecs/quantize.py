@@ -502,9 +502,9 @@ def _bucket_firsts() -> np.ndarray:
 
 def _stats(count: int, out: np.ndarray) -> "ChunkStats":
     """ChunkStats of ``count`` elements from a kernel's 7 accumulators."""
-    sse, worst, escaped, pruned, zeroed, flipped, nonzero = out
-    return ChunkStats(count, float(sse), float(worst), int(escaped), int(pruned), int(zeroed),
-                      int(flipped), int(nonzero))
+    sse, worst, escaped, pruned, zeroed, flipped, nonzero = out.tolist()  # Python floats
+    return ChunkStats(count, sse, worst, int(escaped), int(pruned), int(zeroed), int(flipped),
+                      int(nonzero))
 
 
 def _thresholds(sketch: Sketch, prune: float, protect: float) -> tuple[int, int, float, float]:
