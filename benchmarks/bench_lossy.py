@@ -42,8 +42,8 @@ with ``--json FILE``, every number as JSON.  ``--quick`` runs a reduced sweep.
 load (best of ``--reps``) of each set and of synthetic 64 MiB tensors at ``--time-bins``, and
 the share of a two-thread save's CPU time spent on the calling thread (what bounds the speed-up
 on two cores); CPU time, so that other work on the machine disturbs it less than wall time. It
-measures a warm process: every kernel compiled, the level fitting's included (a process fits
-its first 256 tensors with numpy unless that kernel is compiled).
+measures a warm process: every kernel compiled, including those a process uses only after
+256 numpy fits, rankings or packings (the fit, short-chunk ranking and bit packing).
 
 A codec whose package is missing is skipped with a printed note.
 """
@@ -646,12 +646,14 @@ def cpu_speed(sets, sets_wanted, bins, reps):
                {"optimizer.state.0.exp_avg": m.reshape(4096, 4096),
                 "optimizer.state.0.exp_avg_sq": (m * m + np.float32(1e-12)).reshape(4096, 4096)},
                None)]
-    # The steady state of a process that has saved before: its first 256 fits use numpy
-    # (inshrink/codecs/quantize.py, _FITS_BEFORE_KERNEL) unless the fit kernel is compiled,
-    # and a set of 19 tensors saved a few times never gets there. Compiled (or loaded) here.
+    # The steady state of a process that has saved before: its first 256 fits, rankings of
+    # short chunks and packings of small ones use numpy (inshrink/codecs/quantize.py and
+    # quant.py) unless those kernels are compiled, and a set of 19 tensors saved a few times
+    # does not get there. Compiled (or loaded) here.
     from inshrink.kernels import quant as quant_kernels
-    if hasattr(quant_kernels, "fit_points"):
-        quant_kernels.fit_points.compiled()
+    for name in ("fit_points", "rank_chunk", "pack_bits", "unpack_bits"):
+        if hasattr(quant_kernels, name):
+            getattr(quant_kernels, name).compiled()
     rows = []
     path = _tmp_path()
     for name, tensors, domain in cases:
