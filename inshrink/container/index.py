@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Mapping, NamedTuple
 
@@ -388,14 +389,17 @@ CANONICAL_MIN_BYTES = 32 << 10
 # The chunk entries of an index as Index.to_bytes writes them: no spaces, integers without
 # sign, fraction or leading zeros. Such a "streams" value is read without the JSON parser.
 # (Leading zeros are looked for apart, in all values at once; the possessive quantifiers
-# spare the matcher its backtracking records: about half the time.)
-_CHUNK = r'\[[0-9]++,[0-9]++,[0-9]++,[0-9]++,"(?:zstd|raw)"\]'
-_STREAM = rf"\[(?:{_CHUNK}(?:,{_CHUNK})*+)?+\]"
+# spare the matcher its backtracking records: about half the time. Python 3.10's re has
+# none; there the same patterns are greedy, which match the same texts here: what follows
+# each repetition can never be what it repeats.)
+_P = "+" if sys.version_info >= (3, 11) else ""
+_CHUNK = rf'\[[0-9]+{_P},[0-9]+{_P},[0-9]+{_P},[0-9]+{_P},"(?:zstd|raw)"\]'
+_STREAM = rf"\[(?:{_CHUNK}(?:,{_CHUNK})*{_P})?{_P}\]"
 _LEADING_ZERO = re.compile(r"[\[,]0[0-9]")
 # A "codec" value whose objects hold no array or object: the same text in many tensors of
 # a file is parsed once, and those tensors share its list (nothing changes a chain read).
-_CODEC = r"\[\{[^\[\]{}]*+\}(?:,\{[^\[\]{}]*+\})*+\]"
-_STREAMS = re.compile(rf'"streams":(\[(?:{_STREAM}(?:,{_STREAM})*+)?+\])')
+_CODEC = rf"\[\{{[^\[\]{{}}]*{_P}\}}(?:,\{{[^\[\]{{}}]*{_P}\}})*{_P}\]"
+_STREAMS = re.compile(rf'"streams":(\[(?:{_STREAM}(?:,{_STREAM})*{_P})?{_P}\])')
 _CODECS = re.compile(rf'"codec":({_CODEC})')  # apart: a literal start is found fastest
 _CODINGS = {'"zstd"': "zstd", '"raw"': "raw"}
 # What stands for the k-th "streams" value in the text the JSON parser reads: the number
