@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import inshrink
 from inshrink.tensorfile import Writer
@@ -270,3 +271,40 @@ def test_a_policy_subclass_of_no_roles_is_still_asked_for_every_tensor(tmp_path)
     assert infos[0].quantized
     infos = inshrink.save(tmp_path / "b.ink", {"x": x}, policy=Policy(), threads=1)
     assert infos[0].lossless and infos[0].role is None
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(name=st.text(min_size=1), value=_JSON_VALUES,
+       report=st.none() | st.dictionaries(st.text(max_size=5), st.floats() | st.text()))
+def test_entry_text_is_the_text_json_dumps_makes(name, value, report):
+    from inshrink import dtypes
+    from inshrink.container.index import TensorEntry, entry_text
+
+    entry = TensorEntry(name, dtypes.BY_NAME["BF16"], (3, 2), [{"id": "x", "v": value}], 6,
+                        (((64, 1, 2, 12, "raw"),),), report)
+    expected = json.dumps(entry.to_json(), ensure_ascii=False, separators=(",", ":"))
+    assert entry_text(entry) == expected
+
+
+def test_entry_text_raises_what_json_dumps_raises():
+    from inshrink import dtypes
+    from inshrink.container.index import TensorEntry, entry_text
+
+    cycle: list = []
+    cycle.append(cycle)
+    entry = TensorEntry("t", dtypes.BY_NAME["F32"], (1,), [{"id": "x"}], 1, (), None)
+    for codec, error, message in (([{"id": object()}], TypeError, "not JSON serializable"),
+                                  (cycle, ValueError, "Circular reference")):
+        entry.codec = codec
+        for _ in range(2):  # an error leaves nothing behind for the next call
+            with pytest.raises(error, match=message):
+                entry_text(entry)
+        entry.codec = [{"id": "x", "same": [1, 1]}]  # a list seen twice is no cycle
+        assert entry_text(entry) == json.dumps(entry.to_json(), ensure_ascii=False,
+                                               separators=(",", ":"))
