@@ -14,9 +14,11 @@ time (steps only). No failure is injected: the search sees one undisturbed run.
 ``replay`` runs one fresh ``Search`` over those checkpoints in order, as the Checkpointer does
 (the model set to each checkpoint's weights, the KL quality callback reset; ``--predict``:
 ``Search(predict=True)``; ``--complete``: the callback's ``bounded`` hidden, so that every
-evaluation runs every batch), and per
-checkpoint times ``Search.choose``, counts the quality calls, and times a plain
-``inshrink.save`` of the state with the chosen policy. The inshrink it imports is the one on
+evaluation runs every batch), and per checkpoint times ``Search.choose``, counts the quality
+calls, and times a plain ``inshrink.save`` of the state with the chosen policy. The first
+search of a process includes its start-up (Numba started, kernels loaded), which the saves
+after it do not pay; ``--warm`` pays it first, apart (``startup_cpu``), so that the first
+search compares with a save on equal terms. The inshrink it imports is the one on
 ``PYTHONPATH``, so two revisions replay the same recorded inputs. The JSON lines it prints
 (and ``--out``) carry the choices, so two revisions can be checked for identical decisions.
 """
@@ -98,7 +100,7 @@ class _Counting:
 
 
 def replay(directory: str, label: str, out: str | None, limit: int | None,
-           predict: bool = False, bounded: bool = True) -> None:
+           predict: bool = False, bounded: bool = True, warm: bool = False) -> None:
     import inshrink
     from inshrink.search import Search, SearchSpace
     from inshrink.torch.quality import quality_from
@@ -113,6 +115,14 @@ def replay(directory: str, label: str, out: str | None, limit: int | None,
                     **({"predict": True} if predict else {}))
     lines = []
     checkpoints = run["checkpoints"][:limit]
+    startup_cpu = None
+    if warm:  # the process's start-up (Numba, kernels loaded or compiled) paid here, apart
+        state = dict(np.load(os.path.join(directory, "ckpt_001.npz")))
+        with tempfile.TemporaryDirectory() as tmp:
+            cpu = time.process_time()
+            inshrink.save(os.path.join(tmp, "w.ink"), state, policy="balanced", threads=1)
+            inshrink.load(os.path.join(tmp, "w.ink"), threads=1)
+            startup_cpu = time.process_time() - cpu
     for i, meta in enumerate(checkpoints, 1):
         state = dict(np.load(os.path.join(directory, f"ckpt_{i:03d}.npz")))
         importance = dict(np.load(os.path.join(directory, f"importance_{i:03d}.npz")))
@@ -161,6 +171,8 @@ def replay(directory: str, label: str, out: str | None, limit: int | None,
     save_total = sum(x["save_seconds"] for x in lines)
     summary = {
         "label": label, "checkpoints": len(lines),
+        # with --warm: CPU of the untimed first save and load (start-up), else None
+        "warm": warm, "startup_cpu": startup_cpu,
         "first_search_s": lines[0]["search_seconds"], "first_save_s": lines[0]["save_seconds"],
         "first_search_over_save": lines[0]["search_seconds"] / lines[0]["save_seconds"],
         "later_search_s_mean": sum(x["search_seconds"] for x in later) / len(later),
@@ -205,11 +217,16 @@ def main(argv=None) -> int:
     ap.add_argument("--predict", action="store_true", help="Search(predict=True)")
     ap.add_argument("--complete", action="store_true",
                     help="hide the callback's bounded(): every evaluation runs every batch")
+    ap.add_argument("--warm", action="store_true",
+                    help="an untimed balanced save and load of the first checkpoint before the "
+                         "replay, so that the first search does not include the process's "
+                         "start-up (Numba, kernels loaded); its CPU is reported as startup_cpu")
     args = ap.parse_args(argv)
     if args.action == "record":
         record(args.dir, args.seed)
     else:
-        replay(args.dir, args.label, args.out, args.limit, args.predict, not args.complete)
+        replay(args.dir, args.label, args.out, args.limit, args.predict, not args.complete,
+               args.warm)
     return 0
 
 
