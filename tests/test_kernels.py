@@ -128,3 +128,39 @@ def test_numpy_join_of_small_chunks_matches_oracle(width, rotate, data, skip):
     out = np.zeros(skip + words.nbytes, np.uint8)[skip:]
     lossless._join_small(planes, rotate, out)
     np.testing.assert_array_equal(out, words.view(np.uint8))
+
+
+def _scaled_sum(x, factor):
+    total = 0.0
+    for i in range(x.shape[0]):
+        total += x[i] * factor
+    return total
+
+
+def test_a_kernel_compiles_on_its_first_calls_once_then_calls_its_dispatcher():
+    """Threads calling a kernel for the first time at once all get its result; the kernel
+    is compiled once, and later calls go straight to what it compiled (the plain function
+    with NUMBA_DISABLE_JIT=1), which another kernel's caller sees as ``ready``."""
+    import threading
+
+    from inshrink.kernels import Kernel
+
+    k = Kernel(_scaled_sum, ["float64(Array(float64, 1, 'C', readonly=True), float64)"])
+    assert not k.ready and k.__name__ == "_scaled_sum"
+    x = np.arange(5.0)
+    results: list = []
+    barrier = threading.Barrier(4)
+
+    def first_call() -> None:
+        barrier.wait()
+        results.append(k(x, 2.0))
+    threads = [threading.Thread(target=first_call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [20.0] * 4
+    assert k.ready and k._call is k.compiled()
+    assert k(x, 0.5) == 5.0
+    with pytest.raises(TypeError):  # a bad call still fails as the dispatcher fails it
+        k()

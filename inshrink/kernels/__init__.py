@@ -15,6 +15,7 @@ the leftover ``inshrink/`` folder then shadows a later editable install of the p
 from __future__ import annotations
 
 import functools
+import operator
 import os
 from typing import Any, Callable, Sequence
 
@@ -41,6 +42,7 @@ class Kernel:
         self.py_func = func
         self._signatures = None if signatures is None else list(signatures)
         self._compiled: Any = None
+        self._call: Callable = self._first_call
 
     def compiled(self) -> Any:
         """The Numba dispatcher (created on the first call; thread-safe)."""
@@ -53,8 +55,17 @@ class Kernel:
                     self._compiled = _jit(self.py_func, self._signatures)
         return self._compiled
 
-    def __call__(self, *args: Any) -> Any:
-        return self.compiled()(*args)
+    def _first_call(self, *args: Any) -> Any:
+        """What a call runs until the kernel is compiled: compile it, then call it."""
+        dispatcher = self.compiled()
+        self._call = dispatcher
+        return dispatcher(*args)
+
+    # Calling the kernel calls what ``_call`` holds: this method until the kernel is
+    # compiled, then the dispatcher itself. A property, not a method, so that a call of a
+    # compiled kernel runs no Python frame of its own (0.28 -> 0.20 us a call, against 0.17
+    # for the dispatcher; 5-6 kernel calls per small lossy tensor).
+    __call__ = property(operator.attrgetter("_call"))
 
     @property
     def ready(self) -> bool:
