@@ -201,9 +201,11 @@ def _lossless_choice(entry: TensorEntry, read: Read, entropy: Entropy,
 def _file_bytes(streams: Encoded) -> int:
     """File bytes the records of one chunk's streams take."""
     total = 0
+    header, alignment = layout.RECORD_HEADER_SIZE, layout.ALIGNMENT
     for _, payload, _ in streams:  # zstd frames are bytes, raw streams arrays
-        total += _record_bytes(len(payload) if type(payload) is bytes
-                               else len(memoryview(payload)))
+        # _record_bytes, inlined: two calls less per stream (10 per tiny tensor's choice)
+        size = header + (len(payload) if type(payload) is bytes else len(memoryview(payload)))
+        total += size + -size % alignment
     return total
 
 

@@ -308,3 +308,23 @@ def test_entry_text_raises_what_json_dumps_raises():
         entry.codec = [{"id": "x", "same": [1, 1]}]  # a list seen twice is no cycle
         assert entry_text(entry) == json.dumps(entry.to_json(), ensure_ascii=False,
                                                separators=(",", ":"))
+
+
+def test_file_bytes_of_streams_is_what_their_records_take(tmp_path):
+    # the tiny-tensor choice's cost of a layout: each stream's record (header, payload,
+    # padding to the alignment), payloads as bytes or as raw arrays
+    from inshrink import encoder
+
+    rng = np.random.default_rng(3)
+    for sizes in ([0], [1, 31, 32, 33], [64 - 32, 4096, 5000, 7]):
+        streams = [("zstd", bytes(n), n) if k % 2 else
+                   ("raw", rng.integers(0, 256, n + 1, dtype=np.uint8)[1:], n)
+                   for k, n in enumerate(sizes)]
+        writer = ContainerWriter(tmp_path / "x.ink")
+        start = writer.bytes_written
+        writer.write_chunks([(c, p, n, 0) for c, p, n in streams])
+        written = writer.bytes_written - start
+        writer.abort()
+        assert encoder._file_bytes(streams) == written + -written % layout.ALIGNMENT
+        assert encoder._file_bytes(streams) == sum(
+            encoder._record_bytes(len(memoryview(p))) for _, p, _ in streams)
