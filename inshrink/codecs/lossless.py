@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import operator
 import os
 import threading
 from dataclasses import dataclass
@@ -133,6 +134,9 @@ def _join_small(planes: list, rotate: bool, out: np.ndarray) -> None:
         np.bitwise_or(words >> 1, words << (8 * word - 1), out=words)
 
 
+_SIZE = operator.attrgetter("size")
+
+
 class PlanePool:
     """Plane buffers that writers hand back once their records are written, to be filled
     again by the next chunks, of this save or the next one.
@@ -192,7 +196,7 @@ class PlanePool:
             self._promised[nbytes] += 1
             if sum(buf.size == nbytes for buf in self._free) < self._promised[nbytes]:
                 self._free.append(np.empty(nbytes, np.uint8))
-                self._free.sort(key=lambda b: -b.size)
+                self._free.sort(key=_SIZE, reverse=True)
 
     def give(self, buffers: list[np.ndarray]) -> None:
         """Hand back buffers from :meth:`take` whose contents nobody reads any more."""
@@ -201,17 +205,19 @@ class PlanePool:
                 base = buf if buf.base is None else buf.base
                 if base.size >= self._min_bytes:
                     self._free.append(base)
-            self._free.sort(key=lambda b: -b.size)
+            self._free.sort(key=_SIZE, reverse=True)  # stable, as a sort by -size
             # keep those promised to submitted chunks, then the largest within the budget
-            promised = collections.Counter(self._promised)
+            # (a plain dict's copy: a Counter's runs Python code, ~1.5 us of each give)
+            promised = dict(self._promised)
             kept, total = [], 0
             for buf in self._free:
-                if promised[buf.size] > 0:
-                    promised[buf.size] -= 1
-                elif total + buf.size > self._keep_bytes:
+                size = buf.size
+                if promised.get(size, 0) > 0:
+                    promised[size] -= 1
+                elif total + size > self._keep_bytes:
                     continue
                 kept.append(buf)
-                total += buf.size
+                total += size
             self._free = kept
 
     @property
