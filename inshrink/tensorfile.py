@@ -122,7 +122,7 @@ def pipeline_for(entry: TensorEntry, has_base: bool = True,
     if known is not None:  # first by the chain's list: tensors of a parsed index share it
         same = known.get((id(entry.codec), entry.dtype.name, has_base))
         if same is not None and same[0] is entry.codec:
-            pipeline = same[1]
+            pipeline, streams = same[1], same[2]
     if pipeline is None:
         key = _chain_key(entry, has_base) if known is not None else None
         pipeline = known.get(key) if key is not None else None
@@ -130,13 +130,15 @@ def pipeline_for(entry: TensorEntry, has_base: bool = True,
             pipeline = Pipeline.from_chain(entry.codec, entry.dtype, has_base, entry.name)
             if key is not None:
                 known[key] = pipeline
+        streams = pipeline.streams  # (a frozen pipeline's: kept with it, two calls less)
         if known is not None:
-            known[(id(entry.codec), entry.dtype.name, has_base)] = (entry.codec, pipeline)
-    if len(entry.streams) != pipeline.streams:
+            known[(id(entry.codec), entry.dtype.name, has_base)] = (entry.codec, pipeline,
+                                                                    streams)
+    if len(entry.streams) != streams:
         raise CorruptError(f"[C-4] tensor {entry.name!r}: {len(entry.streams)} streams, its "
-                           f"codec needs {pipeline.streams}")
+                           f"codec needs {streams}")
     itemsize, per_chunk, numel = entry.dtype.itemsize, entry.chunk_elements, entry.numel
-    for c in range(entry.chunk_count):
+    for c in range(-(-numel // per_chunk)):  # entry.chunk_count
         n = min(per_chunk, numel - c * per_chunk)  # entry.chunk_range(c), inlined
         if not pipeline.sizes_ok(n, [stream[c][3] for stream in entry.streams], itemsize):
             raise CorruptError(f"[C-5] tensor {entry.name!r}: chunk {c} sizes do not match "
