@@ -475,8 +475,12 @@ class Writer:
             return self._pool.submit(fn, *args, **kwargs)
         self._unstarted -= 1
         begun = threading.Event()
-        future = self._pool.submit(_begin, begun, fn, *args, **kwargs)
-        begun.wait(_BEGIN_WAIT_S)
+        try:
+            future = self._pool.submit(_begin, begun, fn, *args, **kwargs)  # starts a thread
+            begun.wait(_BEGIN_WAIT_S)
+        except BaseException as exc:  # (an interrupt) the job is queued, and its caller
+            self._failed = self._failed or exc  # never tracks it: the file cannot be finished
+            raise
         return future
 
     def _batch_job(self, batch: list[tuple]) -> tuple[list, BaseException | None]:
@@ -536,25 +540,35 @@ class Writer:
         """Record how a prepared tensor is stored and submit its chunks (``number``: the
         tensor's in the file's order, with threads)."""
         self._prepared(entry, tensor)
-        if self._pool is None:
-            self._container.tensors.append(entry)
+        left = entry.chunk_count  # chunks not written (no threads) or not submitted yet
+        try:
+            if self._pool is None:
+                self._container.tensors.append(entry)
+                for c in range(entry.chunk_count):
+                    start, size, *rest = self._encode(entry, tensor.encode, read, c)
+                    self._write(entry, start, *rest)
+                    left -= 1
+                    if self._progress is not None:
+                        self._progress(size)
+                return
+            self._set_count(number, entry.chunk_count)
+            grouped = (isinstance(tensor.pipeline.stage, ByteGroup)
+                       and tensor.pipeline.streams > 1)
             for c in range(entry.chunk_count):
-                start, size, *rest = self._encode(entry, tensor.encode, read, c)
-                self._write(entry, start, *rest)
-                if self._progress is not None:
-                    self._progress(size)
-            return
-        self._set_count(number, entry.chunk_count)
-        grouped = isinstance(tensor.pipeline.stage, ByteGroup) and tensor.pipeline.streams > 1
-        for c in range(entry.chunk_count):
-            start, stop = entry.chunk_range(c)
-            nbytes = (stop - start) * entry.dtype.itemsize
-            if grouped:  # its planes come from the calling thread
-                self._planes.reserve(nbytes)
-            self._make_room()
-            future = self._submit(self._chunk_job, number, entry, tensor.encode, read, c)
-            self._pending.append((future, nbytes, number, None))
-            self._pending_bytes += nbytes
+                start, stop = entry.chunk_range(c)
+                nbytes = (stop - start) * entry.dtype.itemsize
+                if grouped:  # its planes come from the calling thread
+                    self._planes.reserve(nbytes)
+                self._make_room()
+                future = self._submit(self._chunk_job, number, entry, tensor.encode, read, c)
+                self._pending.append((future, nbytes, number, None))
+                self._pending_bytes += nbytes
+                left -= 1
+        except BaseException as exc:
+            if left:  # a chunk failed, or the progress sink or an interrupt stopped the
+                # loop: chunks of a tensor in the index will never be written
+                self._failed = self._failed or exc
+            raise
 
     def _sketch_pass(self, entry: TensorEntry, read: Callable[[int, int], Any],
                      sketch: quantize.Sketch) -> None:
@@ -650,15 +664,16 @@ class Writer:
                 self._progress(size)
             return
         sizes, error = future.result()  # a batch of one-chunk tensors
+        if error is not None:  # (before the progress sink, which may raise)
+            for entry in entries:
+                if self._tensors.get(entry.name) is None:  # it failed before it was prepared
+                    self._container.tensors.remove(entry)
+                    del self._tensors[entry.name]
         if self._progress is not None:
             for size in sizes:
                 if size is not None:
                     self._progress(size)
         if error is not None:
-            for entry in entries:
-                if self._tensors.get(entry.name) is None:  # it failed before it was prepared
-                    self._container.tensors.remove(entry)
-                    del self._tensors[entry.name]
             raise error
 
     def _encode(self, entry: TensorEntry, encoder: Callable, read: Callable[[int, int], Any],
