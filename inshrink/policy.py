@@ -7,6 +7,7 @@ name pattern.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -163,20 +164,13 @@ class Policy:
         return role, config
 
 
-# (id(config), domain) -> (config, the config with that domain): config_for resolves the
-# same few configs for every tensor of a save, and replace() validates all fields again
-# (the config is kept with it, so its id stays its own)
-_RESOLVED: dict[tuple[int, str], tuple[QuantConfig, QuantConfig]] = {}
-
-
+@functools.lru_cache(maxsize=256)
 def _with_domain(config: QuantConfig, domain: str) -> QuantConfig:
-    """``replace(config, domain=domain)``, made once per config and domain."""
-    known = _RESOLVED.get((id(config), domain))
-    if known is None:
-        known = (config, replace(config, domain=domain))
-        if len(_RESOLVED) < 256:  # a search's per-tensor configs: the rest made each time
-            _RESOLVED[id(config), domain] = known
-    return known[1]
+    """``replace(config, domain=domain)``, made once per config and domain: config_for
+    resolves the same few configs for every tensor of a save, and replace() validates every
+    field again. Keyed by value (configs are frozen), the least recently used forgotten
+    past 256 (a search makes per-tensor configs)."""
+    return replace(config, domain=domain)
 
 
 PRESETS: Mapping[str, Policy] = MappingProxyType({

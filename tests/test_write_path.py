@@ -207,6 +207,19 @@ def test_config_for_resolves_a_config_domain_once():
         "w", "F32", (64, 64))[1].domain == "log"
 
 
+def test_config_for_still_resolves_once_after_many_other_configs():
+    # a process that has resolved hundreds of configs (a search's per-tensor ones, a test
+    # suite) still resolves a save's few configs once each: the cache forgets the least
+    # recently used ones, it does not stop caching once full
+    from inshrink.policy import PRESETS, Policy, QuantConfig
+
+    for seed in range(600):
+        Policy.uniform(QuantConfig(bins=16, seed=seed)).config_for("w", "F32", (64, 64))
+    policy = PRESETS["balanced"]
+    assert policy.config_for("model.w", "F32", (64, 64))[1] is \
+        policy.config_for("model.v", "F32", (64, 64))[1]
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_only_chunks_the_plane_pool_keeps_buffers_for_borrow_from_it(tmp_path, monkeypatch,
                                                                       threads):
