@@ -41,8 +41,8 @@ class Chunk(NamedTuple):
         return [self.offset, self.length, self.crc, self.size, self.coding]
 
 
-@dataclass
-class TensorEntry:
+@dataclass(slots=True)  # no __dict__ per entry: on Python 3.10 each was one more object
+class TensorEntry:        # for the garbage collector to visit (3.11 makes none)
     """Everything the index says about one tensor."""
 
     name: str
