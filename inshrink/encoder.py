@@ -200,13 +200,7 @@ def _lossless_choice(entry: TensorEntry, read: Read, entropy: Entropy,
 
 def _file_bytes(streams: Encoded) -> int:
     """File bytes the records of one chunk's streams take."""
-    total = 0
-    header, alignment = layout.RECORD_HEADER_SIZE, layout.ALIGNMENT
-    for _, payload, _ in streams:  # zstd frames are bytes, raw streams arrays
-        # _record_bytes, inlined: two calls less per stream (10 per tiny tensor's choice)
-        size = header + (len(payload) if type(payload) is bytes else len(memoryview(payload)))
-        total += size + -size % alignment
-    return total
+    return sum(_record_bytes(len(memoryview(payload))) for _, payload, _ in streams)
 
 
 def prepare_factored(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
