@@ -71,6 +71,7 @@ def run_scenario(script: str, name: str, directory, timeout: float = 120) -> Non
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             _, stderr = process.communicate()
+            _wait_until_group_ends(process.pid)
             raise AssertionError(f"{name}: still running after {timeout} s, killed with its "
                                  f"ranks\n{stderr[-6000:]}") from None
         assert process.returncode == 0, stderr[-6000:]
@@ -80,6 +81,34 @@ def run_scenario(script: str, name: str, directory, timeout: float = 120) -> Non
         except ProcessLookupError:
             pass
         process.wait()
+
+
+def _wait_until_group_ends(group: int, timeout: float = 10) -> None:
+    """Wait until no process of process group ``group`` runs any more (zombies count as
+    ended): SIGKILL is delivered asynchronously, and a rank orphaned by the script's own
+    death may still be exiting when the script has been reaped."""
+    deadline = time.monotonic() + timeout
+    while _running_in_group(group):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process group {group} still running {timeout} s after "
+                                 "SIGKILL")
+        time.sleep(0.01)
+
+
+def _running_in_group(group: int) -> bool:
+    if not os.path.isdir("/proc"):
+        return False  # no way to look; the SIGKILL was sent
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended since listed
+            continue
+        if int(fields[2]) == group and fields[0] not in "ZX":  # state, ppid, pgrp...
+            return True
+    return False
 
 
 def scenario_main(scenarios: dict, *, killed: tuple = ()) -> None:

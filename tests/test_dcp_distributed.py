@@ -151,10 +151,10 @@ def _hangs_on_rank_1(rank, world, directory):
 
 def _gone(pid):
     """The process ``pid`` is not running (a zombie of a reaper that has not waited for it
-    yet counts as gone)."""
+    yet, or one being torn down, counts as gone)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            return f.read().rsplit(")", 1)[1].split()[0] in "ZX"
     except FileNotFoundError:
         return True
 
