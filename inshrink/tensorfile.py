@@ -945,6 +945,11 @@ class File:
         # list.append and pop are atomic, no lock needed
         self._in_flight: list[None] = []
         self._local = threading.local()
+        # reads running now (any thread), and whether close was called: the descriptor, the
+        # read buffers and the pool are given up when both say so (see close)
+        self._readers = 0
+        self._closed = False
+        self._state_lock = threading.Lock()
 
     @property
     def path(self) -> str:
@@ -1005,8 +1010,26 @@ class File:
         """Decode one tensor into a new array (raises for a corrupt or truncated file)."""
         entry = self._entry(name)
         out = self._allocate(entry.nbytes, f"tensor {name!r}")
-        self._decode_all([entry], [out], progress)
+        self._begin_read()
+        try:
+            self._decode_all([entry], [out], progress)
+        finally:
+            self._end_read()
         return out.view(entry.dtype.numpy).reshape(entry.shape)
+
+    def _begin_read(self) -> None:
+        """Count a read that uses the descriptor; a closed file is a typed error."""
+        with self._state_lock:
+            if self._closed:
+                raise InvalidArgumentError(f"{self.path}: the file is closed")
+            self._readers += 1
+
+    def _end_read(self) -> None:
+        with self._state_lock:
+            self._readers -= 1
+            last = self._closed and not self._readers
+        if last:  # closed while this read ran: it was the last to use the file
+            self._release()
 
     @staticmethod
     def _allocate(nbytes: int, what: str) -> np.ndarray:
@@ -1147,9 +1170,18 @@ class File:
         thread-safe, e.g. ``os.pwrite``), which lets the writing scale with the threads too.
         """
         entry = self._entry(name)
-        itemsize = entry.dtype.itemsize
         if not callable(sink):
             raise InvalidArgumentError("sink must be callable as sink(byte_offset, chunk)")
+        self._begin_read()
+        try:
+            self._stream(entry, sink, progress, in_order)
+        finally:
+            self._end_read()
+
+    def _stream(self, entry: TensorEntry, sink: Callable[[int, np.ndarray], None],
+                progress: Progress | None, in_order: bool) -> None:
+        """:meth:`read_into` of an open file's read."""
+        itemsize = entry.dtype.itemsize
 
         def decode(c: int) -> tuple[int, np.ndarray]:
             start, stop = entry.chunk_range(c)
@@ -1239,13 +1271,17 @@ class File:
         if not isinstance(pipeline.stage, Quant):
             raise InvalidArgumentError(f"tensor {name!r} is not quantized")
         out = np.empty(entry.numel, np.uint16)
-        for c in range(entry.chunk_count):
-            start, stop = entry.chunk_range(c)
-            ref = self._chunk_base_codes(entry, c) if pipeline.is_delta else None
-            chunk = entry.streams[0][c]
-            payload = self._reader.read_chunks([chunk])[0]
-            out[start:stop] = pipeline.decode_codes((chunk[4], payload, chunk[3]),
-                                                    stop - start, ref)
+        self._begin_read()
+        try:
+            for c in range(entry.chunk_count):
+                start, stop = entry.chunk_range(c)
+                ref = self._chunk_base_codes(entry, c) if pipeline.is_delta else None
+                chunk = entry.streams[0][c]
+                payload = self._reader.read_chunks([chunk])[0]
+                out[start:stop] = pipeline.decode_codes((chunk[4], payload, chunk[3]),
+                                                        stop - start, ref)
+        finally:
+            self._end_read()
         return out
 
     def _base_bytes(self, entry: TensorEntry) -> np.ndarray:
@@ -1284,7 +1320,11 @@ class File:
             total += size + (-size % layout.ALIGNMENT)  # layout.padding, inlined
         block = self._allocate(total, "the checkpoint")
         outs = [block[start:start + size] for start, size in zip(starts, sizes)]
-        self._decode_all(values, outs, progress)
+        self._begin_read()
+        try:
+            self._decode_all(values, outs, progress)
+        finally:
+            self._end_read()
         return {name: out.view(e.dtype.numpy).reshape(e.shape)
                 for (name, e), out in zip(entries.items(), outs)}
 
@@ -1294,15 +1334,19 @@ class File:
         A delta tensor whose base was not given is checked down to its streams (checksums,
         zstd frames, sizes); combining it with the base needs ``base``/``base_codes``.
         """
-        for name, entry in self._entries.items():
-            pipeline = self._pipelines[name]
-            if pipeline.is_delta and not self._has_base(entry, pipeline):
-                for c in range(entry.chunk_count):
-                    chunks = [stream[c] for stream in entry.streams]
-                    for chunk, payload in zip(chunks, self._reader.read_chunks(chunks)):
-                        pipeline.entropy.decode(chunk[4], payload, chunk[3])
-            else:
-                self.read_into(name, lambda start, chunk: None)
+        self._begin_read()
+        try:
+            for name, entry in self._entries.items():
+                pipeline = self._pipelines[name]
+                if pipeline.is_delta and not self._has_base(entry, pipeline):
+                    for c in range(entry.chunk_count):
+                        chunks = [stream[c] for stream in entry.streams]
+                        for chunk, payload in zip(chunks, self._reader.read_chunks(chunks)):
+                            pipeline.entropy.decode(chunk[4], payload, chunk[3])
+                else:
+                    self._stream(entry, lambda start, chunk: None, None, True)
+        finally:
+            self._end_read()
 
     def _has_base(self, entry: TensorEntry, pipeline: Pipeline) -> bool:
         codes = isinstance(pipeline.delta, deltas.CodeDelta)
@@ -1310,12 +1354,29 @@ class File:
         return source is not None and entry.name in source
 
     def close(self) -> None:
+        """End the use of the file: reads started after it raise
+        :class:`InvalidArgumentError`.
+
+        A read still running (in another thread, or one whose sink or progress callback
+        calls this) finishes first, with every chunk it was asked for; the descriptor, the
+        read buffers and the threads are given up when the last such read ends. Closing
+        twice does nothing.
+        """
+        with self._state_lock:
+            if self._closed:
+                return
+            self._closed = True
+            last = not self._readers
+        if last:
+            self._release()
+
+    def _release(self) -> None:
         if self._pool is not None:
             # once load and read_into have returned (they wait for their jobs, even when
             # they raise), the idle threads end by themselves, without being joined (0.2-0.3
-            # ms of a 2-thread load of final_fp32). Closed while one is still running (from
-            # its sink or progress callback, or from another thread), it waits for the jobs
-            # queued as before: they read with the descriptor and the buffers closed below.
+            # ms of a 2-thread load of final_fp32). A read whose wait for its jobs was
+            # interrupted (KeyboardInterrupt) left them queued: those are waited for, as
+            # they read with the descriptor and the buffers closed below.
             self._pool.shutdown(wait=bool(self._in_flight))
             self._pool = None
         self._reader.close()

@@ -65,3 +65,84 @@ def test_close_after_a_load_does_not_wait_for_the_idle_threads(tmp_path, monkeyp
         with pytest.raises(RuntimeError, match="stop"):
             f.read_into("b", lambda start, chunk: (_ for _ in ()).throw(RuntimeError("stop")))
     assert waits == [False]
+
+
+def _written(path, chunks: int = 3) -> np.ndarray:
+    x = np.linspace(-1, 1, chunks * 1024, dtype=np.float32)
+    with inshrink.Writer(path, chunk_bytes=4096, threads=1) as writer:
+        writer.add("x", x)
+    return x
+
+
+@pytest.mark.parametrize("read", ["read", "load", "read_into", "verify", "getitem"])
+def test_a_read_after_close_is_a_typed_error(tmp_path, read):
+    """Before: a raw OSError (EBADF) from the closed descriptor."""
+    path = tmp_path / "x.ink"
+    _written(path)
+    f = inshrink.File(path, threads=2)
+    f.close()
+    calls = {"read": lambda: f.read("x"), "load": f.load, "verify": f.verify,
+             "read_into": lambda: f.read_into("x", lambda start, chunk: None),
+             "getitem": lambda: f["x"]}
+    with pytest.raises(inshrink.errors.InvalidArgumentError, match="is closed"):
+        calls[read]()
+    f.close()  # twice: nothing happens
+    assert f.keys() == ["x"] and f.info("x").shape == (3 * 1024,)  # the index stays
+
+
+def test_codes_after_close_is_a_typed_error(tmp_path):
+    path = tmp_path / "q.ink"
+    weight = np.random.default_rng(0).standard_normal((256, 256), np.float32)
+    inshrink.save(path, {"w.weight": weight}, policy="balanced")
+    f = inshrink.File(path)
+    assert f.codes("w.weight").shape == (256 * 256,)
+    f.close()
+    with pytest.raises(inshrink.errors.InvalidArgumentError, match="is closed"):
+        f.codes("w.weight")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_sink_that_closes_the_file_gets_every_chunk_past_the_pools_window(
+        tmp_path, threads):
+    """20 chunks: more than read_into keeps in flight, so chunks are still to be submitted
+    after close. Before: RuntimeError from submitting to the pool close had shut down."""
+    path = tmp_path / "x.ink"
+    x = _written(path, chunks=20)
+    f = inshrink.File(path, threads=threads)
+    got = []
+
+    def sink(start, chunk):
+        if not got:
+            f.close()
+        got.append(chunk.copy())
+    f.read_into("x", sink)
+    assert np.concatenate(got).tobytes() == x.tobytes()
+    assert f._reader._fd == -1  # given up when the read ended
+    with pytest.raises(inshrink.errors.InvalidArgumentError, match="is closed"):
+        f.read("x")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_close_from_another_thread_during_a_load_lets_it_finish(tmp_path, monkeypatch,
+                                                                threads):
+    """Before: the load read through the closed descriptor (OSError) or from read buffers
+    already given back for other files to use."""
+    path = tmp_path / "x.ink"
+    x = _written(path, chunks=6)
+    started, closed = threading.Event(), threading.Event()
+    decode = tensorfile.File._decode_chunk
+
+    def held(self, entry, c, *args, **kwargs):
+        started.set()
+        assert closed.wait(10)
+        return decode(self, entry, c, *args, **kwargs)
+    monkeypatch.setattr(tensorfile.File, "_decode_chunk", held)
+    f = inshrink.File(path, threads=threads)
+    closer = threading.Thread(target=lambda: (started.wait(10), f.close(), closed.set()))
+    closer.start()
+    loaded = f.load()
+    closer.join()
+    assert loaded["x"].tobytes() == x.tobytes()
+    assert f._reader._fd == -1
+    with pytest.raises(inshrink.errors.InvalidArgumentError, match="is closed"):
+        f.load()
