@@ -59,7 +59,7 @@ def save(path: str | os.PathLike, tensors: Mapping[str, Any],
     unknown = set(importance) - set(tensors)
     if unknown:
         raise InvalidArgumentError(f"importance given for unknown tensors {sorted(unknown)}")
-    with Writer(path, dict(metadata or {}), level=level, threads=threads,
+    with Writer(path, metadata, level=level, threads=threads,
                 progress=progress, policy=policy) as writer:
         for name, value in tensors.items():
             # the mapping is ours until save returns: encoding may overlap the next tensors

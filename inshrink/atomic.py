@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+import weakref
 
 try:
     import fcntl
@@ -24,6 +25,19 @@ def named_error(exc: OSError, path: str) -> OSError:
     if exc.errno is None or exc.filename == path:
         return exc
     return OSError(exc.errno, f"{exc.strerror or os.strerror(exc.errno)} while writing", path)
+
+
+def hidden_prefix(path: str, room: int = len("XXXXXXXX.tmp")) -> str:
+    """``.<name>.``, the prefix of a hidden temporary beside ``path``, the name cut so that
+    the prefix and ``room`` more characters (mkstemp's random part and a suffix) fit the file
+    system's limit on one name: a destination whose own name fits must be writable."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        limit = os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # no such directory, or not POSIX
+        limit = 255
+    name = os.fsencode(os.path.basename(path))[:max(limit - room - 2, 1)]
+    return f".{os.fsdecode(name)}."
 
 
 class _DestinationFile(io.BufferedRandom):
@@ -51,14 +65,15 @@ class AtomicFile:
 
     Until then it lives as a hidden temporary file ``.<name>.<random>.tmp`` beside ``path``;
     :meth:`abort` (or a crash, which leaves the temporary behind) leaves any previous file at
-    ``path`` untouched. Every ``OSError`` it raises names ``path`` (see the module docstring).
+    ``path`` untouched; so does dropping it uncommitted (garbage collection or interpreter
+    exit aborts it). Every ``OSError`` it raises names ``path`` (see the module docstring).
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
         directory = os.path.dirname(os.path.abspath(self.path))
         try:
-            fd, self.tmp_path = tempfile.mkstemp(prefix=f".{os.path.basename(self.path)}.",
+            fd, self.tmp_path = tempfile.mkstemp(prefix=hidden_prefix(self.path),
                                                  suffix=".tmp", dir=directory)
         except OSError as exc:
             raise named_error(exc, self.path) from exc
@@ -71,6 +86,8 @@ class AtomicFile:
             if isinstance(exc, OSError):
                 raise named_error(exc, self.path) from exc
             raise
+        # a writer dropped without commit or abort (a Writer never closed) leaves no debris
+        self._discard = weakref.finalize(self, _discard, self.file, self.tmp_path, os.getpid())
 
     def commit(self) -> None:
         """Flush, fsync and rename the file to its destination (the caller aborts on error)."""
@@ -81,23 +98,31 @@ class AtomicFile:
             os.replace(self.tmp_path, self.path)
         except OSError as exc:
             raise named_error(exc, self.path) from exc
+        self._discard.detach()
         fsync_directory(os.path.dirname(os.path.abspath(self.path)))
 
     def abort(self) -> None:
         """Discard the temporary file. Never raises: it runs while another error propagates,
         and closing may fail for the very reason the write did (a full disk), which must not
         keep the temporary file from being removed."""
+        self._discard()
+
+
+def _discard(file: io.BufferedRandom, tmp_path: str, pid: int) -> None:
+    """:meth:`AtomicFile.abort` (also its finalizer: it holds no reference to the object).
+    A forked child exiting leaves its parent's temporary file alone."""
+    try:
+        file.close()  # flushes what is buffered, which may fail: nothing to keep
+    except (OSError, ValueError):
+        pass
+    raw = getattr(file, "raw", None)
+    if raw is not None and not raw.closed:  # a failed close may leave the descriptor
         try:
-            self.file.close()  # flushes what is buffered, which may fail: nothing to keep
-        except (OSError, ValueError):
+            raw.close()
+        except OSError:
             pass
-        raw = getattr(self.file, "raw", None)
-        if raw is not None and not raw.closed:  # a failed close may leave the descriptor
-            try:
-                raw.close()
-            except OSError:
-                pass
-        _unlink(self.tmp_path)
+    if os.getpid() == pid:
+        _unlink(tmp_path)
 
 
 def _unlink(path: str) -> None:

@@ -109,6 +109,14 @@ def resolve_threads(threads: int | None) -> int:
     return threads
 
 
+def check_progress(progress: Progress | None) -> None:
+    """A progress sink is None or callable: one that is not would fail only once the first
+    chunk is done, part way through a save or a read."""
+    if progress is not None and not callable(progress):
+        raise InvalidArgumentError(f"progress must be callable as progress(nbytes), got "
+                                   f"{type(progress).__name__}")
+
+
 def pipeline_for(entry: TensorEntry, has_base: bool = True,
                  known: dict | None = None) -> Pipeline:
     """Validate a tensor entry's chain and stream sizes; return its pipeline.
@@ -291,6 +299,11 @@ class Writer:
         self._policy = resolve_policy(policy)
         if (base is not None or base_codes is not None) != (base_file is not None):
             raise InvalidArgumentError("base/base_codes and base_file go together")
+        for what, value in (("metadata", metadata), ("base", base), ("base_codes", base_codes)):
+            if value is not None and not isinstance(value, Mapping):
+                raise InvalidArgumentError(f"{what} must be a mapping or None, got "
+                                           f"{type(value).__name__}")
+        check_progress(progress)
         self._delta = None if base_file is None else (path, dict(base or {}),
                                                       dict(base_codes or {}), base_file)
         self._codes = {} if keep_codes or self._delta else None  # a delta needs them
@@ -400,15 +413,19 @@ class Writer:
         """:meth:`add_source`; ``contiguous``: ``read`` is known to return contiguous buffers
         (else what it returns is checked, :func:`_checked_source`)."""
         self._check_open()
+        if not isinstance(dtype, dtypes.DType):
+            raise InvalidArgumentError(f"tensor {name!r}: dtype must be an inshrink.dtypes.DType")
+        if not isinstance(shape, (tuple, list)):
+            raise InvalidArgumentError(f"tensor {name!r}: shape must be a tuple of integers, "
+                                       f"got {type(shape).__name__}")
         try:
             check_name(name)
-            shape = check_shape(list(shape))
+            # in bytes, as readers check it (rule I-9): not just the element count
+            shape = check_shape(list(shape), dtype.itemsize)
         except InshrinkError as exc:
             raise InvalidArgumentError(str(exc)) from None
         if name in self._tensors:
             raise InvalidArgumentError(f"duplicate tensor name {name!r}")
-        if not isinstance(dtype, dtypes.DType):
-            raise InvalidArgumentError(f"tensor {name!r}: dtype must be an inshrink.dtypes.DType")
         if importance is not None and isinstance(importance, (str, bytes, Mapping)):
             raise InvalidArgumentError(f"tensor {name!r}: importance must be an array of "
                                        f"scores, not a {type(importance).__name__}")
@@ -988,7 +1005,10 @@ class File:
         return len(self._entries)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        try:
+            return name in self._entries
+        except TypeError:  # unhashable: no tensor has that name
+            return False
 
     def _entry(self, name: str) -> TensorEntry:
         try:
@@ -1009,6 +1029,7 @@ class File:
     def read(self, name: str, progress: Progress | None = None) -> np.ndarray:
         """Decode one tensor into a new array (raises for a corrupt or truncated file)."""
         entry = self._entry(name)
+        check_progress(progress)
         out = self._allocate(entry.nbytes, f"tensor {name!r}")
         self._begin_read()
         try:
@@ -1172,6 +1193,7 @@ class File:
         entry = self._entry(name)
         if not callable(sink):
             raise InvalidArgumentError("sink must be callable as sink(byte_offset, chunk)")
+        check_progress(progress)
         self._begin_read()
         try:
             self._stream(entry, sink, progress, in_order)
@@ -1311,6 +1333,9 @@ class File:
         The arrays are views of one allocation (each 64-byte aligned): one large block is much
         cheaper for the OS to provide than hundreds of small ones.
         """
+        if isinstance(names, (str, bytes)):  # not a sequence of one-letter names
+            raise InvalidArgumentError("names must be a list of tensor names, not a string")
+        check_progress(progress)
         entries = self._entries if names is None else {n: self._entry(n) for n in names}
         values = list(entries.values())
         sizes = [e.nbytes for e in values]
