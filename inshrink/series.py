@@ -525,6 +525,8 @@ class Series:
                 # (a keyframe: it decodes alone), checked against the manifest first
                 self._check_file(entry)
                 src_exact = src_codes = None
+            else:  # its file is read too (the index, what was not kept): it must still exist
+                self._check_file(entry, content=False)
             if src_exact is None:
                 src_exact = decoded(entry, codes=False)
             if src_codes is None:
