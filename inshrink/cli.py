@@ -30,6 +30,15 @@ class UsageError(Exception):
     """A command-line mistake: reported in one line with exit status 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose mistakes are one line, like every other error, instead of the whole
+    usage text followed by the message."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {_clean(message)} "
+                              f"(see {self.prog} --help)\n")
+
+
 # -- argument types: bad values exit 2 with the flag's name ---------------------------------
 
 def _positive_int(text: str) -> int:
@@ -86,6 +95,12 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _path(text: str) -> str:
+    if not text:  # e.g. an unset shell variable: never fall back to the default name
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -139,7 +154,7 @@ def _preset_help() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="inshrink", description="Compress deep-learning checkpoints (.safetensors <-> .ink).",
         epilog="Exit status: 0 success, 1 error in the data or I/O, 2 usage error.")
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -149,7 +164,8 @@ def _parser() -> argparse.ArgumentParser:
                        epilog=_preset_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("input", help="a .safetensors file, or a directory: every .safetensors file "
                                  "under it (subdirectories too) is compressed, other files copied")
-    c.add_argument("-o", "--output", help="output path (default: INPUT with .ink, or DIR-ink/)")
+    c.add_argument("-o", "--output", type=_path,
+                   help="output path (default: INPUT with .ink, or DIR-ink/)")
     c.add_argument("--level", type=_level, default=None,
                    help="zstd level for every plane (default: fast plane settings)")
     lossy = c.add_argument_group(
@@ -168,7 +184,7 @@ def _parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("decompress", help=".ink file or directory tree -> safetensors")
     d.add_argument("input", help="an .ink file or a directory of .ink files")
-    d.add_argument("-o", "--output",
+    d.add_argument("-o", "--output", type=_path,
                    help="output path (default: INPUT with .safetensors, or DIR-safetensors/)")
     _common(d, lossy_output=True)
 
@@ -187,7 +203,7 @@ def _parser() -> argparse.ArgumentParser:
     co = sub.add_parser("consolidate", help="sharded torch.distributed.checkpoint directory "
                                             "-> one unsharded .safetensors or .ink file")
     co.add_argument("input", help="a checkpoint directory written by inshrink.dcp")
-    co.add_argument("-o", "--output", required=True,
+    co.add_argument("-o", "--output", type=_path, required=True,
                     help="OUT.safetensors (tensors only) or OUT.ink (non-tensor items kept)")
     co.add_argument("-f", "--force", action="store_true", help="overwrite an existing output")
     _allow_lossy(co)
@@ -204,7 +220,8 @@ def _parser() -> argparse.ArgumentParser:
     rs = ser_sub.add_parser("restore", help="write one checkpoint as .safetensors or .ink")
     rs.add_argument("directory")
     rs.add_argument("--step", type=_step, default=None, help="step to restore (default: latest)")
-    rs.add_argument("-o", "--output", required=True, help="OUT.safetensors or OUT.ink")
+    rs.add_argument("-o", "--output", type=_path, required=True,
+                    help="OUT.safetensors or OUT.ink")
     rs.add_argument("-f", "--force", action="store_true", help="overwrite an existing output")
     _allow_lossy(rs)
     rs.add_argument("--json", action="store_true", help="machine-readable output")
@@ -214,7 +231,7 @@ def _parser() -> argparse.ArgumentParser:
     sr = ser_sub.add_parser("report", help="per step: stored size, ratio, the searched "
                                            "configuration and its quality drop; --plot draws it")
     sr.add_argument("directory")
-    sr.add_argument("--plot", metavar="OUT.png",
+    sr.add_argument("--plot", metavar="OUT.png", type=_path,
                     help="draw the report into a PNG file (needs matplotlib: "
                          "pip install \"inshrink[plot]\")")
     sr.add_argument("-f", "--force", action="store_true", help="overwrite an existing OUT.png")
@@ -281,6 +298,12 @@ def _num(value) -> str:
     return _short(value, 10)
 
 
+def _ratio(nbytes: int, stored: int, suffix: str = "") -> str:
+    """``nbytes / stored`` to 3 decimals, or ``-`` when nothing is stored (an empty tensor,
+    a file without tensors): no ratio, rather than ``inf``."""
+    return f"{nbytes / stored:.3f}{suffix}" if stored else "-"
+
+
 def _warn(message: str) -> None:
     print(f"inshrink: warning: {_clean(message)}", file=sys.stderr)
 
@@ -299,9 +322,26 @@ def _check_input(src: str) -> None:
         raise UsageError(f"{src}: no such file or directory")
 
 
-def _check_output(src: str, dst: str, force: bool) -> None:
+def _same_file(src: str, dst: str) -> bool:
+    """Whether ``dst`` is ``src``, also through a link or another spelling of its path."""
     if os.path.abspath(src) == os.path.abspath(dst):
+        return True
+    try:
+        return os.path.samefile(src, dst)
+    except OSError:  # one of them does not exist
+        return False
+
+
+def _check_output(src: str, dst: str, force: bool, inside: bool = False) -> None:
+    """Refuse an output that would replace the input or, with ``inside`` (a command that
+    reads a directory's files, e.g. a series), one that would be written into it."""
+    if _same_file(src, dst):
         raise UsageError("output would overwrite the input")
+    if inside and os.path.isdir(src):
+        parent = os.path.realpath(os.path.dirname(os.path.abspath(dst)))
+        if os.path.commonpath([parent, os.path.realpath(src)]) == os.path.realpath(src):
+            raise UsageError(f"{dst}: the output would be written inside the input "
+                             f"directory {src}; give a path outside it with -o")
     if os.path.exists(dst) and not force:
         raise UsageError(f"{dst} exists (use --force to overwrite)")
     if os.path.isdir(dst) and not os.path.isdir(src):
@@ -497,7 +537,7 @@ def _source_and_destination(args, in_ext: str, out_ext: str, dir_suffix: str):
     src = args.source = args.input
     sources = _files_in(src, in_ext)
     is_dir = os.path.isdir(src)
-    dst = args.destination = args.output or _default_output(
+    dst = args.destination = args.output if args.output is not None else _default_output(
         src, is_dir, in_ext, out_ext, dir_suffix)
     _check_output(src, dst, args.force)
     return src, sources, is_dir, dst
@@ -564,6 +604,8 @@ def _policy(args):
                 if getattr(args, k) is not None}
     if explicit and args.preset:
         raise UsageError("use either --preset or --bins/--prune/--protect/--max-rel-l2")
+    if args.lossy and args.preset == "lossless":
+        raise UsageError("--lossy and --preset lossless contradict each other: give one")
     if explicit:
         if "max_rel_l2" in explicit and "bins" not in explicit:
             explicit["bins"] = 256  # the bound picks the fewest bins up to this
@@ -581,10 +623,15 @@ def cmd_decompress(args, started: float) -> int:
     from . import convert
     from .errors import InshrinkError
     from .progress import ProgressBar
+    from .series import MANIFEST
+    if os.path.isfile(os.path.join(args.input, MANIFEST)):
+        raise UsageError(f"{args.input} is a checkpoint series: restore one step with "
+                         f"inshrink series restore {args.input} --step N -o OUT")
     src, sources, is_dir, dst = _source_and_destination(args, ".ink", ".safetensors",
                                                         "-safetensors")
     for path in sources:
         convert.check_ink(path)
+        _refuse_delta(path)
     indexes = {path: _ink_details(path)["tensors"] for path in sources}
     _check_lossy_overwrite(args, dst, any(not t.lossless for infos in indexes.values()
                                           for t in infos))
@@ -610,6 +657,23 @@ def cmd_decompress(args, started: float) -> int:
                      sum(f["bytes_out"] for f in converted), sum(f["bytes_in"] for f in converted))
     _transfer_summary(args, report, src, dst)
     return EXIT_OK
+
+
+def _refuse_delta(path: str) -> None:
+    """A delta file of a series decodes only against its base: point to series restore."""
+    from .convert import with_path
+    from .errors import InshrinkError
+    from .tensorfile import File
+    try:
+        with File(path, threads=1) as f:
+            base = f.base
+    except InshrinkError as exc:
+        raise with_path(exc, path) from None
+    if base is not None:
+        series = os.path.dirname(path) or "."
+        against = f" against {base.get('file')}" if isinstance(base, dict) else ""
+        raise UsageError(f"{path} is a delta{against} in a checkpoint series: restore its "
+                         f"step with inshrink series restore {series} --step N -o OUT")
 
 
 def cmd_info(args, started: float) -> int:
@@ -650,7 +714,8 @@ def _print_table(f: dict) -> None:
           f"{'bytes':>14} {'stored':>14} {'ratio':>8}{extra}")
     for name, i in zip(names, infos):
         row = (f"{name:<{width}}  {i.dtype:<8} {str(list(i.shape)):<20} "
-               f"{_clean(i.codec):<16} {i.nbytes:>14,} {i.stored_bytes:>14,} {i.ratio:>8.3f}")
+               f"{_clean(i.codec):<16} {i.nbytes:>14,} {i.stored_bytes:>14,} "
+               f"{_ratio(i.nbytes, i.stored_bytes):>8}")
         if lossy:
             err = i.error or {}
             row += (f" {_clean(i.role or '-'):<10} {_num(err.get('rel_l2_error')):>10} "
@@ -658,8 +723,8 @@ def _print_table(f: dict) -> None:
         print(row)
     total = sum(i.nbytes for i in infos)
     stored = sum(i.stored_bytes for i in infos)
-    ratio = total / stored if stored else float("inf")
-    print(f"{len(infos)} tensors, {total:,} bytes -> {stored:,} stored ({ratio:.3f}x); "
+    print(f"{len(infos)} tensors, {total:,} bytes -> {stored:,} stored "
+          f"({_ratio(total, stored, 'x')}); "
           f"file {f['bytes_in']:,} bytes; metadata keys: {len(f['metadata'])}; "
           f"format {f['format_version']}{_lossy_text(infos)}")
     line = _search_line(f["metadata"])
@@ -875,11 +940,10 @@ def _print_dcp_tensors(metadata, rows: list[dict]) -> None:
         nbytes = sum(r["nbytes"] for r in chunks)
         stored = sum(r["stored_bytes"] for r in chunks)
         codecs = sorted({r["codec"] for r in chunks})
-        ratio = nbytes / stored if stored else float("inf")
         dtype = chunks[0]["dtype"] if hasattr(item, "size") else "bytes"
         line = (f"{names[fqn]:<{width}}  {dtype:<8} {shape:<20} {len(chunks):>6} "
                 f"{_clean(codecs[0] if len(codecs) == 1 else 'mixed'):<16} {nbytes:>14,} "
-                f"{stored:>14,} {ratio:>8.3f}")
+                f"{stored:>14,} {_ratio(nbytes, stored):>8}")
         if lossy:
             errors = [r["error"] or {} for r in chunks]
             role = chunks[0]["role"]
@@ -938,7 +1002,7 @@ def _dcp_series_info(args, started: float) -> int:
         stored = sum(f["bytes_in"] for f in mine)
         kind = "whole" if base is None else f"delta -> {base}"
         print(f"{step:>12}  {mine[0]['world_size']:>5}  {kind:<16} {stored:>14,} "
-              f"{nbytes / stored if stored else float('inf'):>8.3f}")
+              f"{_ratio(nbytes, stored):>8}")
     ratio = f" ({report['ratio']:.3f}x)" if report["ratio"] else ""
     print(f"{report['tensor_bytes']:,} tensor bytes in {report['bytes_in']:,} file bytes"
           f"{ratio}{_lossy_text(_all_tensors(report))}")
@@ -979,7 +1043,7 @@ def cmd_consolidate(args, started: float) -> int:
                          f"no rank files)")
     if not dst.endswith((".safetensors", ".ink")):
         raise UsageError(f"{dst}: the output must end with .safetensors or .ink (its format)")
-    _check_output(src, dst, args.force)
+    _check_output(src, dst, args.force, inside=True)
     from . import dcp
     _, rows, infos = _dcp_details(src)
     source = _dcp_files(src, infos)
@@ -1091,10 +1155,11 @@ def _series_restore(args, series, started: float) -> int:
     import tempfile
 
     from . import api, convert
+    from .atomic import hidden_prefix
     dst = args.destination = args.output
     if not dst.endswith((".safetensors", ".ink")):
         raise UsageError(f"{dst}: the output must end with .safetensors or .ink (its format)")
-    _check_output(args.directory, dst, args.force)
+    _check_output(args.directory, dst, args.force, inside=True)
     step = series.latest() if args.step is None else args.step
     if step is None:
         raise UsageError(f"{args.directory}: the series is empty")
@@ -1110,7 +1175,7 @@ def _series_restore(args, series, started: float) -> int:
     if dst.endswith(".safetensors"):
         # a unique temporary beside the output, like every other write: never a fixed name
         # that could be someone's file
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(dst)}.", suffix=".tmp",
+        fd, tmp = tempfile.mkstemp(prefix=hidden_prefix(dst), suffix=".tmp",
                                    dir=os.path.dirname(os.path.abspath(dst)))
         os.close(fd)
         try:

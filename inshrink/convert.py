@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 
 from . import dtypes
-from .atomic import AtomicFile, current_umask, fsync_directory, named_error
+from .atomic import AtomicFile, current_umask, fsync_directory, hidden_prefix, named_error
 from .container import layout
 from .errors import CorruptError, InshrinkError, InvalidArgumentError, LimitExceededError
 from .policy import Policy
@@ -398,8 +398,8 @@ def _convert_directory(src: str | os.PathLike, dst: str | os.PathLike, convert,
     if not any(rel.endswith(suffix_in) for rel, _, _ in files):
         raise InvalidArgumentError(f"{src} holds no {suffix_in} files (subdirectories "
                                    f"included): nothing to convert")
-    parent, name = os.path.split(os.path.abspath(dst))
-    staging = tempfile.mkdtemp(prefix=f".{name}.", dir=parent)
+    parent = os.path.dirname(os.path.abspath(dst))
+    staging = tempfile.mkdtemp(prefix=hidden_prefix(dst, room=8), dir=parent)
     try:
         for rel in directories:
             os.makedirs(os.path.join(staging, rel), exist_ok=True)
@@ -419,7 +419,7 @@ def _convert_directory(src: str | os.PathLike, dst: str | os.PathLike, convert,
                                       os.path.getsize(out), tensors, outside))
         os.chmod(staging, 0o777 & ~current_umask())
         if os.path.lexists(dst):
-            old = tempfile.mkdtemp(prefix=f".{name}.old.", dir=parent)
+            old = tempfile.mkdtemp(prefix=hidden_prefix(dst, room=12) + "old.", dir=parent)
             os.replace(dst, os.path.join(old, "x"))
             try:
                 os.replace(staging, dst)

@@ -1,0 +1,143 @@
+"""The command line used as a new user would, from README.md and --help: paths that reach the
+input another way, outputs inside the input, empty or conflicting options, long names."""
+import os
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import inshrink
+from test_cli import run
+
+
+@pytest.fixture()
+def model(tmp_path):
+    rng = np.random.default_rng(0)
+    save_file({"layer.weight": rng.standard_normal((128, 64)).astype(np.float32)},
+              str(tmp_path / "m.safetensors"))
+    return tmp_path
+
+
+def one_line_error(r, code: int) -> str:
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stdout == "", r.stdout  # no success message
+    return r.stderr
+
+
+def test_an_output_that_is_the_input_through_a_link_is_refused(model):
+    os.symlink(".", model / "here")
+    original = (model / "m.safetensors").read_bytes()
+    err = one_line_error(run("compress", "m.safetensors", "-o", "here/m.safetensors", "-f",
+                             cwd=model), 2)
+    assert "output would overwrite the input" in err
+    assert (model / "m.safetensors").read_bytes() == original
+    inshrink.save(model / "a.ink", {"w": np.ones(3, np.float32)})
+    packed = (model / "a.ink").read_bytes()
+    err = one_line_error(run("decompress", "a.ink", "-o", "here/a.ink", "-f", cwd=model), 2)
+    assert "output would overwrite the input" in err
+    assert (model / "a.ink").read_bytes() == packed
+
+
+def series_of_two(directory):
+    series = inshrink.Series(directory)
+    for step in (1, 2):
+        series.save(step, {"w": np.full((8, 8), step, np.float32)})
+
+
+def test_series_restore_into_the_series_directory_is_refused(tmp_path):
+    series_of_two(tmp_path / "s")
+    before = {n: (tmp_path / "s" / n).read_bytes() for n in os.listdir(tmp_path / "s")}
+    for name in ("step_000000000002.ink", "extra.safetensors"):
+        err = one_line_error(run("series", "restore", "s", "--step", "1", "-o",
+                                 f"s/{name}", "-f", cwd=tmp_path), 2)
+        assert "inside the input directory s" in err, err
+    assert {n: (tmp_path / "s" / n).read_bytes() for n in os.listdir(tmp_path / "s")} == before
+    assert run("series", "verify", "s", cwd=tmp_path).returncode == 0
+
+
+def test_consolidate_into_the_checkpoint_directory_is_refused(tmp_path):
+    # refused before the checkpoint is read: a directory that looks like one is enough
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / ".metadata").write_bytes(b"x")
+    rank = tmp_path / "ck" / "rank00000-0123456789ab.ink"
+    rank.write_bytes(b"rank data")
+    err = one_line_error(run("consolidate", "ck", "-o", "ck/rank00000-0123456789ab.ink", "-f",
+                             cwd=tmp_path), 2)
+    assert "inside the input directory ck" in err, err
+    assert rank.read_bytes() == b"rank data"
+
+
+@pytest.mark.parametrize("args", [
+    ("compress", "m.safetensors", "-o", ""),
+    ("decompress", "m.ink", "-o", ""),
+    ("consolidate", "ck", "-o", ""),
+    ("series", "restore", "s", "-o", ""),
+    ("series", "report", "s", "--plot", ""),
+])
+def test_an_empty_output_name_is_a_usage_error(model, args):
+    inshrink.save(model / "m.ink", {"w": np.ones(3, np.float32)})
+    before = sorted(os.listdir(model))
+    err = one_line_error(run(*args, cwd=model), 2)
+    assert "empty" in err, err
+    assert sorted(os.listdir(model)) == before
+
+
+def test_lossy_and_preset_lossless_conflict(model):
+    err = one_line_error(run("compress", "m.safetensors", "--lossy", "--preset", "lossless",
+                             cwd=model), 2)
+    assert "--lossy" in err and "lossless" in err, err
+    assert not (model / "m.ink").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ("compress", "m.safetensors", "--bins", "0"),
+    ("compress", "m.safetensors", "--preset", "fast"),
+    ("compress", "m.safetensors", "--no-such-flag"),
+    ("compress",),
+    ("series", "restore", "s"),
+    ("frobnicate",),
+])
+def test_usage_errors_of_the_parser_are_one_line(model, args):
+    err = one_line_error(run(*args, cwd=model), 2)
+    assert err.startswith("inshrink") and "--help" in err, err
+
+
+def test_a_long_output_name_that_the_file_system_allows_is_written(model):
+    name = "a" * (255 - len(".safetensors"))  # its .ink name fits; ".name.XXXXXXXX.tmp" not
+    os.replace(model / "m.safetensors", model / f"{name}.safetensors")
+    r = run("compress", f"{name}.safetensors", cwd=model)
+    assert r.returncode == 0, r.stderr
+    r = run("decompress", f"{name}.ink", "-o", f"{'b' * 243}.safetensors", cwd=model)
+    assert r.returncode == 0, r.stderr
+    assert (model / f"{'b' * 243}.safetensors").read_bytes() == \
+        (model / f"{name}.safetensors").read_bytes()
+    assert [n for n in os.listdir(model) if n.startswith(".")] == []  # no debris
+
+
+def test_a_long_directory_or_restored_name_is_written(model):
+    tree = model / ("t" * 250)  # its output tree-ink fits; the hidden staging name did not
+    tree.mkdir()
+    os.replace(model / "m.safetensors", tree / "m.safetensors")
+    r = run("compress", tree.name, cwd=model)
+    assert r.returncode == 0, r.stderr
+    assert (model / f"{tree.name}-ink" / "m.ink").exists()
+    series_of_two(model / "s")
+    r = run("series", "restore", "s", "-o", f"{'c' * 243}.safetensors", cwd=model)
+    assert r.returncode == 0, r.stderr
+    assert [n for n in os.listdir(model) if n.startswith(".")] == []
+
+
+def test_decompress_of_a_series_points_to_series_restore(tmp_path):
+    series_of_two(tmp_path / "s")
+    for target in ("s", "s/step_000000000001.d.ink"):
+        err = one_line_error(run("decompress", target, "-o", "out.safetensors", cwd=tmp_path), 2)
+        assert "inshrink series restore" in err, err
+    assert sorted(os.listdir(tmp_path)) == ["s"]
+
+
+def test_info_of_a_file_without_tensors_prints_no_infinite_ratio(tmp_path):
+    inshrink.save(tmp_path / "none.ink", {})
+    r = run("info", "none.ink", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "inf" not in r.stdout, r.stdout
