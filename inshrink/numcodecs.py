@@ -31,9 +31,18 @@ from inshrink.errors import InvalidArgumentError, LimitExceededError
 __all__ = ["Inshrink", "InshrinkQuant"]
 
 
+def _contiguous(buf: Any, what: str) -> np.ndarray:
+    """``ensure_contiguous_ndarray(buf)`` (flat, memory order), its refusals (not a buffer,
+    not contiguous, an object array) as typed errors."""
+    try:
+        return ensure_contiguous_ndarray(buf)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"{what}: {exc}") from None
+
+
 def _as_elements(buf: Any) -> np.ndarray:
     """The buffer as a flat array of a dtype inshrink stores, or as its bytes."""
-    arr = ensure_contiguous_ndarray(buf)  # flat, memory order; refuses object arrays
+    arr = _contiguous(buf, "buf")
     if arr.dtype.byteorder == ">" and arr.dtype.itemsize > 1:
         return arr.view(np.uint8)  # exact bytes: a decoded little-endian copy would differ
     try:
@@ -45,10 +54,12 @@ def _as_elements(buf: Any) -> np.ndarray:
 
 def _decode(buf: Any, out: Any) -> Any:
     """Decode a frame, into ``out`` when given (then no larger than ``out``)."""
-    data = ensure_contiguous_ndarray(buf)
+    data = _contiguous(buf, "buf")
     if out is None:
         return array.decode(data).reshape(-1)
-    target = ensure_contiguous_ndarray(out)
+    target = _contiguous(out, "out")
+    if not target.flags.writeable:
+        raise InvalidArgumentError("out is read-only")
     decoded = array.decode(data, max_nbytes=target.nbytes)
     if decoded.nbytes != target.nbytes:
         raise LimitExceededError(f"the frame holds {decoded.nbytes} bytes, out has "

@@ -84,6 +84,7 @@ class QuantConfig:
         if self.domain is not None and self.domain not in DOMAINS:
             raise InvalidArgumentError(f"domain must be one of {DOMAINS} or None")
         if self.max_rel_l2 is not None and not (isinstance(self.max_rel_l2, (int, float))
+                                                and not isinstance(self.max_rel_l2, bool)
                                                 and 0 < self.max_rel_l2 < math.inf):
             raise InvalidArgumentError("max_rel_l2 must be a positive number")
         if self.max_rel_l2 is not None and self.domain == "factored":
@@ -92,8 +93,8 @@ class QuantConfig:
             raise InvalidArgumentError("sigma must be in [0, 1]")
         if not isinstance(self.alpha, (int, float)) or not 1e-4 <= self.alpha <= 0.1:
             raise InvalidArgumentError("alpha must be in [1e-4, 0.1]")
-        if type(self.seed) is not int:
-            raise InvalidArgumentError("seed must be an integer")
+        if type(self.seed) is not int or self.seed < 0:  # (numpy's generators take no other)
+            raise InvalidArgumentError("seed must be a non-negative integer")
 
 
 DEFAULT_DOMAIN = {"weight": "linear", "embedding": "linear", "exp_avg": "signed_log",
@@ -121,6 +122,10 @@ class Policy:
     tensors: Mapping[str, QuantConfig] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for what in ("roles", "overrides", "tensors"):
+            value = getattr(self, what)
+            if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+                raise InvalidArgumentError(f"{what} must be a mapping with str keys")
         for role, cfg in self.roles.items():
             if role not in ROLES:
                 raise InvalidArgumentError(f"unknown role {role!r}; roles are {ROLES}")

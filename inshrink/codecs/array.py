@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import struct
 from typing import Any
 
@@ -88,7 +89,8 @@ def encode(array: Any, *, level: int | None = None, chunk_bytes: int = DEFAULT_C
                                    f"{MAX_CHUNK_BYTES}]")
     if arr.ndim > MAX_NDIM:
         raise InvalidArgumentError(f"arrays have at most {MAX_NDIM} dimensions")
-    if max_rel_l2 is not None and (bins is None or not 0 <= max_rel_l2 < math.inf):
+    if max_rel_l2 is not None and (bins is None or not _is_number(max_rel_l2)
+                                   or not 0 <= max_rel_l2 < math.inf):
         raise InvalidArgumentError("max_rel_l2 needs bins and must be a finite number >= 0")
     raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
     per_chunk = chunk_bytes // dtype.itemsize
@@ -136,8 +138,11 @@ def _quantizer(arr: np.ndarray, dtype: dtypes.DType, ranges: list, bins: int, do
         raise InvalidArgumentError("bins must be an integer in [0, 65000]")
     if domain not in DOMAINS:
         raise InvalidArgumentError("domain must be 'linear', 'log' or 'signed_log'")
-    if not (0 <= protect < 1 and 0 <= prune < 1 and protect + prune < 1):
+    if not (_is_number(protect) and _is_number(prune)
+            and 0 <= protect < 1 and 0 <= prune < 1 and protect + prune < 1):
         raise InvalidArgumentError("protect and prune must be fractions summing below 1")
+    if type(seed) is not int or seed < 0:  # (numpy's generators take no other)
+        raise InvalidArgumentError("seed must be a non-negative integer")
     if arr.size == 0:
         return None
     sketch = Sketch.for_dtype(dtype, 0.005, bins)
@@ -158,6 +163,11 @@ def _quantizer(arr: np.ndarray, dtype: dtypes.DType, ranges: list, bins: int, do
         if total.rel_l2(sketch.sumsq) <= max_rel_l2:
             return encoder, sketch.sumsq, tried
     return None
+
+
+def _is_number(x: Any) -> bool:
+    """A real number, not a bool (an argument's comparisons would otherwise raise TypeError)."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 def _fail(rule: str, msg: str, error: type = CorruptError):
