@@ -102,7 +102,11 @@ def as_numpy(value: Any) -> np.ndarray:
     if torch_dtype.startswith("torch.") and hasattr(value, "detach"):
         if getattr(getattr(value, "device", None), "type", None) == "meta":
             raise InvalidArgumentError("a torch meta tensor has no data to store")
-        value = value.detach().cpu()
+        if getattr(value, "is_nested", False):
+            raise InvalidArgumentError("a torch nested tensor has no single shape: store its "
+                                       "tensors (.unbind()) one by one")
+        # a conjugate or negative view's values, which numpy() refuses to see through
+        value = value.detach().cpu().resolve_conj().resolve_neg()
         if torch_dtype in _TORCH_VIA_INT:
             import torch  # only reachable when the caller already uses torch
 

@@ -186,7 +186,7 @@ def test_save_torch_tensors_with_conjugate_or_negative_bit(tmp_path):
 
 def test_save_nested_torch_tensor(tmp_path):
     torch = pytest.importorskip("torch")
-    nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+    nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)], layout=torch.jagged)
     with pytest.raises(InvalidArgumentError, match="nested"):
         inshrink.save(tmp_path / "x.ink", {"x": nested})
     assert os.listdir(tmp_path) == []

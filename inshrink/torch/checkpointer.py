@@ -297,6 +297,12 @@ class Checkpointer:
                              eval_batches: Any) -> bool:
         """Check the arguments of the training state, async and sharded modes; return
         whether the sharded mode applies."""
+        if optimizer is not None and not (callable(getattr(optimizer, "state_dict", None))
+                                          and callable(getattr(optimizer, "load_state_dict",
+                                                               None))
+                                          and hasattr(optimizer, "param_groups")):
+            raise InvalidArgumentError("optimizer must be a torch.optim.Optimizer (with "
+                                       "state_dict(), load_state_dict() and param_groups)")
         if scheduler is not None and not (callable(getattr(scheduler, "state_dict", None))
                                           and callable(getattr(scheduler, "load_state_dict",
                                                                None))):

@@ -26,6 +26,8 @@ def to_numpy(tensor: torch.Tensor, name: str = "tensor") -> np.ndarray:
     """
     if tensor.layout != torch.strided:
         raise InvalidArgumentError(f"{name}: {tensor.layout} tensors are not supported")
+    if tensor.is_meta:  # (.cpu() would raise NotImplementedError)
+        raise InvalidArgumentError(f"{name}: a meta tensor has no data to store")
     tensor = tensor.detach().cpu().resolve_conj().resolve_neg()
     try:
         return as_numpy(tensor.contiguous())

@@ -187,7 +187,11 @@ def quality_from(model: torch.nn.Module, batches: Sequence[tuple[Any, Any]],
         raise InvalidArgumentError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
     if criterion == "kl" and metric is not None:
         raise InvalidArgumentError("criterion='kl' adds to a loss, not to a metric")
-    batches = list(batches)
+    try:
+        batches = list(batches)
+    except TypeError:
+        raise InvalidArgumentError("batches must be a sequence of (inputs, targets) "
+                                   "pairs") from None
     if not batches:
         raise InvalidArgumentError("batches must hold at least one (inputs, targets) pair")
     if criterion == "kl":
