@@ -214,3 +214,29 @@ def test_checkpointer_arguments_of_the_wrong_type(tmp_path, kwargs):
     from inshrink.torch import Checkpointer
     with pytest.raises(InvalidArgumentError):
         Checkpointer(tmp_path / "run", torch.nn.Linear(2, 2), **kwargs)
+
+
+def test_load_model_with_a_shape_mismatch_changes_nothing(tmp_path):
+    torch = pytest.importorskip("torch")
+    from inshrink.torch import load_model, save_model
+    saved = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3))
+    save_model(saved, tmp_path / "m.ink")
+    other = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 4))
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    # load_state_dict copied the tensors that fit (layer 0), then raised RuntimeError
+    with pytest.raises(InvalidArgumentError, match="shape"):
+        load_model(other, tmp_path / "m.ink", strict=False)
+    assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
+
+
+@pytest.mark.parametrize("call", [
+    lambda files, path: files.save_model(5, path),
+    lambda files, path: files.load_model(5, path),
+    lambda files, path: files.load_file(path, device="nowhere"),
+])
+def test_torch_files_arguments_of_the_wrong_type(tmp_path, call):
+    torch = pytest.importorskip("torch")
+    from inshrink.torch import files
+    files.save_file({"x": torch.ones(2)}, tmp_path / "x.ink")
+    with pytest.raises(InvalidArgumentError):
+        call(files, tmp_path / "x.ink")

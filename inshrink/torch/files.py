@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -152,7 +152,11 @@ def load_file(filename: str | os.PathLike, device: str | int | torch.device = "c
     dict of str to torch.Tensor
         Each with its stored dtype and shape, writable, ready for ``load_state_dict``.
     """
-    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    try:  # before the file is read
+        device = (torch.device("cuda", device) if isinstance(device, int)
+                  else torch.device(device))
+    except (RuntimeError, TypeError) as exc:
+        raise InvalidArgumentError(f"device {device!r}: {exc}") from None
     arrays = api.load(filename, threads=threads, mmap=False)
     return {name: to_torch(array).to(device) for name, array in arrays.items()}
 
@@ -189,6 +193,12 @@ def _is_complete(tensor: torch.Tensor) -> bool:
             and tensor.numel() * tensor.element_size() == tensor.untyped_storage().nbytes())
 
 
+def _check_module(model: Any) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise InvalidArgumentError(f"model must be a torch.nn.Module, got "
+                                   f"{type(model).__name__}")
+
+
 def save_model(model: torch.nn.Module, filename: str | os.PathLike,
                metadata: dict[str, str] | None = None, force_contiguous: bool = True, *,
                policy: Policy | str | None = None,
@@ -200,6 +210,7 @@ def save_model(model: torch.nn.Module, filename: str | os.PathLike,
     ``force_contiguous`` is accepted for compatibility: inshrink always stores values
     contiguously. Other parameters as :func:`save_file`.
     """
+    _check_module(model)
     state = model.state_dict()
     metadata = dict(metadata or {})
     for group in _shared_groups(state):
@@ -226,10 +237,18 @@ def load_model(model: torch.nn.Module, filename: str | os.PathLike, strict: bool
     (missing, unexpected) : tuple of list of str
         Names the module has that the file lacks (shared names excluded), and names the file
         has that the module lacks. With ``strict``, either being non-empty raises
-        :class:`InvalidArgumentError` before anything is loaded.
+        :class:`InvalidArgumentError` before anything is loaded; so does a tensor whose
+        shape differs from the module's, strict or not.
     """
+    _check_module(model)
     state = load_file(filename, device, threads=threads)
     own = model.state_dict()
+    for name in sorted(set(state) & set(own)):
+        # load_state_dict would copy the tensors that fit, then raise RuntimeError
+        if isinstance(own[name], torch.Tensor) and state[name].shape != own[name].shape:
+            raise InvalidArgumentError(
+                f"{os.fspath(filename)} does not match the model: {name!r} has shape "
+                f"{tuple(state[name].shape)}, the model expects {tuple(own[name].shape)}")
     shared = {n for g in _shared_groups(own) for n in g}
     missing = sorted(set(own) - set(state) - shared)
     unexpected = sorted(set(state) - set(own))
