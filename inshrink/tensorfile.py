@@ -946,6 +946,10 @@ class File:
                  mmap: bool = True, base: Mapping[str, np.ndarray] | None = None,
                  base_codes: Mapping[str, np.ndarray] | None = None) -> None:
         self._threads = resolve_threads(threads)
+        for what, value in (("base", base), ("base_codes", base_codes)):
+            if value is not None and not isinstance(value, Mapping):
+                raise InvalidArgumentError(f"{what} must be a mapping of tensor names to "
+                                           f"arrays or None, got {type(value).__name__}")
         self._base, self._base_codes = base, base_codes
         self._reader = ContainerReader(path)
         try:

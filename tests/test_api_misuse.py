@@ -240,3 +240,10 @@ def test_torch_files_arguments_of_the_wrong_type(tmp_path, call):
     files.save_file({"x": torch.ones(2)}, tmp_path / "x.ink")
     with pytest.raises(InvalidArgumentError):
         call(files, tmp_path / "x.ink")
+
+
+@pytest.mark.parametrize("kwargs", [{"base": 3}, {"base": [1]}, {"base_codes": 3}])
+def test_file_base_of_the_wrong_type(ink, kwargs):
+    # was accepted, then an AttributeError when a delta tensor was read
+    with pytest.raises(InvalidArgumentError, match="mapping"):
+        File(ink.path, **kwargs)
