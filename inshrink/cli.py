@@ -317,9 +317,18 @@ def _default_output(src: str, is_dir: bool, old: str, new: str, dir_suffix: str)
     return (src[:-len(old)] if src.endswith(old) else src) + new
 
 
+def _special(path: str) -> bool:
+    """Whether ``path`` exists and is neither a regular file nor a directory (a FIFO, a
+    device, a socket): reading a FIFO waits forever, and renaming a new file over a device
+    such as /dev/null replaces the device."""
+    return os.path.exists(path) and not (os.path.isfile(path) or os.path.isdir(path))
+
+
 def _check_input(src: str) -> None:
     if not os.path.exists(src):
         raise UsageError(f"{src}: no such file or directory")
+    if _special(src):
+        raise UsageError(f"{src} is not a regular file (a device, FIFO or socket)")
 
 
 def _same_file(src: str, dst: str) -> bool:
@@ -337,6 +346,11 @@ def _check_output(src: str, dst: str, force: bool, inside: bool = False) -> None
     reads a directory's files, e.g. a series), one that would be written into it."""
     if _same_file(src, dst):
         raise UsageError("output would overwrite the input")
+    if _special(dst):
+        raise UsageError(f"{dst} is not a regular file (a device, FIFO or socket): the output "
+                         f"is written whole and renamed into place, which would replace it")
+    if os.path.isdir(dst) and not os.path.isdir(src):
+        raise UsageError(f"{dst} is a directory; give a file name with -o")
     if inside and os.path.isdir(src):
         parent = os.path.realpath(os.path.dirname(os.path.abspath(dst)))
         if os.path.commonpath([parent, os.path.realpath(src)]) == os.path.realpath(src):
@@ -344,8 +358,6 @@ def _check_output(src: str, dst: str, force: bool, inside: bool = False) -> None
                              f"directory {src}; give a path outside it with -o")
     if os.path.exists(dst) and not force:
         raise UsageError(f"{dst} exists (use --force to overwrite)")
-    if os.path.isdir(dst) and not os.path.isdir(src):
-        raise UsageError(f"{dst} is a directory; give a file name with -o")
 
 
 def _check_lossy_overwrite(args, dst: str, lossy: bool) -> None:
