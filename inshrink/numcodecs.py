@@ -89,6 +89,18 @@ class Inshrink(Codec):
         self.level = level
         self.chunk_bytes = chunk_bytes
 
+    @classmethod
+    def from_config(cls, config: dict) -> "Inshrink":
+        """The codec of a configuration (``numcodecs.get_codec``): an unknown key is an
+        InvalidArgumentError, not the TypeError of the constructor call."""
+        config = {k: v for k, v in config.items() if k != "id"}
+        try:
+            return cls(**config)
+        except TypeError as exc:
+            if isinstance(exc, InvalidArgumentError):
+                raise
+            raise InvalidArgumentError(f"codec {cls.codec_id!r}: {exc}") from None
+
     def _chunk_bytes(self, arr: np.ndarray) -> int:
         return max(self.chunk_bytes // arr.itemsize, 1) * arr.itemsize
 

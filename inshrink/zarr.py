@@ -34,7 +34,7 @@ from zarr.core.dtype.common import DataTypeValidationError
 from zarr.core.dtype.npy.float import BaseFloat
 
 from inshrink.codecs import array
-from inshrink.errors import CorruptError
+from inshrink.errors import CorruptError, InvalidArgumentError
 from inshrink.numcodecs import Inshrink, InshrinkQuant, _as_elements
 
 if TYPE_CHECKING:
@@ -111,7 +111,12 @@ class _Ink(ArrayBytesCodec):
     def from_dict(cls, data: dict[str, JSON]) -> Self:
         _, config = parse_named_configuration(data, cls.codec_name,
                                               require_configuration=False)
-        return cls(**(config or {}))
+        try:
+            return cls(**(config or {}))
+        except TypeError as exc:  # an unknown key in the array's metadata
+            if isinstance(exc, InvalidArgumentError):
+                raise
+            raise InvalidArgumentError(f"codec {cls.codec_name!r}: {exc}") from None
 
     def to_dict(self) -> dict[str, JSON]:
         return {"name": self.codec_name, "configuration": dict(self.config)}

@@ -247,3 +247,22 @@ def test_file_base_of_the_wrong_type(ink, kwargs):
     # was accepted, then an AttributeError when a delta tensor was read
     with pytest.raises(InvalidArgumentError, match="mapping"):
         File(ink.path, **kwargs)
+
+
+def test_numcodec_configuration_with_an_unknown_key():
+    numcodecs = pytest.importorskip("numcodecs")
+    import inshrink.numcodecs  # noqa: F401 (registers the codecs)
+    for codec_id in ("inshrink", "inshrink-quant"):
+        with pytest.raises(InvalidArgumentError, match="foo"):
+            numcodecs.get_codec({"id": codec_id, "foo": 1})
+    assert numcodecs.get_codec({"id": "inshrink", "level": 3}).level == 3
+
+
+def test_zarr_codec_configuration_with_an_unknown_key():
+    pytest.importorskip("zarr")
+    from inshrink.zarr import InkCodec, InkQuantCodec
+    for cls in (InkCodec, InkQuantCodec):
+        with pytest.raises(InvalidArgumentError, match="foo"):
+            cls.from_dict({"name": cls.codec_name, "configuration": {"foo": 1}})
+    assert InkCodec.from_dict({"name": "inshrink", "configuration": {"level": 3}}).config[
+        "level"] == 3
