@@ -345,7 +345,7 @@ def _check_output(src: str, dst: str, force: bool, inside: bool = False) -> None
     """Refuse an output that would replace the input or, with ``inside`` (a command that
     reads a directory's files, e.g. a series), one that would be written into it."""
     if _same_file(src, dst):
-        raise UsageError("output would overwrite the input")
+        raise UsageError(f"{dst}: the output would overwrite the input {src}")
     if _special(dst):
         raise UsageError(f"{dst} is not a regular file (a device, FIFO or socket): the output "
                          f"is written whole and renamed into place, which would replace it")

@@ -22,6 +22,8 @@ from .policy import Policy
 from .tensorfile import File, Progress, TensorInfo, Writer
 
 MAX_SAFETENSORS_HEADER = 100 << 20
+SAFETENSORS_DTYPES = frozenset(dtypes.BY_NAME) - {"C128"}
+"""The dtypes of inshrink that safetensors readers know (they have C64, no C128)."""
 SHARD_INDEX_SUFFIX = ".safetensors.index.json"
 
 
@@ -221,6 +223,10 @@ def _header_for(f: File) -> SafetensorsHeader:
                 e.name: (e.dtype.name, e.shape) for e in original.entries} == {
                 n: (i.dtype, i.shape) for n, i in infos.items()}:
             return original
+    for i in infos.values():  # the safetensors format has no complex128 dtype
+        if i.dtype not in SAFETENSORS_DTYPES:
+            raise InvalidArgumentError(f"tensor {i.name!r} is {i.dtype}, which safetensors "
+                                       f"cannot store: read the file with inshrink.load")
     doc: dict = {"__metadata__": f.metadata} if f.metadata else {}
     position = 0
     for i in infos.values():

@@ -39,7 +39,7 @@ def test_an_output_that_is_the_input_through_a_link_is_refused(model):
     original = (model / "m.safetensors").read_bytes()
     err = one_line_error(run("compress", "m.safetensors", "-o", "here/m.safetensors", "-f",
                              cwd=model), 2)
-    assert "output would overwrite the input" in err
+    assert "here/m.safetensors: the output would overwrite the input m.safetensors" in err
     assert (model / "m.safetensors").read_bytes() == original
     inshrink.save(model / "a.ink", {"w": np.ones(3, np.float32)})
     packed = (model / "a.ink").read_bytes()
@@ -169,3 +169,10 @@ def test_a_directory_as_output_is_named_before_force_is_asked_for(model):
     (model / "d").mkdir()
     err = one_line_error(run("compress", "m.safetensors", "-o", "d", cwd=model), 2)
     assert "d is a directory; give a file name with -o" in err, err
+
+
+def test_decompress_refuses_a_dtype_safetensors_cannot_store(tmp_path):
+    inshrink.save(tmp_path / "c.ink", {"c": np.ones(3, np.complex128)})
+    err = one_line_error(run("decompress", "c.ink", cwd=tmp_path), 1)
+    assert "c.ink" in err and "'c' is C128, which safetensors cannot store" in err, err
+    assert sorted(os.listdir(tmp_path)) == ["c.ink"]  # before: a file safetensors rejects
