@@ -266,3 +266,19 @@ def test_zarr_codec_configuration_with_an_unknown_key():
             cls.from_dict({"name": cls.codec_name, "configuration": {"foo": 1}})
     assert InkCodec.from_dict({"name": "inshrink", "configuration": {"level": 3}}).config[
         "level"] == 3
+
+
+@pytest.mark.parametrize("call", [
+    lambda it, m: it.state_to_numpy(5),
+    lambda it, m: it.state_to_numpy(m, 5),
+    lambda it, m: it.load_state({}, None, 5),
+    lambda it, m: it.GradientEMA(5),
+    lambda it, m: it.quality_from(5, [(1, 2)]),
+    lambda it, m: it.quality_from(m, [5]),
+    lambda it, m: it.quality_from(m, [(1, 2, 3)]),
+])
+def test_torch_state_functions_with_arguments_of_the_wrong_type(call):
+    torch = pytest.importorskip("torch")
+    import inshrink.torch as it
+    with pytest.raises(InvalidArgumentError):
+        call(it, torch.nn.Linear(2, 2))

@@ -181,6 +181,8 @@ def quality_from(model: torch.nn.Module, batches: Sequence[tuple[Any, Any]],
     callable
         ``quality(state) -> float``; tensors ``state`` lacks keep the live model's values.
     """
+    if not isinstance(model, torch.nn.Module):
+        raise InvalidArgumentError("model must be a torch.nn.Module")
     if loss_fn is not None and metric is not None:
         raise InvalidArgumentError("give either loss_fn or metric, not both")
     if criterion not in CRITERIA:
@@ -194,6 +196,8 @@ def quality_from(model: torch.nn.Module, batches: Sequence[tuple[Any, Any]],
                                    "pairs") from None
     if not batches:
         raise InvalidArgumentError("batches must hold at least one (inputs, targets) pair")
+    if not all(isinstance(b, (tuple, list)) and len(b) == 2 for b in batches):
+        raise InvalidArgumentError("batches must be a sequence of (inputs, targets) pairs")
     if criterion == "kl":
         return _OutputKL(model, batches, loss_fn or torch.nn.functional.cross_entropy)
     score = metric or loss_fn or torch.nn.functional.cross_entropy

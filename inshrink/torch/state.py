@@ -139,6 +139,17 @@ def _check_optimizer(optimizer: torch.optim.Optimizer, state_dict: dict) -> None
 
 # -- model and optimizer state -------------------------------------------------------------
 
+def _check_objects(model: Any, optimizer: Any) -> None:
+    """A model and an optimizer of the types the state functions read (or None)."""
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise InvalidArgumentError(f"model must be a torch.nn.Module or None, got "
+                                   f"{type(model).__name__}")
+    if optimizer is not None and not (callable(getattr(optimizer, "state_dict", None))
+                                      and callable(getattr(optimizer, "load_state_dict", None))):
+        raise InvalidArgumentError(f"optimizer must be a torch.optim.Optimizer or None, got "
+                                   f"{type(optimizer).__name__}")
+
+
 def state_to_numpy(model: torch.nn.Module | None = None,
                    optimizer: torch.optim.Optimizer | None = None,
                    ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -163,6 +174,7 @@ def state_to_numpy(model: torch.nn.Module | None = None,
     metadata : dict of str to str
         What :func:`load_state` needs besides the tensors.
     """
+    _check_objects(model, optimizer)
     arrays: dict[str, np.ndarray] = {}
     metadata: dict[str, str] = {}
     if model is not None:
@@ -229,6 +241,7 @@ def load_state(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | 
     """
     if not isinstance(tensors, Mapping):
         raise InvalidArgumentError("tensors must be a mapping of names to arrays")
+    _check_objects(model, optimizer)
     used: set[str] = set()
     model_state = None if model is None else _model_state(model, tensors, strict, used)
     optimizer_state = None
