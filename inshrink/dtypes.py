@@ -112,6 +112,10 @@ def as_numpy(value: Any) -> np.ndarray:
 
             int_name, ml_type = _TORCH_VIA_INT[torch_dtype]
             value = value.contiguous().view(getattr(torch, int_name)).numpy().view(ml_type)
+    if isinstance(value, np.ndarray) and type(value) is not np.ndarray:
+        # a subclass may reshape differently (np.matrix stays 2-D): the same memory as a
+        # plain array
+        value = value.view(np.ndarray)
     if not isinstance(value, np.ndarray):
         try:
             if hasattr(value, "__dlpack__") and not hasattr(value, "__array__"):
