@@ -154,7 +154,7 @@ def unpack_index(frame: bytes, file_size: int) -> bytes:
     the index limits for a file of ``file_size`` bytes; typed errors for anything else (spec
     rules I-0a, I-0b)."""
     try:
-        params = zstandard.get_frame_parameters(frame)
+        params = layout.zstd_frame_parameters(frame)
     except zstandard.ZstdError as exc:
         _fail("I-0a", f"compressed index: bad zstd frame header ({exc})")
     size = params.content_size
@@ -169,8 +169,7 @@ def unpack_index(frame: bytes, file_size: int) -> bytes:
         raise LimitExceededError(f"[I-0a] compressed index declares {size} bytes, over the "
                                  f"{limit}-byte limit for a file of {file_size} bytes")
     try:
-        out = zstandard.ZstdDecompressor().decompress(frame, max_output_size=size,
-                                                       allow_extra_data=False)
+        out = layout.zstd_decompress_frame(zstandard.ZstdDecompressor(), frame, size)
     except zstandard.ZstdError as exc:
         _fail("I-0b", f"compressed index: corrupt zstd frame ({exc})")
     if len(out) != size:

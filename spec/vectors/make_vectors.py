@@ -1065,6 +1065,22 @@ def neg_zstd_trailing_bytes(data: bytes) -> bytes:
     return edit_index(data, edit)
 
 
+@negative("zstd_empty_trailing_bytes", "quant_wide", "CorruptError", "read", "D-4",
+          "a 0-byte stream's raw payload replaced by a zstd frame declaring 0 bytes and four "
+          "bytes after it; record header, index entry and CRCs fixed")
+def neg_zstd_empty_trailing_bytes(data: bytes) -> bytes:
+    chunk = first_chunk(data, stream=1)
+    assert chunk[3] == 0 and chunk[4] == "raw"
+    frame = zstandard.ZstdCompressor(write_content_size=True, write_checksum=False).compress(b"")
+    payload = frame + b"JUNK"
+    data = replace_chunk_payload(data, chunk[0], payload)
+
+    def edit(doc):
+        doc["tensors"][0]["streams"][1][0][1:3] = [len(payload), layout.crc32(payload)]
+        doc["tensors"][0]["streams"][1][0][4] = "zstd"
+    return edit_index(data, edit)
+
+
 @negative("quant_code_range", "quant_f32", "CorruptError", "read", "D-5",
           "the level table cut to 4 levels, so stored codes exceed it; CRCs fixed")
 def neg_quant_code_range(data: bytes) -> bytes:
