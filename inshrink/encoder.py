@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import dtypes
 from .codecs import factored, quantize
 from .codecs.chain import Encoded, Pipeline, for_new_tensor
 from .codecs.entropy import Entropy
@@ -255,7 +256,8 @@ def overrides(importance: Any, config: QuantConfig, numel: int) -> np.ndarray | 
             raise InvalidArgumentError("prune_metric='sensitivity' needs importance scores")
         return None
     try:
-        scores = np.abs(np.asarray(importance, dtype=np.float64)).reshape(-1)
+        # as a tensor is stored (torch tensors needing grad, bf16, conjugate views included)
+        scores = np.abs(np.asarray(dtypes.as_numpy(importance), dtype=np.float64)).reshape(-1)
     except (TypeError, ValueError) as exc:
         raise InvalidArgumentError(f"importance must be an array of numbers: {exc}") from None
     if scores.size != numel:

@@ -292,3 +292,15 @@ def test_writer_stores_an_ndarray_subclass_that_reshapes_differently(tmp_path):
         w.add("m", matrix)
     out = inshrink.load(tmp_path / "m.ink")["m"]
     assert type(out) is np.ndarray and out.tolist() == matrix.tolist()
+
+
+def test_importance_given_as_torch_tensors(tmp_path):
+    torch = pytest.importorskip("torch")
+    weight = torch.randn(64, 64, requires_grad=True)
+    scores = weight * 2  # needs grad, as |g * w| computed in a training loop does
+    for importance in (scores, scores.detach().bfloat16()):
+        inshrink.save(tmp_path / "x.ink", {"model.weight": weight}, policy="balanced",
+                      importance={"model.weight": importance})
+    with pytest.raises(InvalidArgumentError, match="importance"):
+        inshrink.save(tmp_path / "x.ink", {"model.weight": weight}, policy="balanced",
+                      importance={"model.weight": np.array([None] * 64 * 64)})
