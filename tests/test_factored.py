@@ -200,3 +200,21 @@ def test_property_decoded_is_the_stored_product_and_the_report_is_true(
     if norm > 0 and np.isfinite(error / norm):
         assert reported == pytest.approx(error / norm, rel=1e-6, abs=1e-12)
     assert json.dumps(info.error)  # JSON-safe (no NaN)
+
+
+def test_a_product_beyond_the_dtype_is_inf_without_a_warning():
+    """Spec 10.9: a product too large for the format is ±inf, a valid value; numpy's
+    overflow warning reached the user's stderr on every such decode."""
+    import warnings
+
+    from inshrink.codecs.factored import Factored
+    from inshrink.dtypes import by_name
+    stage = Factored(by_name("F32"), np.array([3e38, -1e-30], np.float32))
+    rows = np.array([10.0, 1e-30], np.float32)
+    out = np.empty(4 * 4, np.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stage.decode([rows.tobytes()], out)
+    values = out.view(np.float32)
+    assert values[0] == np.inf and values[1] == np.float32(-1e-29)
+    assert values[2] == np.float32(3e8) and values[3] == 0.0 and np.signbit(values[3])

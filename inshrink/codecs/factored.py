@@ -80,7 +80,8 @@ class Factored(ArrayStage):
         if not np.isfinite(rows).all():
             raise CorruptError("[D-7] factored row factors must be finite")
         values = out.view(self.dtype.numpy).reshape(rows.size, self.columns.size)
-        np.multiply(rows[:, None], self.columns[None, :], out=values)
+        with np.errstate(over="ignore", under="ignore"):  # ±inf and 0 are valid values (10.9)
+            np.multiply(rows[:, None], self.columns[None, :], out=values)
 
 
 def eligible(dtype: DType, shape: tuple[int, ...]) -> bool:
