@@ -551,6 +551,9 @@ def _source_and_destination(args, in_ext: str, out_ext: str, dir_suffix: str):
     is_dir = os.path.isdir(src)
     dst = args.destination = args.output if args.output is not None else _default_output(
         src, is_dir, in_ext, out_ext, dir_suffix)
+    if not is_dir and dst.lower().endswith(in_ext):  # the other format's name: a mix-up
+        raise UsageError(f"{dst}: {args.command} writes {'an' if out_ext == '.ink' else 'a'} "
+                         f"{out_ext} file; give an output name that does not end in {in_ext}")
     _check_output(src, dst, args.force)
     return src, sources, is_dir, dst
 

@@ -36,16 +36,16 @@ def one_line_error(r, code: int) -> str:
 
 def test_an_output_that_is_the_input_through_a_link_is_refused(model):
     os.symlink(".", model / "here")
-    original = (model / "m.safetensors").read_bytes()
-    err = one_line_error(run("compress", "m.safetensors", "-o", "here/m.safetensors", "-f",
-                             cwd=model), 2)
-    assert "here/m.safetensors: the output would overwrite the input m.safetensors" in err
-    assert (model / "m.safetensors").read_bytes() == original
-    inshrink.save(model / "a.ink", {"w": np.ones(3, np.float32)})
-    packed = (model / "a.ink").read_bytes()
-    err = one_line_error(run("decompress", "a.ink", "-o", "here/a.ink", "-f", cwd=model), 2)
+    os.replace(model / "m.safetensors", model / "m.bin")
+    original = (model / "m.bin").read_bytes()
+    err = one_line_error(run("compress", "m.bin", "-o", "here/m.bin", "-f", cwd=model), 2)
+    assert "here/m.bin: the output would overwrite the input m.bin" in err, err
+    assert (model / "m.bin").read_bytes() == original
+    inshrink.save(model / "a.data", {"w": np.ones(3, np.float32)})
+    packed = (model / "a.data").read_bytes()
+    err = one_line_error(run("decompress", "a.data", "-o", "here/a.data", "-f", cwd=model), 2)
     assert "output would overwrite the input" in err
-    assert (model / "a.ink").read_bytes() == packed
+    assert (model / "a.data").read_bytes() == packed
 
 
 def series_of_two(directory):
@@ -176,3 +176,13 @@ def test_decompress_refuses_a_dtype_safetensors_cannot_store(tmp_path):
     err = one_line_error(run("decompress", "c.ink", cwd=tmp_path), 1)
     assert "c.ink" in err and "'c' is C128, which safetensors cannot store" in err, err
     assert sorted(os.listdir(tmp_path)) == ["c.ink"]  # before: a file safetensors rejects
+
+
+def test_an_output_named_as_the_other_format_is_refused(model):
+    err = one_line_error(run("compress", "m.safetensors", "-o", "copy.safetensors", cwd=model),
+                         2)
+    assert "copy.safetensors: compress writes an .ink file" in err, err
+    inshrink.save(model / "a.ink", {"w": np.ones(3, np.float32)})
+    err = one_line_error(run("decompress", "a.ink", "-o", "b.ink", cwd=model), 2)
+    assert "b.ink: decompress writes a .safetensors file" in err, err
+    assert sorted(os.listdir(model)) == ["a.ink", "m.safetensors"]
