@@ -16,7 +16,21 @@ try:
 except ImportError:  # not POSIX: no lock, one writer is the caller's responsibility
     fcntl = None  # type: ignore[assignment]
 
-from .errors import SeriesLockedError
+from .errors import InvalidArgumentError, SeriesLockedError
+
+
+def check_path(path: str | os.PathLike) -> str:
+    """``path`` as a str: a path of another type (None, an int) or with a NUL character is an
+    InvalidArgumentError (os functions raise TypeError and ValueError); bytes are decoded as
+    the file system does, so that they mix with the str names made beside them."""
+    try:
+        path = os.fsdecode(os.fspath(path))
+    except TypeError:
+        raise InvalidArgumentError(f"a path must be a str or os.PathLike, got "
+                                   f"{type(path).__name__}") from None
+    if "\0" in path:
+        raise InvalidArgumentError(f"path {path!r} contains a NUL character")
+    return path
 
 
 def named_error(exc: OSError, path: str) -> OSError:
@@ -70,7 +84,7 @@ class AtomicFile:
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.path = os.fspath(path)
+        self.path = check_path(path)
         directory = os.path.dirname(os.path.abspath(self.path))
         try:
             fd, self.tmp_path = tempfile.mkstemp(prefix=hidden_prefix(self.path),

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from . import dtypes, encoder
-from .atomic import named_error
+from .atomic import check_path, named_error
 from .codecs import delta as deltas
 from .codecs.chain import Pipeline, for_new_tensor
 from .codecs.entropy import Entropy, check_level
@@ -296,6 +296,7 @@ class Writer:
                  base_file: dict | None = None,
                  base_codes: Mapping[str, np.ndarray] | None = None,
                  keep_codes: bool = False) -> None:
+        path = check_path(path)
         self._policy = resolve_policy(policy)
         if (base is not None or base_codes is not None) != (base_file is not None):
             raise InvalidArgumentError("base/base_codes and base_file go together")

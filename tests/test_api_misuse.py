@@ -304,3 +304,18 @@ def test_importance_given_as_torch_tensors(tmp_path):
     with pytest.raises(InvalidArgumentError, match="importance"):
         inshrink.save(tmp_path / "x.ink", {"model.weight": weight}, policy="balanced",
                       importance={"model.weight": np.array([None] * 64 * 64)})
+
+
+@pytest.mark.parametrize("path", [None, 3, "x\0y.ink"])
+def test_paths_of_the_wrong_type(tmp_path, path):
+    for call in (lambda: Writer(path), lambda: File(path), lambda: inshrink.load(path),
+                 lambda: inshrink.save(path, {"x": np.ones(2)})):
+        with pytest.raises(InvalidArgumentError, match="path"):
+            call()
+
+
+def test_bytes_paths_write_as_they_read(tmp_path):
+    path = os.fsencode(tmp_path / "x.ink")
+    inshrink.save(path, {"x": np.ones(2)})  # TypeError: can't mix bytes and non-bytes
+    with File(path) as f:
+        assert f["x"].tolist() == [1.0, 1.0]

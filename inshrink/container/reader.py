@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 
+from ..atomic import check_path
 from ..errors import ChecksumError, CorruptError, LimitExceededError, TruncatedError
 from . import layout
 from .index import Index, parse, unpack_index
@@ -63,7 +64,7 @@ class ContainerReader:
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.path = os.fspath(path)
+        self.path = check_path(path)
         self._local = threading.local()
         self._taken: list[np.ndarray] = []  # buffers of _BUFFERS, given back on close
         self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
