@@ -124,7 +124,10 @@ class AtomicFile:
 
 def _discard(file: io.BufferedRandom, tmp_path: str, pid: int) -> None:
     """:meth:`AtomicFile.abort` (also its finalizer: it holds no reference to the object).
-    A forked child exiting leaves its parent's temporary file alone."""
+    A forked child exiting leaves its parent's temporary file alone: closing would flush its
+    copy of the buffer into the file the parent is writing."""
+    if os.getpid() != pid:
+        return
     try:
         file.close()  # flushes what is buffered, which may fail: nothing to keep
     except (OSError, ValueError):
@@ -135,8 +138,7 @@ def _discard(file: io.BufferedRandom, tmp_path: str, pid: int) -> None:
             raw.close()
         except OSError:
             pass
-    if os.getpid() == pid:
-        _unlink(tmp_path)
+    _unlink(tmp_path)
 
 
 def _unlink(path: str) -> None:

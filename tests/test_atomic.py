@@ -173,3 +173,24 @@ def test_real_full_disk_series(small_disk):
     assert sorted(os.listdir(small_disk / "s")) == listed and series.verify() == []
     series.save(1, small)  # the space is free again
     assert Series(small_disk / "s").steps() == [0, 1]
+
+
+def test_a_forked_child_leaves_its_parents_temporary_file_alone(tmp_path):
+    """The finalizer of an uncommitted AtomicFile (what runs at a child's normal exit) must
+    neither remove the parent's temporary file nor flush the child's copy of the buffer into
+    it: the open file description is shared, so that wrote the buffered bytes a second time."""
+    from helpers import wait_for_child
+    path = tmp_path / "out.bin"
+    out = AtomicFile(path)
+    out.file.write(b"A" * 100)  # buffered, not yet written
+    pid = os.fork()
+    if pid == 0:
+        try:
+            out._discard()  # as at the child's interpreter exit
+        finally:
+            os._exit(0)
+    wait_for_child(pid, "the child did not exit")
+    assert os.path.exists(out.tmp_path)
+    out.file.write(b"B" * 100)
+    out.commit()
+    assert path.read_bytes() == b"A" * 100 + b"B" * 100
