@@ -349,7 +349,7 @@ def _check_output(src: str, dst: str, force: bool, inside: bool = False) -> None
     if _special(dst):
         raise UsageError(f"{dst} is not a regular file (a device, FIFO or socket): the output "
                          f"is written whole and renamed into place, which would replace it")
-    if os.path.isdir(dst) and not os.path.isdir(src):
+    if (os.path.isdir(dst) or dst.endswith(("/", os.sep))) and not os.path.isdir(src):
         raise UsageError(f"{dst} is a directory; give a file name with -o")
     if inside and os.path.isdir(src):
         parent = os.path.realpath(os.path.dirname(os.path.abspath(dst)))

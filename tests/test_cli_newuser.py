@@ -169,6 +169,8 @@ def test_a_directory_as_output_is_named_before_force_is_asked_for(model):
     (model / "d").mkdir()
     err = one_line_error(run("compress", "m.safetensors", "-o", "d", cwd=model), 2)
     assert "d is a directory; give a file name with -o" in err, err
+    err = one_line_error(run("compress", "m.safetensors", "-o", "new/", cwd=model), 2)
+    assert "new/ is a directory; give a file name with -o" in err, err  # was: Not a directory
 
 
 def test_decompress_refuses_a_dtype_safetensors_cannot_store(tmp_path):
