@@ -341,9 +341,9 @@ def _same_file(src: str, dst: str) -> bool:
         return False
 
 
-def _check_output(src: str, dst: str, force: bool, inside: bool = False) -> None:
-    """Refuse an output that would replace the input or, with ``inside`` (a command that
-    reads a directory's files, e.g. a series), one that would be written into it."""
+def _check_output(src: str, dst: str, force: bool, inside: str | None = None) -> None:
+    """Refuse an output that would replace the input or, with ``inside`` (the directory of
+    a series or checkpoint that the command reads), one that would be written into it."""
     if _same_file(src, dst):
         raise UsageError(f"{dst}: the output would overwrite the input {src}")
     if _special(dst):
@@ -351,11 +351,11 @@ def _check_output(src: str, dst: str, force: bool, inside: bool = False) -> None
                          f"is written whole and renamed into place, which would replace it")
     if (os.path.isdir(dst) or dst.endswith(("/", os.sep))) and not os.path.isdir(src):
         raise UsageError(f"{dst} is a directory; give a file name with -o")
-    if inside and os.path.isdir(src):
+    if inside is not None and os.path.isdir(inside):
         parent = os.path.realpath(os.path.dirname(os.path.abspath(dst)))
-        if os.path.commonpath([parent, os.path.realpath(src)]) == os.path.realpath(src):
+        if os.path.commonpath([parent, os.path.realpath(inside)]) == os.path.realpath(inside):
             raise UsageError(f"{dst}: the output would be written inside the input "
-                             f"directory {src}; give a path outside it with -o")
+                             f"directory {inside}; give a path outside it with -o")
     if os.path.exists(dst) and not force:
         raise UsageError(f"{dst} exists (use --force to overwrite)")
 
@@ -642,6 +642,10 @@ def cmd_decompress(args, started: float) -> int:
     if os.path.isfile(os.path.join(args.input, MANIFEST)):
         raise UsageError(f"{args.input} is a checkpoint series: restore one step with "
                          f"inshrink series restore {args.input} --step N -o OUT")
+    if _is_dcp_series(args.input):
+        step = os.path.join(args.input, "step_<12 digits>")
+        raise UsageError(f"{args.input} is a series of sharded checkpoints: join one step "
+                         f"with inshrink consolidate {step} -o OUT")
     src, sources, is_dir, dst = _source_and_destination(args, ".ink", ".safetensors",
                                                         "-safetensors")
     for path in sources:
@@ -685,10 +689,12 @@ def _refuse_delta(path: str) -> None:
     except InshrinkError as exc:
         raise with_path(exc, path) from None
     if base is not None:
-        series = os.path.dirname(path) or "."
+        directory = os.path.dirname(path) or "."
         against = f" against {base.get('file')}" if isinstance(base, dict) else ""
-        raise UsageError(f"{path} is a delta{against} in a checkpoint series: restore its "
-                         f"step with inshrink series restore {series} --step N -o OUT")
+        how = (f"join its step with inshrink consolidate {directory} -o OUT"
+               if _is_dcp(directory) else
+               f"restore its step with inshrink series restore {directory} --step N -o OUT")
+        raise UsageError(f"{path} is a delta{against} in a checkpoint series: {how}")
 
 
 def cmd_info(args, started: float) -> int:
@@ -1053,12 +1059,19 @@ def cmd_consolidate(args, started: float) -> int:
     src = args.source = args.input
     dst = args.destination = args.output
     _check_input(src)
+    if _is_dcp_series(src):
+        raise UsageError(f"{src} is a series of sharded checkpoints: consolidate one of its "
+                         f"steps (inshrink info {src} lists them), e.g. "
+                         f"{os.path.join(src, 'step_<12 digits>')}")
     if not _is_dcp(src):
         raise UsageError(f"{src}: not a sharded checkpoint directory (no {DCP_METADATA} and "
                          f"no rank files)")
     if not dst.endswith((".safetensors", ".ink")):
         raise UsageError(f"{dst}: the output must end with .safetensors or .ink (its format)")
-    _check_output(src, dst, args.force, inside=True)
+    # a step of a series: the other steps' files are the series' too
+    parent, name = os.path.split(os.path.normpath(src))
+    in_series = _DCP_SERIES_STEP.fullmatch(name) and _is_dcp_series(parent or ".")
+    _check_output(src, dst, args.force, inside=(parent or ".") if in_series else src)
     from . import dcp
     _, rows, infos = _dcp_details(src)
     source = _dcp_files(src, infos)
@@ -1097,6 +1110,9 @@ def cmd_series(args, started: float) -> int:
     from .series import MANIFEST, Series
     args.source = args.directory
     _check_input(args.directory)
+    if _is_dcp_series(args.directory):
+        raise UsageError(f"{args.directory} is a series of sharded checkpoints: read it with "
+                         f"inshrink info, verify, or consolidate of one step")
     if not os.path.isfile(os.path.join(args.directory, MANIFEST)):
         raise UsageError(f"{args.directory}: not a series (no {MANIFEST})")
     series = Series(args.directory)
@@ -1174,7 +1190,7 @@ def _series_restore(args, series, started: float) -> int:
     dst = args.destination = args.output
     if not dst.endswith((".safetensors", ".ink")):
         raise UsageError(f"{dst}: the output must end with .safetensors or .ink (its format)")
-    _check_output(args.directory, dst, args.force, inside=True)
+    _check_output(args.directory, dst, args.force, inside=args.directory)
     step = series.latest() if args.step is None else args.step
     if step is None:
         raise UsageError(f"{args.directory}: the series is empty")

@@ -188,3 +188,36 @@ def test_an_output_named_as_the_other_format_is_refused(model):
     err = one_line_error(run("decompress", "a.ink", "-o", "b.ink", cwd=model), 2)
     assert "b.ink: decompress writes a .safetensors file" in err, err
     assert sorted(os.listdir(model)) == ["a.ink", "m.safetensors"]
+
+
+def fake_dcp_series(directory):
+    """What the commands look at before reading a series of sharded checkpoints (no torch)."""
+    step = directory / "step_000000000010"
+    step.mkdir(parents=True)
+    (directory / "series.json").write_text("{}")
+    (step / ".metadata").write_bytes(b"x")
+    (step / "rank00000-0123456789ab.ink").write_bytes(b"rank data")
+    return step
+
+
+def test_a_series_of_sharded_checkpoints_is_named_by_every_command(tmp_path):
+    step = fake_dcp_series(tmp_path / "run")
+    for args, hint in [(("consolidate", "run", "-o", "o.ink"), "consolidate one of its steps"),
+                       (("decompress", "run", "-o", "o"), "inshrink consolidate run/step_"),
+                       (("series", "ls", "run"), "read it with inshrink info")]:
+        err = one_line_error(run(*args, cwd=tmp_path), 2)
+        assert "run is a series of sharded checkpoints" in err and hint in err, err
+    # another step's files belong to the series as much as this step's
+    err = one_line_error(run("consolidate", "run/step_000000000010", "-o", "run/x.ink",
+                             cwd=tmp_path), 2)
+    assert "inside the input directory run" in err, err
+    assert sorted(os.listdir(tmp_path / "run")) == ["series.json", step.name]
+
+
+def test_decompress_of_a_sharded_delta_points_to_consolidate(tmp_path):
+    series_of_two(tmp_path / "s")
+    (tmp_path / "ck").mkdir()
+    os.replace(tmp_path / "s" / "step_000000000001.d.ink",
+               tmp_path / "ck" / "rank00000-0123456789ab.d.ink")
+    err = one_line_error(run("decompress", "ck", cwd=tmp_path), 2)
+    assert "is a delta" in err and "inshrink consolidate ck -o OUT" in err, err
