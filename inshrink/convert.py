@@ -227,6 +227,10 @@ def _header_for(f: File) -> SafetensorsHeader:
         if i.dtype not in SAFETENSORS_DTYPES:
             raise InvalidArgumentError(f"tensor {i.name!r} is {i.dtype}, which safetensors "
                                        f"cannot store: read the file with inshrink.load")
+        if i.name == "__metadata__":
+            raise InvalidArgumentError("a tensor named '__metadata__' cannot be stored in "
+                                       "safetensors (its header's metadata has that name): "
+                                       "read the file with inshrink.load")
     doc: dict = {"__metadata__": f.metadata} if f.metadata else {}
     position = 0
     for i in infos.values():

@@ -178,6 +178,9 @@ def test_decompress_refuses_a_dtype_safetensors_cannot_store(tmp_path):
     err = one_line_error(run("decompress", "c.ink", cwd=tmp_path), 1)
     assert "c.ink" in err and "'c' is C128, which safetensors cannot store" in err, err
     assert sorted(os.listdir(tmp_path)) == ["c.ink"]  # before: a file safetensors rejects
+    inshrink.save(tmp_path / "m.ink", {"__metadata__": np.ones(2, np.float32)})
+    err = one_line_error(run("decompress", "m.ink", cwd=tmp_path), 1)
+    assert "a tensor named '__metadata__' cannot be stored in safetensors" in err, err
 
 
 def test_an_output_named_as_the_other_format_is_refused(model):
