@@ -565,8 +565,8 @@ def cmd_compress(args, started: float) -> int:
     src, sources, is_dir, dst = _source_and_destination(args, ".safetensors", ".ink", "-ink")
     policy = _policy(args)
     _check_lossy_overwrite(args, dst, policy not in (None, "lossless"))
-    bar = ProgressBar(sum(os.path.getsize(s) for s in sources), "compress",
-                      sys.stderr.isatty() and not args.quiet)
+    bar = args.bar = ProgressBar(sum(os.path.getsize(s) for s in sources), "compress",
+                                 sys.stderr.isatty() and not args.quiet)
     kwargs = dict(level=args.level, threads=args.threads, progress=bar, policy=policy)
     if is_dir:
         done = convert.compress_directory(src, dst, overwrite=args.force,
@@ -654,8 +654,8 @@ def cmd_decompress(args, started: float) -> int:
     indexes = {path: _ink_details(path)["tensors"] for path in sources}
     _check_lossy_overwrite(args, dst, any(not t.lossless for infos in indexes.values()
                                           for t in infos))
-    bar = ProgressBar(sum(t.nbytes for infos in indexes.values() for t in infos),
-                      "decompress", sys.stderr.isatty() and not args.quiet)
+    bar = args.bar = ProgressBar(sum(t.nbytes for infos in indexes.values() for t in infos),
+                                 "decompress", sys.stderr.isatty() and not args.quiet)
     kwargs = dict(threads=args.threads, progress=bar)
     if is_dir:
         done = convert.decompress_directory(src, dst, overwrite=args.force,
@@ -1235,13 +1235,23 @@ COMMANDS = {"compress": cmd_compress, "decompress": cmd_decompress, "info": cmd_
             "verify": cmd_verify, "consolidate": cmd_consolidate, "series": cmd_series}
 
 
+def _run(args, started: float) -> int:
+    """The command; a progress bar it left drawn ends its line before an error is printed."""
+    try:
+        return COMMANDS[args.command](args, started)
+    except BaseException:
+        if getattr(args, "bar", None) is not None:
+            args.bar.stop()
+        raise
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit status (0 ok, 1 error, 2 usage error)."""
     args = _parser().parse_args(argv)
     from .errors import InshrinkError
     started = time.monotonic()
     try:
-        return COMMANDS[args.command](args, started)
+        return _run(args, started)
     except BrokenPipeError:  # output piped into e.g. `head`
         sys.stderr.close()
         return EXIT_ERROR

@@ -39,7 +39,14 @@ class ProgressBar:
         sys.stderr.write(f"\r{self.label} [{bar:<30}] {fraction:6.1%} {rate:8.1f} MB/s")
         sys.stderr.flush()
 
+    def stop(self) -> None:
+        """End the bar's line where it stands (an error message follows on its own line)."""
+        if self._drawn:
+            self._drawn = 0.0
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
     def finish(self) -> None:
         if self._drawn:
             self._draw(time.monotonic())
-            sys.stderr.write("\n")
+            self.stop()

@@ -224,3 +224,37 @@ def test_decompress_of_a_sharded_delta_points_to_consolidate(tmp_path):
                tmp_path / "ck" / "rank00000-0123456789ab.d.ink")
     err = one_line_error(run("decompress", "ck", cwd=tmp_path), 2)
     assert "is a delta" in err and "inshrink consolidate ck -o OUT" in err, err
+
+
+def test_an_error_after_the_progress_bar_starts_is_on_a_line_of_its_own(tmp_path):
+    import pty
+    rng = np.random.default_rng(0)
+    inshrink.save(tmp_path / "a.ink", {n: rng.standard_normal(1 << 18).astype(np.float32)
+                                       for n in ("a", "b")}, threads=1)
+    data = bytearray((tmp_path / "a.ink").read_bytes())
+    data[len(data) * 3 // 4] ^= 0xFF  # in b's records: a is decoded first
+    (tmp_path / "a.ink").write_bytes(bytes(data))
+    # the bar is drawn at once rather than after half a second, on a terminal as stderr
+    code = ("import sys, inshrink.progress as p; p.ProgressBar.__init__.__defaults__ = (0.0,); "
+            "from inshrink.cli import main; sys.exit(main())")
+    leader, follower = pty.openpty()
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", code, "decompress", "a.ink", "--threads", "1"],
+                       cwd=tmp_path, stderr=follower, stdout=subprocess.PIPE, env=env,
+                       timeout=60)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            piece = os.read(leader, 65536)
+        except OSError:  # the terminal is closed once everything was read
+            break
+        if not piece:
+            break
+        shown += piece
+    os.close(leader)
+    assert r.returncode == 1
+    lines = shown.decode().replace("\r\n", "\n").split("\n")
+    assert any("decompress [" in line for line in lines), shown
+    assert any(line.startswith("inshrink: error: ") for line in lines), shown
+    assert sorted(os.listdir(tmp_path)) == ["a.ink"]
