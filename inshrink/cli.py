@@ -173,13 +173,16 @@ def _parser() -> argparse.ArgumentParser:
     lossy.add_argument("--lossy", action="store_true", help="quantize with --preset balanced")
     lossy.add_argument("--preset", choices=list(PRESETS),
                        help="a named policy, explained below (lossless: quantize nothing)")
-    lossy.add_argument("--bins", type=_bins, help="quantization levels per tensor (k)")
+    lossy.add_argument("--bins", type=_bins,
+                       help="quantization levels per tensor (k; default 16 when only --prune "
+                            "or --protect is given; with --max-rel-l2, the most tried: 256)")
     lossy.add_argument("--prune", type=_fraction, help="fraction of smallest values set to 0")
     lossy.add_argument("--protect", type=_fraction,
                        help="fraction of largest values stored exactly (default 0.0005)")
     lossy.add_argument("--max-rel-l2", "--max-rel-error", dest="max_rel_l2",
                        type=_positive_float,
-                       help="per-tensor bound on ||x - x'|| / ||x||: fewest bins meeting it")
+                       help="per-tensor bound on ||x - x'|| / ||x||: fewest bins meeting it "
+                            "(a tensor no count of bins up to --bins meets is stored exactly)")
     _common(c, lossy_output=True)
 
     d = sub.add_parser("decompress", help=".ink file or directory tree -> safetensors")

@@ -258,3 +258,11 @@ def test_an_error_after_the_progress_bar_starts_is_on_a_line_of_its_own(tmp_path
     assert any("decompress [" in line for line in lines), shown
     assert any(line.startswith("inshrink: error: ") for line in lines), shown
     assert sorted(os.listdir(tmp_path)) == ["a.ink"]
+
+
+def test_compress_help_gives_the_defaults_of_the_lossy_options(tmp_path):
+    r = run("compress", "--help", cwd=tmp_path)
+    text = " ".join(r.stdout.split())
+    assert r.returncode == 0
+    assert "default 16 when only --prune or --protect is given" in text, text
+    assert "up to --bins meets is stored exactly" in text, text
