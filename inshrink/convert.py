@@ -176,6 +176,7 @@ def compress_safetensors(src: str | os.PathLike, dst: str | os.PathLike, *,
     """
     if os.path.isdir(src):
         raise InvalidArgumentError(f"{os.fspath(src)} is a directory: use compress_directory")
+    _check_not_source(src, dst)
     fd = os.open(src, os.O_RDONLY)
     try:
         header = read_safetensors_header(fd, os.fstat(fd).st_size, src)
@@ -190,6 +191,18 @@ def compress_safetensors(src: str | os.PathLike, dst: str | os.PathLike, *,
             return writer.close()
     finally:
         os.close(fd)
+
+
+def _check_not_source(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """The output of a conversion must not be its input (also through a link): it would
+    replace the source, with lossy values if a policy quantized it."""
+    try:
+        same = os.path.samefile(src, dst)
+    except (OSError, ValueError, TypeError):  # no such output yet, or not a path: checked later
+        return
+    if same:
+        raise InvalidArgumentError(f"the output {os.fspath(dst)} is the input "
+                                   f"{os.fspath(src)}")
 
 
 def _pread(fd: int, n: int, offset: int) -> bytes:
@@ -272,6 +285,7 @@ def decompress_to_safetensors(src: str | os.PathLike, dst: str | os.PathLike, *,
     losslessly.
     """
     check_ink(src)
+    _check_not_source(src, dst)
     with File(src, threads=threads, mmap=False) as f:  # streamed: keep the RSS bounded
         header = _header_for(f)
         out = AtomicFile(dst)

@@ -293,3 +293,28 @@ def test_any_bytes_give_a_typed_error_or_a_file(tmp_path_factory, content):
     except errors.InshrinkError as exc:
         assert "x.safetensors" in str(exc)
         assert sorted(os.listdir(folder)) == ["x.safetensors"]
+
+
+@pytest.mark.parametrize("link", [False, True])
+def test_a_conversion_whose_output_is_its_input_is_refused(tmp_path, link):
+    """Before: the source was replaced by the converted file (with lossy values when a
+    policy quantized it)."""
+    src = tmp_path / "model.safetensors"
+    weights = {"w.weight": np.random.default_rng(0).standard_normal((64, 64), np.float32)}
+    save_file(weights, str(src))
+    before = src.read_bytes()
+    dst = src
+    if link:
+        dst = tmp_path / "other.ink"
+        dst.symlink_to(src)
+    with pytest.raises(inshrink.errors.InvalidArgumentError, match="is the input"):
+        convert.compress_safetensors(src, dst, policy="balanced")
+    assert src.read_bytes() == before
+    ink = tmp_path / "model.ink"
+    convert.compress_safetensors(src, ink)
+    packed = ink.read_bytes()
+    with pytest.raises(inshrink.errors.InvalidArgumentError, match="is the input"):
+        convert.decompress_to_safetensors(ink, ink)
+    assert ink.read_bytes() == packed
+    assert sorted(os.listdir(tmp_path)) == sorted(["model.safetensors", "model.ink"]
+                                                  + (["other.ink"] if link else []))
