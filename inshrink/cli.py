@@ -557,7 +557,7 @@ def _source_and_destination(args, in_ext: str, out_ext: str, dir_suffix: str):
     if not is_dir and dst.lower().endswith(in_ext):  # the other format's name: a mix-up
         raise UsageError(f"{dst}: {args.command} writes {'an' if out_ext == '.ink' else 'a'} "
                          f"{out_ext} file; give an output name that does not end in {in_ext}")
-    _check_output(src, dst, args.force)
+    _check_output(src, dst, args.force, inside=src if is_dir else None)
     return src, sources, is_dir, dst
 
 

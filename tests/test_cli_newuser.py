@@ -266,3 +266,12 @@ def test_compress_help_gives_the_defaults_of_the_lossy_options(tmp_path):
     assert r.returncode == 0
     assert "default 16 when only --prune or --protect is given" in text, text
     assert "up to --bins meets is stored exactly" in text, text
+
+
+def test_a_tree_written_inside_the_tree_read_is_a_usage_error(model):
+    (model / "ck").mkdir()
+    os.replace(model / "m.safetensors", model / "ck" / "m.safetensors")
+    os.symlink("ck", model / "link")
+    err = one_line_error(run("compress", "ck", "-o", "link/inner", cwd=model), 2)  # was 1
+    assert "link/inner: the output would be written inside the input directory ck" in err
+    assert sorted(os.listdir(model / "ck")) == ["m.safetensors"]
