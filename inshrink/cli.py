@@ -277,8 +277,15 @@ def _clean(text) -> str:
     text = str(text)
     if text.isprintable():
         return text
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
-                   for ch in text)
+    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    """One non-printing character as an escape; a byte of a path that is not UTF-8 (Python
+    holds it as a lone surrogate, U+DC80-U+DCFF) as that byte, ``\\xff``."""
+    if "\udc80" <= ch <= "\udcff":
+        return f"\\x{ord(ch) - 0xDC00:02x}"
+    return ch.encode("unicode_escape").decode("ascii")
 
 
 def _short(value, limit: int = 60) -> str:

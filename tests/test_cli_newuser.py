@@ -275,3 +275,11 @@ def test_a_tree_written_inside_the_tree_read_is_a_usage_error(model):
     err = one_line_error(run("compress", "ck", "-o", "link/inner", cwd=model), 2)  # was 1
     assert "link/inner: the output would be written inside the input directory ck" in err
     assert sorted(os.listdir(model / "ck")) == ["m.safetensors"]
+
+
+def test_a_path_that_is_not_utf8_is_shown_with_its_bytes(model):
+    name = os.fsdecode(b"m\xff\x1b.safetensors")
+    os.replace(model / "m.safetensors", model / name)
+    r = run("compress", name, "-o", "out.ink", cwd=model)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("m\\xff\\x1b.safetensors -> out.ink: "), r.stdout  # not \udcff
