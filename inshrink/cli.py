@@ -1141,6 +1141,8 @@ def cmd_series(args, started: float) -> int:
         for f in files:
             print(_clean(f"{f['step']:>12}  {'keyframe' if f['keyframe'] else 'delta':<8} "
                          f"{f['bytes_in']:>14,}  {f['base'] or '-'}"))
+        for problem in report["problems"]:  # the reason of exit status 1
+            print(_clean(f"inshrink: error: {problem}"), file=sys.stderr)
     else:
         print("\n".join(_clean(f"FAIL  {p}") for p in problems) if problems
               else f"OK    {len(files)} checkpoints")
@@ -1154,7 +1156,9 @@ def _checkpoint_file(directory: str, entry) -> dict:
     try:
         details = _ink_details(path)
     except (InshrinkError, OSError) as exc:
-        return _file(path, None, entry.bytes, 0, error=f"{type(exc).__name__}: {exc}", **extra)
+        reason = f"{exc.strerror}" if isinstance(exc, OSError) and exc.strerror else exc
+        return _file(path, None, entry.bytes, 0, error=f"{type(exc).__name__}: {reason}",
+                     **extra)
     return _file(path, None, entry.bytes, 0, **details, **extra)
 
 

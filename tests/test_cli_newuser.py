@@ -283,3 +283,12 @@ def test_a_path_that_is_not_utf8_is_shown_with_its_bytes(model):
     r = run("compress", name, "-o", "out.ink", cwd=model)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("m\\xff\\x1b.safetensors -> out.ink: "), r.stdout  # not \udcff
+
+
+def test_series_ls_says_why_it_exits_1(tmp_path):
+    series_of_two(tmp_path / "s")
+    os.unlink(tmp_path / "s" / "step_000000000002.ink")
+    r = run("series", "ls", "s", cwd=tmp_path)
+    assert r.returncode == 1 and "step_000000000002.ink" in r.stdout
+    assert r.stderr.startswith("inshrink: error: s/step_000000000002.ink: "), r.stderr  # was ""
+    assert "No such file or directory" in r.stderr and "Errno" not in r.stderr
