@@ -165,6 +165,18 @@ def test_a_fifo_or_device_is_neither_read_nor_replaced(model):
     assert sorted(os.listdir(model)) == ["in.safetensors", "m.safetensors", "out.ink"]
 
 
+def test_an_output_that_is_this_process_stdout_is_refused(model):
+    # as -o /dev/stdout with stdout redirected to a file: the rename replaced the link
+    os.symlink("/proc/self/fd/1", model / "out.ink")
+    with open(model / "stdout.txt", "wb") as stdout:
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        r = subprocess.run([sys.executable, "-m", "inshrink", "compress", "m.safetensors",
+                            "-o", "out.ink", "-f"], cwd=model, stdout=stdout,
+                           stderr=subprocess.PIPE, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "out.ink is not a regular file" in r.stderr, r.stderr
+    assert os.path.islink(model / "out.ink")
+
+
 def test_a_directory_as_output_is_named_before_force_is_asked_for(model):
     (model / "d").mkdir()
     err = one_line_error(run("compress", "m.safetensors", "-o", "d", cwd=model), 2)
