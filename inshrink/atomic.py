@@ -6,8 +6,10 @@ the same subclass, e.g. ``PermissionError``) whose ``filename`` is the destinati
 """
 from __future__ import annotations
 
+import errno
 import io
 import os
+import stat
 import tempfile
 import weakref
 
@@ -85,6 +87,7 @@ class AtomicFile:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = check_path(path)
+        _check_replaceable(self.path)
         directory = os.path.dirname(os.path.abspath(self.path))
         try:
             fd, self.tmp_path = tempfile.mkstemp(prefix=hidden_prefix(self.path),
@@ -120,6 +123,22 @@ class AtomicFile:
         and closing may fail for the very reason the write did (a full disk), which must not
         keep the temporary file from being removed."""
         self._discard()
+
+
+def _check_replaceable(path: str) -> None:
+    """What is at ``path`` may be replaced by a regular file: nothing, a regular file or a
+    link. A directory would fail only at the rename, after the whole write (the OS's error,
+    raised before it); a device, FIFO or socket (``/dev/null``) would be replaced by a
+    regular file."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:  # nothing there (or not reachable: the write names the reason)
+        return
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        raise InvalidArgumentError(f"{path} is not a regular file (a device, FIFO or socket): "
+                                   f"it would be replaced")
 
 
 def _discard(file: io.BufferedRandom, tmp_path: str, pid: int) -> None:

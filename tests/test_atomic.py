@@ -1,6 +1,7 @@
 """Atomic writes: no temporary file survives a failure, and errors name the destination."""
 import errno
 import os
+import stat
 import subprocess
 import sys
 import uuid
@@ -90,9 +91,12 @@ def test_failures_to_create_and_to_rename_name_the_destination(tmp_path):
     with pytest.raises(FileNotFoundError) as caught:  # the subclass is kept
         AtomicFile(missing)
     assert caught.value.filename == missing and ".tmp" not in str(caught.value)
-    (tmp_path / "d").mkdir()
+    with pytest.raises(IsADirectoryError) as caught:  # refused before anything is written
+        AtomicFile(tmp_path)
+    assert caught.value.filename == str(tmp_path)
+    out = AtomicFile(tmp_path / "d")
+    (tmp_path / "d").mkdir()  # meanwhile: a non-empty directory cannot be replaced by a file
     (tmp_path / "d" / "x").write_bytes(b"")
-    out = AtomicFile(tmp_path / "d")  # a non-empty directory cannot be replaced by a file
     out.file.write(b"data")
     with pytest.raises(OSError) as caught:
         out.commit()
@@ -194,3 +198,21 @@ def test_a_forked_child_leaves_its_parents_temporary_file_alone(tmp_path):
     out.file.write(b"B" * 100)
     out.commit()
     assert path.read_bytes() == b"A" * 100 + b"B" * 100
+
+
+def test_a_special_file_or_a_directory_is_not_replaced(tmp_path):
+    """Before: inshrink.save("/dev/null", ...) renamed a regular file over the device; a
+    FIFO the same; a directory failed only at the rename, after the whole write."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "dir").mkdir()
+    state = {"w": np.arange(10, dtype=np.float32)}
+    with pytest.raises(inshrink.errors.InvalidArgumentError, match="not a regular file"):
+        inshrink.save(fifo, state)
+    with pytest.raises(IsADirectoryError):
+        inshrink.save(tmp_path / "dir", state)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["dir", "fifo"]
+    (tmp_path / "link").symlink_to(tmp_path / "target.ink")  # a link is replaced, as before
+    inshrink.save(tmp_path / "link", state)
+    assert np.array_equal(inshrink.load(tmp_path / "link")["w"], state["w"])
