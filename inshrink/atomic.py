@@ -47,12 +47,13 @@ def hidden_prefix(path: str, room: int = len("XXXXXXXX.tmp")) -> str:
     """``.<name>.``, the prefix of a hidden temporary beside ``path``, the name cut so that
     the prefix and ``room`` more characters (mkstemp's random part and a suffix) fit the file
     system's limit on one name: a destination whose own name fits must be writable."""
-    directory = os.path.dirname(os.path.abspath(path))
+    # (the absolute path's: "out/", a directory named with its slash, is named "out")
+    directory, name = os.path.split(os.path.abspath(path))
     try:
         limit = os.pathconf(directory, "PC_NAME_MAX")
     except (OSError, ValueError, AttributeError):  # no such directory, or not POSIX
         limit = 255
-    name = os.fsencode(os.path.basename(path))[:max(limit - room - 2, 1)]
+    name = os.fsencode(name)[:max(limit - room - 2, 1)]
     return f".{os.fsdecode(name)}."
 
 
@@ -105,6 +106,7 @@ class AtomicFile:
             raise
         # a writer dropped without commit or abort (a Writer never closed) leaves no debris
         self._discard = weakref.finalize(self, _discard, self.file, self.tmp_path, os.getpid())
+        _OPEN.add(self)
 
     def commit(self) -> None:
         """Flush, fsync and rename the file to its destination (the caller aborts on error)."""
@@ -158,6 +160,33 @@ def _discard(file: io.BufferedRandom, tmp_path: str, pid: int) -> None:
         except OSError:
             pass
     _unlink(tmp_path)
+
+
+_OPEN: "weakref.WeakSet[AtomicFile]" = weakref.WeakSet()
+"""The AtomicFiles of this process, for :func:`_silence_in_child`."""
+
+
+def _silence_in_child() -> None:
+    """After a fork, in the child: each open temporary file's descriptor leads to /dev/null.
+    The child shares the parent's open file description: its copy of a file's buffer, flushed
+    when the child's interpreter exits (the file object is freed), would be written into the
+    parent's temporary file a second time."""
+    for atomic in list(_OPEN):
+        raw = getattr(atomic.file, "raw", None)
+        if raw is None or raw.closed:
+            continue
+        try:
+            null = os.open(os.devnull, os.O_RDWR)
+            try:
+                os.dup2(null, raw.fileno())
+            finally:
+                os.close(null)
+        except OSError:
+            pass
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_silence_in_child)
 
 
 def _unlink(path: str) -> None:

@@ -1,0 +1,44 @@
+"""Legitimate uses that the day's new checks and fixes must keep working."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from inshrink.atomic import hidden_prefix
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_exiting_normally_adds_nothing_to_its_parents_file(tmp_path):
+    """A child of os.fork that ends with a normal interpreter exit frees its copy of an open
+    AtomicFile, whose buffer is then flushed: through the shared file description it was
+    written into the parent's temporary file a second time (the finalizer's pid check alone
+    did not stop that)."""
+    script = textwrap.dedent("""
+        import os, sys
+        from inshrink.atomic import AtomicFile
+        out = AtomicFile(sys.argv[1])
+        out.file.write(b"A" * 100)  # buffered, not yet written
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)  # the interpreter's own exit: the child's objects are freed
+        os.waitpid(pid, 0)
+        out.file.write(b"B" * 100)
+        out.commit()
+    """)
+    path = tmp_path / "out.bin"
+    subprocess.run([sys.executable, "-c", script, str(path)], cwd=ROOT, check=True,
+                   timeout=60)
+    assert path.read_bytes() == b"A" * 100 + b"B" * 100
+    assert os.listdir(tmp_path) == ["out.bin"]
+
+
+def test_a_hidden_temporary_is_named_after_a_directory_given_with_its_slash():
+    """``-o out/`` for a directory: the staging directory was named ``..<random>`` (the
+    name after the slash is empty) instead of ``.out.<random>`` as before."""
+    assert hidden_prefix("out/", room=8) == ".out."
+    assert hidden_prefix("a/b/") == ".b."
+    assert hidden_prefix("a/b.ink") == ".b.ink."
