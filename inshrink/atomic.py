@@ -178,7 +178,7 @@ def _silence_in_child() -> None:
         try:
             null = os.open(os.devnull, os.O_RDWR)
             try:
-                os.dup2(null, raw.fileno())
+                os.dup2(null, raw.fileno(), inheritable=False)  # as mkstemp made it
             finally:
                 os.close(null)
         except OSError:
