@@ -661,8 +661,7 @@ def cmd_decompress(args, started: float) -> int:
     from . import convert
     from .errors import InshrinkError
     from .progress import ProgressBar
-    from .series import MANIFEST
-    if os.path.isfile(os.path.join(args.input, MANIFEST)):
+    if _is_series(args.input):
         raise UsageError(f"{args.input} is a checkpoint series: restore one step with "
                          f"inshrink series restore {args.input} --step N -o OUT")
     if _is_dcp_series(args.input):
@@ -699,6 +698,21 @@ def cmd_decompress(args, started: float) -> int:
                      sum(f["bytes_out"] for f in converted), sum(f["bytes_in"] for f in converted))
     _transfer_summary(args, report, src, dst)
     return EXIT_OK
+
+
+def _is_series(path: str) -> bool:
+    """A directory of an inshrink.series series: its manifest.json says so. A tree may hold
+    another program's manifest.json (compress copies it): that one is no series."""
+    from .series import MANIFEST, MAX_MANIFEST_BYTES, SERIES_FORMAT
+    manifest = os.path.join(path, MANIFEST)
+    if not os.path.isfile(manifest):
+        return False
+    try:
+        with open(manifest, "rb") as f:
+            doc = json.loads(f.read(MAX_MANIFEST_BYTES + 1))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("format") == SERIES_FORMAT
 
 
 def _refuse_delta(path: str) -> None:

@@ -42,3 +42,36 @@ def test_a_hidden_temporary_is_named_after_a_directory_given_with_its_slash():
     assert hidden_prefix("out/", room=8) == ".out."
     assert hidden_prefix("a/b/") == ".b."
     assert hidden_prefix("a/b.ink") == ".b.ink."
+
+
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "inshrink", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_decompress_of_a_tree_holding_another_programs_manifest_json(tmp_path):
+    """compress copies a model directory's other files, a manifest.json among them: the
+    directory it wrote was then refused by decompress as a checkpoint series (exit 2)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+    (tmp_path / "model").mkdir()
+    tensors = {"w": np.arange(12, dtype=np.float32).reshape(3, 4)}
+    save_file(tensors, str(tmp_path / "model" / "model.safetensors"))
+    (tmp_path / "model" / "manifest.json").write_text('{"files": ["model.safetensors"]}')
+    done = _cli("compress", "model", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    done = _cli("decompress", "model-ink", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "model-ink-safetensors"
+    assert (out / "model.safetensors").read_bytes() == \
+        (tmp_path / "model" / "model.safetensors").read_bytes()
+    assert (out / "manifest.json").read_text() == '{"files": ["model.safetensors"]}'
+
+
+def test_decompress_of_a_series_still_points_to_series_restore(tmp_path):
+    import numpy as np
+    from inshrink.series import Series
+    series = Series(tmp_path / "ser")
+    series.save(1, {"w": np.zeros(4, np.float32)})
+    done = _cli("decompress", "ser", cwd=tmp_path)
+    assert done.returncode == 2 and "series restore" in done.stderr
