@@ -256,8 +256,11 @@ def overrides(importance: Any, config: QuantConfig, numel: int) -> np.ndarray | 
             raise InvalidArgumentError("prune_metric='sensitivity' needs importance scores")
         return None
     try:
-        # as a tensor is stored (torch tensors needing grad, bf16, conjugate views included)
-        scores = np.abs(np.asarray(dtypes.as_numpy(importance), dtype=np.float64)).reshape(-1)
+        # as a tensor is stored (torch tensors needing grad, bf16, conjugate views included);
+        # a numeric numpy array as it is: scores need not be of a dtype inshrink stores
+        numeric = isinstance(importance, np.ndarray) and importance.dtype.kind in "biuf"
+        scores = np.abs(np.asarray(importance if numeric else dtypes.as_numpy(importance),
+                                   dtype=np.float64)).reshape(-1)
     except (TypeError, ValueError) as exc:
         raise InvalidArgumentError(f"importance must be an array of numbers: {exc}") from None
     if scores.size != numel:

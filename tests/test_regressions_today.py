@@ -75,3 +75,18 @@ def test_decompress_of_a_series_still_points_to_series_restore(tmp_path):
     series.save(1, {"w": np.zeros(4, np.float32)})
     done = _cli("decompress", "ser", cwd=tmp_path)
     assert done.returncode == 2 and "series restore" in done.stderr
+
+
+def test_importance_scores_of_a_numpy_dtype_inshrink_does_not_store():
+    """Scores are converted to float64: since they went through as_numpy (as a tensor to
+    store is), a float128 array was refused ('unsupported dtype float128')."""
+    import numpy as np
+
+    import inshrink
+    from inshrink.encoder import overrides
+    from inshrink.policy import QuantConfig
+    scores = np.linspace(0, 1, 64, dtype=np.longdouble)
+    config = QuantConfig(bins=16, prune=0.25, prune_metric="sensitivity")
+    assert overrides(scores, config, 64) is not None
+    with pytest.raises(inshrink.errors.InvalidArgumentError):  # still: not numbers
+        overrides(np.array([None] * 64, dtype=object), config, 64)
