@@ -106,7 +106,6 @@ class AtomicFile:
             raise
         # a writer dropped without commit or abort (a Writer never closed) leaves no debris
         self._discard = weakref.finalize(self, _discard, self.file, self.tmp_path, os.getpid())
-        _OPEN.add(self)
 
     def commit(self) -> None:
         """Flush, fsync and rename the file to its destination (the caller aborts on error)."""
@@ -145,9 +144,12 @@ def _check_replaceable(path: str) -> None:
 
 def _discard(file: io.BufferedRandom, tmp_path: str, pid: int) -> None:
     """:meth:`AtomicFile.abort` (also its finalizer: it holds no reference to the object).
-    A forked child exiting leaves its parent's temporary file alone: closing would flush its
-    copy of the buffer into the file the parent is writing."""
+    A forked child exiting leaves its parent's temporary file alone: it shares the parent's
+    open file description, so its copy of the buffer, flushed when the file is freed (at
+    the child's exit), would be written into the parent's file a second time. The child's
+    descriptor is pointed at /dev/null instead of closing it."""
     if os.getpid() != pid:
+        _to_devnull(file)
         return
     try:
         file.close()  # flushes what is buffered, which may fail: nothing to keep
@@ -162,31 +164,19 @@ def _discard(file: io.BufferedRandom, tmp_path: str, pid: int) -> None:
     _unlink(tmp_path)
 
 
-_OPEN: "weakref.WeakSet[AtomicFile]" = weakref.WeakSet()
-"""The AtomicFiles of this process, for :func:`_silence_in_child`."""
-
-
-def _silence_in_child() -> None:
-    """After a fork, in the child: each open temporary file's descriptor leads to /dev/null.
-    The child shares the parent's open file description: its copy of a file's buffer, flushed
-    when the child's interpreter exits (the file object is freed), would be written into the
-    parent's temporary file a second time."""
-    for atomic in list(_OPEN):
-        raw = getattr(atomic.file, "raw", None)
-        if raw is None or raw.closed:
-            continue
+def _to_devnull(file: io.BufferedRandom) -> None:
+    """Point ``file``'s descriptor (in this process only) at /dev/null."""
+    raw = getattr(file, "raw", None)
+    if raw is None or raw.closed:
+        return
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
         try:
-            null = os.open(os.devnull, os.O_RDWR)
-            try:
-                os.dup2(null, raw.fileno(), inheritable=False)  # as mkstemp made it
-            finally:
-                os.close(null)
-        except OSError:
-            pass
-
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_silence_in_child)
+            os.dup2(null, raw.fileno(), inheritable=False)  # as mkstemp made it
+        finally:
+            os.close(null)
+    except OSError:
+        pass
 
 
 def _unlink(path: str) -> None:
