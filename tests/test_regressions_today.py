@@ -36,6 +36,30 @@ def test_a_forked_child_exiting_normally_adds_nothing_to_its_parents_file(tmp_pa
     assert os.listdir(tmp_path) == ["out.bin"]
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_can_still_take_over_and_commit_the_file(tmp_path):
+    """The child only stops writing into the shared file when it drops its copy (or exits):
+    one that goes on writing and commits, its parent leaving without finalizing, still
+    produces the whole file."""
+    script = textwrap.dedent("""
+        import os, sys
+        from inshrink.atomic import AtomicFile
+        out = AtomicFile(sys.argv[1])
+        out.file.write(b"A" * 100)
+        out.file.flush()
+        pid = os.fork()
+        if pid:
+            os.waitpid(pid, 0)
+            os._exit(0)  # the parent leaves the file to the child
+        out.file.write(b"B" * 100)
+        out.commit()
+    """)
+    path = tmp_path / "out.bin"
+    subprocess.run([sys.executable, "-c", script, str(path)], cwd=ROOT, check=True,
+                   timeout=60)
+    assert path.read_bytes() == b"A" * 100 + b"B" * 100
+
+
 def test_a_hidden_temporary_is_named_after_a_directory_given_with_its_slash():
     """``-o out/`` for a directory: the staging directory was named ``..<random>`` (the
     name after the slash is empty) instead of ``.out.<random>`` as before."""
