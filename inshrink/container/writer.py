@@ -38,7 +38,11 @@ class ContainerWriter:
         self.tensors: list[TensorEntry] = []
         # id(entry) -> its index JSON, made by finished() while other tensors are encoded
         self._texts: dict[int, str] = {}
-        self._write(layout.pack_header())
+        try:
+            self._write(layout.pack_header())
+        except BaseException:  # no writer to abort is returned: remove the temporary now
+            self._target.abort()
+            raise
 
     def _flush_gathered(self) -> None:
         """Write the records :meth:`write_chunks` gathered (before anything else is)."""
