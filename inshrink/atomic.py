@@ -137,9 +137,24 @@ def _check_replaceable(path: str) -> None:
         return
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    if stat.S_ISLNK(mode) and into_proc(path):
+        raise InvalidArgumentError(f"{path} is a link into /proc (such as /dev/stdout): it "
+                                   f"would be replaced")
     if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
         raise InvalidArgumentError(f"{path} is not a regular file (a device, FIFO or socket): "
                                    f"it would be replaced")
+
+
+def into_proc(path: str) -> bool:
+    """Whether ``path`` is a link into /proc, as /dev/stdout -> /proc/self/fd/1 is (whatever
+    it leads to): renaming a new file over it replaces the link."""
+    for _ in range(40):  # one link at a time: the last one leads out of /proc
+        if not os.path.islink(path):
+            return False
+        path = os.path.join(os.path.dirname(os.path.abspath(path)), os.readlink(path))
+        if os.path.abspath(path).startswith("/proc/"):
+            return True
+    return False
 
 
 def _discard(file: io.BufferedRandom, tmp_path: str, pid: int) -> None:

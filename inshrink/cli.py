@@ -16,6 +16,7 @@ import re
 import sys
 import time
 
+from .atomic import into_proc
 from .policy import MAX_BINS, PRESETS, SMALL_MOMENT, SMALL_TENSOR
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -334,18 +335,6 @@ def _special(path: str) -> bool:
     return os.path.exists(path) and not (os.path.isfile(path) or os.path.isdir(path))
 
 
-def _into_proc(path: str) -> bool:
-    """Whether ``path`` is a link into /proc, as /dev/stdout -> /proc/self/fd/1 is (whatever
-    it leads to): renaming a new file over it replaces the link."""
-    for _ in range(40):  # one link at a time: the last one leads out of /proc
-        if not os.path.islink(path):
-            return False
-        path = os.path.join(os.path.dirname(os.path.abspath(path)), os.readlink(path))
-        if os.path.abspath(path).startswith("/proc/"):
-            return True
-    return False
-
-
 def _check_input(src: str) -> None:
     if not os.path.exists(src):
         raise UsageError(f"{src}: no such file or directory")
@@ -368,7 +357,7 @@ def _check_output(src: str, dst: str, force: bool, inside: str | None = None) ->
     a series or checkpoint that the command reads), one that would be written into it."""
     if _same_file(src, dst):
         raise UsageError(f"{dst}: the output would overwrite the input {src}")
-    if _special(dst) or _into_proc(dst):
+    if _special(dst) or into_proc(dst):
         raise UsageError(f"{dst} is not a regular file (a device, FIFO, socket or "
                          f"/dev/stdout): the output is written whole and renamed into place, "
                          f"which would replace it")

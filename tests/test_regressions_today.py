@@ -114,3 +114,22 @@ def test_importance_scores_of_a_numpy_dtype_inshrink_does_not_store():
     assert overrides(scores, config, 64) is not None
     with pytest.raises(inshrink.errors.InvalidArgumentError):  # still: not numbers
         overrides(np.array([None] * 64, dtype=object), config, 64)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_the_library_refuses_a_link_into_proc_as_the_command_line_does(tmp_path):
+    """The command line refused -o /dev/stdout (a link to /proc/self/fd/1), but
+    inshrink.save renamed its file over such a link, replacing it."""
+    import numpy as np
+
+    import inshrink
+    link = tmp_path / "stdout"
+    os.symlink("/proc/self/fd/1", link)
+    with pytest.raises(inshrink.errors.InvalidArgumentError, match="/proc"):
+        inshrink.save(link, {"x": np.zeros(3, np.float32)})
+    assert os.readlink(link) == "/proc/self/fd/1"
+    assert os.listdir(tmp_path) == ["stdout"]
+    target = tmp_path / "real.ink"  # a link to a regular file is still replaced, as before
+    os.symlink(target, tmp_path / "alias.ink")
+    inshrink.save(tmp_path / "alias.ink", {"x": np.zeros(3, np.float32)})
+    assert not os.path.islink(tmp_path / "alias.ink")
