@@ -128,9 +128,9 @@ class AtomicFile:
 
 def _check_replaceable(path: str) -> None:
     """What is at ``path`` may be replaced by a regular file: nothing, a regular file or a
-    link. A directory would fail only at the rename, after the whole write (the OS's error,
-    raised before it); a device, FIFO or socket (``/dev/null``) would be replaced by a
-    regular file."""
+    link (not one into /proc, such as ``/dev/stdout``). A directory would fail only at the
+    rename, after the whole write (the OS's error, raised before it); a device, FIFO or
+    socket (``/dev/null``) would be replaced by a regular file."""
     try:
         mode = os.lstat(path).st_mode
     except OSError:  # nothing there (or not reachable: the write names the reason)
