@@ -131,3 +131,14 @@ def as_numpy(value: Any) -> np.ndarray:
     if value.dtype.byteorder == ">":
         value = value.byteswap().view(value.dtype.newbyteorder("<"))
     return value if value.flags.c_contiguous else value.copy(order="C")  # keeps 0-d shape
+
+
+def python_number(value: Any) -> Any:
+    """A numpy scalar (``np.int64(16)``, ``np.float32(0.01)``) as the Python int or float of
+    the same value, so that settings given from numpy arrays pass the same checks and write
+    the same JSON as plain numbers; anything else unchanged (bools too)."""
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    return value

@@ -140,12 +140,13 @@ class InshrinkQuant(Inshrink):
                  level: int | None = None,
                  chunk_bytes: int = array.DEFAULT_CHUNK_BYTES) -> None:
         super().__init__(level, chunk_bytes)
-        self.bins = bins
+        # numpy scalars as Python numbers: checked alike, and get_config stays JSON
+        self.bins = dtypes.python_number(bins)
         self.domain = domain
-        self.protect = protect
-        self.prune = prune
-        self.max_rel_l2 = max_rel_l2
-        self.seed = seed
+        self.protect = dtypes.python_number(protect)
+        self.prune = dtypes.python_number(prune)
+        self.max_rel_l2 = dtypes.python_number(max_rel_l2)
+        self.seed = dtypes.python_number(seed)
         array.encode(np.zeros(1, np.float32), **self._quant_args())  # validates the arguments
 
     def _quant_args(self) -> dict:

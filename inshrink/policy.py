@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping
 
+from .dtypes import python_number
 from .errors import InvalidArgumentError
 from .roles import (LOSSY_DTYPES, ROLES, SMALL_MOMENT, SMALL_TENSOR,  # noqa: F401 (re-exported)
                     role_of)
@@ -71,6 +72,8 @@ class QuantConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        for name in ("bins", "seed", "protect", "prune", "max_rel_l2", "sigma", "alpha"):
+            object.__setattr__(self, name, python_number(getattr(self, name)))
         if type(self.bins) is not int or not 0 <= self.bins <= MAX_BINS:
             raise InvalidArgumentError(f"bins must be an integer in [0, {MAX_BINS}]")
         for name in ("prune", "protect"):

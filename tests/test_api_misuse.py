@@ -319,3 +319,25 @@ def test_bytes_paths_write_as_they_read(tmp_path):
     inshrink.save(path, {"x": np.ones(2)})  # TypeError: can't mix bytes and non-bytes
     with File(path) as f:
         assert f["x"].tolist() == [1.0, 1.0]
+
+
+def test_numpy_scalars_are_accepted_as_settings_and_stored_as_plain_numbers(tmp_path):
+    """Settings taken from numpy arrays (a sweep over np.arange, say) were refused: bins,
+    seed, protect and prune had to be Python ints and floats."""
+    import json
+
+    from inshrink import Policy, QuantConfig
+    from inshrink.numcodecs import InshrinkQuant
+    config = QuantConfig(bins=np.int64(16), seed=np.uint8(3), protect=np.float32(0.001),
+                         prune=np.float64(0.0))
+    assert config == QuantConfig(bins=16, seed=3, protect=float(np.float32(0.001)))
+    assert type(config.bins) is int and type(config.protect) is float
+    weight = np.random.default_rng(0).standard_normal((128, 128), np.float32)
+    inshrink.save(tmp_path / "a.ink", {"w.weight": weight}, policy=Policy.uniform(config))
+    assert inshrink.load(tmp_path / "a.ink")["w.weight"].shape == (128, 128)
+    codec = InshrinkQuant(bins=np.int32(8), seed=np.int64(2), protect=np.float32(0.001))
+    assert json.loads(json.dumps(codec.get_config()))["seed"] == 2
+    assert codec.decode(codec.encode(weight)).size == weight.size
+    for bad in (dict(bins=np.bool_(True)), dict(seed=np.int64(-1)), dict(bins=np.float64(16))):
+        with pytest.raises(inshrink.errors.InvalidArgumentError):
+            QuantConfig(**bad)
