@@ -300,7 +300,7 @@ class Writer:
         self._policy = resolve_policy(policy)
         if (base is not None or base_codes is not None) != (base_file is not None):
             raise InvalidArgumentError("base/base_codes and base_file go together")
-        for what, value in (("metadata", metadata), ("base", base), ("base_codes", base_codes)):
+        for what, value in (("base", base), ("base_codes", base_codes)):
             if value is not None and not isinstance(value, Mapping):
                 raise InvalidArgumentError(f"{what} must be a mapping or None, got "
                                            f"{type(value).__name__}")
@@ -309,7 +309,13 @@ class Writer:
                                                       dict(base_codes or {}), base_file)
         self._codes = {} if keep_codes or self._delta else None  # a delta needs them
         self.codes: dict[str, np.ndarray] | None = self._codes if keep_codes else None
-        self.metadata = dict(metadata or {})
+        try:  # a mapping, or (key, value) pairs as dict() takes them
+            if isinstance(metadata, (str, bytes)):
+                raise TypeError
+            self.metadata = dict(metadata or {})
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(f"metadata must be a mapping of str to str or None, got "
+                                       f"{type(metadata).__name__}") from None
         try:
             check_metadata(self.metadata)
         except InshrinkError as exc:

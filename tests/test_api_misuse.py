@@ -40,7 +40,7 @@ def test_add_source_shape_that_is_not_a_sequence(tmp_path, shape):
 
 
 @pytest.mark.parametrize("kwargs", [
-    {"metadata": "ab"}, {"metadata": 5}, {"metadata": [("a", "b")]},
+    {"metadata": "ab"}, {"metadata": 5}, {"metadata": [1, 2]}, {"metadata": b"ab"},
     {"base": [1], "base_file": {"file": "b.ink", "sha256": "0" * 64}},
     {"base_codes": 3, "base_file": {"file": "b.ink", "sha256": "0" * 64}},
 ])
@@ -48,6 +48,11 @@ def test_writer_mappings_of_the_wrong_type(tmp_path, kwargs):
     with pytest.raises(InvalidArgumentError):
         Writer(tmp_path / "x.ink", **kwargs)
     assert os.listdir(tmp_path) == []
+
+
+def test_metadata_as_key_value_pairs_is_kept_as_before(tmp_path):
+    inshrink.save(tmp_path / "x.ink", {"x": np.ones(3)}, metadata=[("a", "b"), ("c", "d")])
+    assert inshrink.open(tmp_path / "x.ink").metadata == {"a": "b", "c": "d"}
 
 
 def test_save_metadata_of_the_wrong_type(tmp_path):
