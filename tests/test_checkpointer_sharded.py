@@ -241,3 +241,24 @@ SCENARIOS = {  # name: ((world size, rank function), ...)
 
 if __name__ == "__main__":
     scenario_main(SCENARIOS)
+
+
+@pytest.mark.parametrize("keep_last", [None, 1])
+def test_a_commit_removes_older_saves_that_never_committed(tmp_path, keep_last):
+    """Without keep_last, the directory of a save killed part way stayed for good (unless
+    the same step was saved again)."""
+    from types import SimpleNamespace
+
+    from inshrink.torch.sharded import METADATA_FILE, ShardedCheckpoints, step_directory
+    for step, committed in [(1, True), (2, False), (3, True), (4, False), (5, True),
+                            (6, False)]:
+        path = tmp_path / step_directory(step)
+        path.mkdir()
+        (path / ("x.distcp" if not committed else METADATA_FILE)).write_bytes(b"")
+    shards = SimpleNamespace(directory=str(tmp_path), keep_last=keep_last)
+    shards._step_dirs = lambda: ShardedCheckpoints._step_dirs(shards)
+    shards.steps = lambda: ShardedCheckpoints.steps(shards)
+    ShardedCheckpoints._retain(shards, 5)  # step 5 just committed; 6 is being written
+    left = sorted(os.listdir(tmp_path))
+    kept = [1, 3, 5, 6] if keep_last is None else [5, 6]
+    assert left == [step_directory(s) for s in kept]

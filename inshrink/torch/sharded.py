@@ -119,8 +119,9 @@ class ShardedCheckpoints:
     policy : Policy, str or None
         Applied per shard by :class:`inshrink.dcp.InkStorageWriter` (None: lossless).
     keep_last : int or None
-        After each save, rank 0 removes all but this many newest committed steps, and the
-        directories of saves older than the newest that never committed.
+        After each save, rank 0 removes all but this many newest committed steps (None: keeps
+        them all). It always removes the directories of saves older than the newest that
+        never committed.
     threads : int, optional
         Encoder/decoder threads per rank.
     background : bool
@@ -227,17 +228,18 @@ class ShardedCheckpoints:
             dcp.save(state, storage_writer=writer, process_group=self.group)
         except dcp.api.CheckpointException as exc:
             raise _first_failure(exc) from exc
-        if self.keep_last is not None and self.rank == 0:
+        if self.rank == 0:
             self._retain(step)
         size = sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
         return {"step": step, "bytes": size, "search": None,
                 "seconds": time.perf_counter() - started}
 
     def _retain(self, newest: int) -> None:
-        """Rank 0, after a commit: keep the ``keep_last`` newest committed steps; remove older
-        ones and older saves that never committed."""
+        """Rank 0, after a commit: remove older saves that never committed (a save killed or
+        failed part way: no later save of theirs can come, steps only grow) and, with
+        ``keep_last``, all but the ``keep_last`` newest committed steps."""
         committed = [s for s in self.steps() if s <= newest]
-        keep = set(committed[-self.keep_last:])
+        keep = set(committed if self.keep_last is None else committed[-self.keep_last:])
         for step, path in self._step_dirs().items():
             if step < newest and step not in keep:
                 shutil.rmtree(path, ignore_errors=True)
