@@ -97,17 +97,28 @@ def from_pretrained(model_class: Any, path: str | os.PathLike, *,
     ------
     InvalidArgumentError
         ``path`` is not a directory or holds no ``.ink`` file.
+    CorruptError
+        A shard that a ``model.safetensors.index.json`` of ``path`` names is missing (checked
+        before anything is decompressed). Errors of ``model_class.from_pretrained`` itself
+        are raised as they are, with a note naming ``path`` beside the temporary copy.
     """
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise InvalidArgumentError(f"{path}: not a directory (give a compressed model "
                                    f"directory, as `inshrink compress model_dir` writes)")
+    _check_shards(path)
     work = tempfile.mkdtemp(prefix="inshrink-model-", dir=tmp_dir)
     try:
         plain = os.path.join(work, os.path.basename(os.path.abspath(path)))
         reports = convert.decompress_directory(path, plain, follow_symlinks=True,
                                                threads=threads)
-        model = model_class.from_pretrained(plain, **kwargs)
+        try:
+            model = model_class.from_pretrained(plain, **kwargs)
+        except Exception as exc:
+            # its message names the temporary copy, gone once this returns
+            if hasattr(exc, "add_note"):  # Python 3.11+
+                exc.add_note(f"inshrink: {plain} was the decompressed copy of {path}")
+            raise
     finally:
         # a loaded model holds no reference to these files that removing them breaks
         shutil.rmtree(work, ignore_errors=True)
@@ -115,6 +126,25 @@ def from_pretrained(model_class: Any, path: str | os.PathLike, *,
     if summary:
         warnings.warn(f"{path}: {summary}", UserWarning, stacklevel=2)
     return (model, reports) if return_reports else model
+
+
+def _check_shards(path: str) -> None:
+    """Every shard a ``*.safetensors.index.json`` under ``path`` names is there (as an .ink
+    file, or kept as safetensors): otherwise transformers would fail on a file of the
+    temporary copy, named by a path that is gone when the user reads it."""
+    for root, _, names in os.walk(path, followlinks=True):
+        for index in (n for n in names if n.endswith(convert.SHARD_INDEX_SUFFIX)):
+            try:
+                with open(os.path.join(root, index), encoding="utf-8") as f:
+                    shards = set(json.load(f)["weight_map"].values())
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue  # not an index transformers reads: left to it
+            for shard in sorted(s for s in shards if isinstance(s, str)):
+                stem = shard[:-len(".safetensors")] if shard.endswith(".safetensors") else shard
+                if not any(os.path.isfile(os.path.join(root, n)) for n in (stem + ".ink", shard)):
+                    raise CorruptError(
+                        f"{os.path.join(root, stem + '.ink')}: missing, but "
+                        f"{os.path.join(root, index)} names its shard {shard!r}")
 
 
 def save_pretrained(model: Any, save_directory: str | os.PathLike,

@@ -143,7 +143,8 @@ def load_file(filename: str | os.PathLike, device: str | int | torch.device = "c
     filename : str or os.PathLike
         An .ink file (not a delta file of a series: read that with :class:`inshrink.Series`).
     device : str, int or torch.device
-        Where the tensors go (an int is a CUDA device index, as in safetensors).
+        Where the tensors go (an int is a CUDA device index, as in safetensors). One this
+        machine lacks raises :class:`InvalidArgumentError` before the file is read.
     threads : int, optional
         Decoder threads (default: every core).
 
@@ -152,10 +153,11 @@ def load_file(filename: str | os.PathLike, device: str | int | torch.device = "c
     dict of str to torch.Tensor
         Each with its stored dtype and shape, writable, ready for ``load_state_dict``.
     """
-    try:  # before the file is read
+    try:  # before the file is read: a device this machine lacks fails only on use
         device = (torch.device("cuda", device) if isinstance(device, int)
                   else torch.device(device))
-    except (RuntimeError, TypeError) as exc:
+        torch.empty(0, device=device)
+    except (RuntimeError, TypeError, AssertionError) as exc:
         raise InvalidArgumentError(f"device {device!r}: {exc}") from None
     arrays = api.load(filename, threads=threads, mmap=False)
     return {name: to_torch(array).to(device) for name, array in arrays.items()}

@@ -1,0 +1,58 @@
+"""inshrink.transformers and inshrink.torch used as their README and docstrings describe:
+what a user doing something wrong is told. Tiny models from configs: nothing is downloaded."""
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it
+
+import shutil  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel  # noqa: E402
+
+import inshrink.torch  # noqa: E402
+import inshrink.transformers as ink  # noqa: E402
+from inshrink.errors import CorruptError, InvalidArgumentError  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    """A tied GPT-2 saved compressed in several shards with their index."""
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16,
+                        bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(config).eval()
+    path = tmp_path_factory.mktemp("hf") / "gpt-ink"
+    ink.save_pretrained(model, path, max_shard_size="20KB")
+    return model, path
+
+
+def test_sharded_model_loads_back_bit_exact(sharded):
+    model, path = sharded
+    assert "model.safetensors.index.json" in os.listdir(path)
+    loaded = ink.from_pretrained(AutoModelForCausalLM, path).eval()
+    tokens = torch.tensor([[1, 5, 9, 42]])
+    with torch.no_grad():
+        assert torch.equal(model(tokens).logits, loaded(tokens).logits)
+
+
+def test_missing_shard_is_named_in_the_users_directory(sharded, tmp_path):
+    _, path = sharded
+    broken = tmp_path / "broken-ink"
+    shutil.copytree(path, broken)
+    shard = sorted(n for n in os.listdir(broken) if n.endswith(".ink"))[1]
+    os.remove(broken / shard)
+    # was: FileNotFoundError naming the .safetensors file of a removed temporary directory
+    with pytest.raises(CorruptError, match=rf"{broken}/{shard}: missing"):
+        ink.from_pretrained(AutoModelForCausalLM, broken, tmp_dir=tmp_path)
+    assert os.listdir(tmp_path) == ["broken-ink"]  # no temporary copy left
+
+
+def test_load_file_to_a_device_the_machine_lacks(tmp_path):
+    inshrink.torch.save_file({"w": torch.ones(3)}, tmp_path / "t.ink")
+    absent = f"cuda:{torch.cuda.device_count()}"
+    # was: AssertionError (CPU build) or RuntimeError, once the whole file was decoded
+    with pytest.raises(InvalidArgumentError, match="device"):
+        inshrink.torch.load_file(tmp_path / "t.ink", device=absent)
