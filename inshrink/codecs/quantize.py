@@ -760,6 +760,11 @@ def bin_candidates(bins: int) -> list[int]:
 
 # --- error statistics -----------------------------------------------------------------------
 
+# a sum of squares at least this large per non-zero element loses at most a 2^-52 fraction of
+# itself to squares that underflowed (each loses less than the smallest normal float64)
+_SQUARES_EXACT = 2.0 ** -1022 * 2.0 ** 52
+
+
 @dataclass
 class ChunkStats:
     """Error statistics of one or more encoded chunks (they add up)."""
@@ -785,6 +790,15 @@ class ChunkStats:
         self.max_abs = max(self.max_abs, other.max_abs)
 
     def rel_l2(self, sumsq: float) -> float:
+        """||x - x̂|| / ||x|| from the float64 sums of squares; NaN where they cannot give it:
+        float64 values below ~1e-146 or above ~1e154 have squares that underflow or overflow
+        (the report then says null, and a bound counts as not met)."""
+        if self.max_abs == 0:
+            return 0.0  # every finite element decoded exactly, whatever the sums say
+        if not (math.isfinite(sumsq) and math.isfinite(self.sse)):
+            return math.nan
+        if sumsq < self.nonzero * _SQUARES_EXACT:
+            return math.nan  # squares lost to underflow may be all of it
         if sumsq > 0:
             return math.sqrt(self.sse / sumsq)
         return 0.0 if self.sse == 0 else math.inf
