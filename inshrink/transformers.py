@@ -44,7 +44,7 @@ from transformers import TrainerCallback
 from . import convert
 from .errors import CorruptError, InshrinkError, InvalidArgumentError
 from .policy import Policy
-from .series import Series
+from .series import MANIFEST, Series
 from .torch import (GROUPS, MODEL, OPTIMIZER, STATE, decode_nested, encode_nested, to_numpy,
                     to_torch)
 
@@ -301,6 +301,9 @@ def _store_file(full: str, rel: str, arrays: dict[str, np.ndarray]) -> dict:
 
 
 def _checkpoint_doc(metadata: Mapping[str, str]) -> list[dict]:
+    if CHECKPOINT_METADATA not in metadata:  # a step of another kind of series
+        raise CorruptError(f"not a Trainer checkpoint saved by inshrink.transformers (no "
+                           f"{CHECKPOINT_METADATA!r} metadata)")
     try:
         doc = json.loads(metadata[CHECKPOINT_METADATA])
         if doc.get("format") != _FORMAT or not isinstance(doc.get("files"), list):
@@ -331,8 +334,22 @@ def restore_checkpoint(series: Series | str | os.PathLike, directory: str | os.P
     -------
     str
         ``directory``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``series`` is a path without a series manifest (nothing is created there), ``directory``
+        exists and not ``overwrite``, the series is empty or lacks ``step``.
+    CorruptError
+        The step was not saved by :class:`Callback` (a :class:`inshrink.torch.Checkpointer`'s
+        series, say).
     """
-    series = series if isinstance(series, Series) else Series(series)
+    if not isinstance(series, Series):
+        # reading: opening a Series on a wrong path would create it (and its lock file)
+        if not os.path.isfile(os.path.join(os.fspath(series), MANIFEST)):
+            raise InvalidArgumentError(f"{os.fspath(series)}: not a series (no {MANIFEST}); "
+                                       f"give the directory of the Callback's series")
+        series = Series(series)
     directory = os.fspath(directory)
     if os.path.lexists(directory) and not overwrite:
         raise InvalidArgumentError(f"{directory} exists (pass overwrite=True to replace it)")

@@ -56,3 +56,22 @@ def test_load_file_to_a_device_the_machine_lacks(tmp_path):
     # was: AssertionError (CPU build) or RuntimeError, once the whole file was decoded
     with pytest.raises(InvalidArgumentError, match="device"):
         inshrink.torch.load_file(tmp_path / "t.ink", device=absent)
+
+
+def test_restore_checkpoint_from_a_wrong_directory(tmp_path):
+    # was: "the series ... is empty", leaving the directory and a .lock file behind
+    with pytest.raises(InvalidArgumentError, match="not a series"):
+        ink.restore_checkpoint(tmp_path / "typo", tmp_path / "resume")
+    trainer_out = tmp_path / "out"
+    (trainer_out / "checkpoint-2").mkdir(parents=True)
+    with pytest.raises(InvalidArgumentError, match="not a series"):
+        ink.restore_checkpoint(trainer_out, tmp_path / "resume")
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+    assert os.listdir(trainer_out) == ["checkpoint-2"]
+    # a Checkpointer's series, not a Trainer's: was "... ('inshrink.transformers.checkpoint':
+    # 'inshrink.transformers.checkpoint')", a KeyError's text
+    model = torch.nn.Linear(2, 2)
+    inshrink.torch.Checkpointer(tmp_path / "ckpts", model).save(1)
+    with pytest.raises(CorruptError, match=r"no 'inshrink.transformers.checkpoint' metadata"):
+        ink.restore_checkpoint(tmp_path / "ckpts", tmp_path / "resume")
+    assert not os.path.exists(tmp_path / "resume")
