@@ -75,3 +75,23 @@ def test_restore_checkpoint_from_a_wrong_directory(tmp_path):
     with pytest.raises(CorruptError, match=r"no 'inshrink.transformers.checkpoint' metadata"):
         ink.restore_checkpoint(tmp_path / "ckpts", tmp_path / "resume")
     assert not os.path.exists(tmp_path / "resume")
+
+
+def test_restore_into_a_model_on_the_meta_device(tmp_path):
+    # was: restore() returned the step and load_model returned ([], []), copying nothing
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    inshrink.torch.Checkpointer(tmp_path / "ckpts", model, optimizer).save(1)
+    inshrink.torch.save_model(model, tmp_path / "model.ink")
+    moments = optimizer.state_dict()["state"][0]["exp_avg"].clone()
+    model.to("meta")
+    with pytest.raises(InvalidArgumentError, match="meta device"):
+        inshrink.torch.Checkpointer(tmp_path / "ckpts", model, optimizer).restore()
+    assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], moments)  # untouched
+    with pytest.raises(InvalidArgumentError, match="meta device"):
+        inshrink.torch.load_model(model, tmp_path / "model.ink")
+    model.to_empty(device="cpu")  # as the message says: then it restores
+    assert inshrink.torch.Checkpointer(tmp_path / "ckpts", model, optimizer).restore() == 1

@@ -28,6 +28,7 @@ from ..errors import InvalidArgumentError
 from ..policy import Policy
 from ..tensorfile import TensorInfo
 from .convert import to_numpy, to_torch
+from .state import _META
 
 __all__ = ["save_file", "load_file", "save", "load", "save_model", "load_model"]
 
@@ -240,12 +241,14 @@ def load_model(model: torch.nn.Module, filename: str | os.PathLike, strict: bool
         Names the module has that the file lacks (shared names excluded), and names the file
         has that the module lacks. With ``strict``, either being non-empty raises
         :class:`InvalidArgumentError` before anything is loaded; so does a tensor whose
-        shape differs from the module's, strict or not.
+        shape differs from the module's, or a module on the meta device, strict or not.
     """
     _check_module(model)
     state = load_file(filename, device, threads=threads)
     own = model.state_dict()
     for name in sorted(set(state) & set(own)):
+        if isinstance(own[name], torch.Tensor) and own[name].is_meta:
+            raise InvalidArgumentError(_META.format(repr(name)))
         # load_state_dict would copy the tensors that fit, then raise RuntimeError
         if isinstance(own[name], torch.Tensor) and state[name].shape != own[name].shape:
             raise InvalidArgumentError(

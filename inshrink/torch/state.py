@@ -188,6 +188,11 @@ def state_to_numpy(model: torch.nn.Module | None = None,
     return arrays, metadata
 
 
+_META = ("{} is on the meta device: load_state_dict would copy nothing into it (and the "
+         "optimizer's state would follow it there); give the model memory first, e.g. "
+         "model.to_empty(device='cpu')")
+
+
 def _model_state(model: torch.nn.Module, tensors: Mapping[str, np.ndarray], strict: bool,
                  used: set[str]) -> dict[str, torch.Tensor]:
     """The model state_dict held by ``tensors``, checked against the model's."""
@@ -204,6 +209,8 @@ def _model_state(model: torch.nn.Module, tensors: Mapping[str, np.ndarray], stri
         if MODEL + name not in tensors:
             continue
         value = to_torch(tensors[MODEL + name])
+        if isinstance(current, torch.Tensor) and current.is_meta:
+            raise InvalidArgumentError(_META.format(f"{MODEL}{name}"))
         if isinstance(current, torch.Tensor) and value.shape != current.shape:
             raise InvalidArgumentError(f"{MODEL}{name} has shape {tuple(value.shape)}, the "
                                        f"model expects {tuple(current.shape)}")
@@ -236,8 +243,8 @@ def load_state(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | 
     Raises
     ------
     InvalidArgumentError
-        Names missing or unexpected (named in the message), wrong shapes, optimizer groups
-        that differ, no optimizer metadata.
+        Names missing or unexpected (named in the message), wrong shapes, a model on the
+        meta device, optimizer groups that differ, no optimizer metadata.
     """
     if not isinstance(tensors, Mapping):
         raise InvalidArgumentError("tensors must be a mapping of names to arrays")
