@@ -62,8 +62,10 @@ class TensorInfo:
 
     ``role`` and ``error`` are present when the file was written with a lossy policy:
     ``error`` holds the error the encoder measured against the original, ``max_abs_error``,
-    ``rel_l2_error`` (||x - x̂|| / ||x||), and the fractions ``protected`` and ``pruned`` (of
-    all elements), ``zeroed`` and ``sign_flipped`` (of the non-zero elements).
+    ``rel_l2_error`` (||x - x̂|| / ||x|| over the finite elements; NaN and ±inf are stored
+    exactly; ``None`` where float64 cannot give it: float64 values whose squares underflow or
+    overflow), and the fractions ``protected`` and ``pruned`` (of all elements), ``zeroed``
+    and ``sign_flipped`` (of the finite non-zero elements).
     """
 
     name: str
