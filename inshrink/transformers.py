@@ -410,7 +410,9 @@ class Callback(TrainerCallback):
     ``remove_checkpoint=True``, removed only once both checks passed (the newest step's at
     the end of training): a step that fails one keeps its directory, gets a
     :class:`UserWarning` and is listed in :attr:`unverified`.
-    :meth:`restore` writes a step back.
+    :meth:`restore` writes a step back. A series takes only steps after its latest: training
+    that starts before it (a rerun from scratch, a resume from an older step) is refused
+    with :class:`InvalidArgumentError` when it begins (``on_train_begin``).
 
     Parameters
     ----------
@@ -454,6 +456,17 @@ class Callback(TrainerCallback):
         self.unverified: dict[int, str] = {}
         # the newest checked step: (step, its Trainer directory, digests of its tensors)
         self._pending: tuple[int, str, dict[str, bytes]] | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # a series takes only steps after its latest: refuse before training, not at a save
+        latest = self.series.latest()
+        if state.is_world_process_zero and latest is not None and latest > state.global_step:
+            later = [s for s in self.series.steps() if s > state.global_step]
+            raise InvalidArgumentError(
+                f"{self.series.directory} already holds step(s) {later} after step "
+                f"{state.global_step}, where this training starts, and a series only takes "
+                f"steps after its latest: resume from step {latest} "
+                f"(callback.restore(dir)), or give the Callback a new directory")
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero:

@@ -8,7 +8,9 @@ import shutil  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel  # noqa: E402
+import numpy as np  # noqa: E402
+from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel,  # noqa: E402
+                          Trainer, TrainingArguments)
 
 import inshrink.torch  # noqa: E402
 import inshrink.transformers as ink  # noqa: E402
@@ -17,13 +19,17 @@ from inshrink.errors import CorruptError, InvalidArgumentError  # noqa: E402
 torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module")
-def sharded(tmp_path_factory):
-    """A tied GPT-2 saved compressed in several shards with their index."""
+def gpt2():
     torch.manual_seed(0)
     config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16,
                         bos_token_id=0, eos_token_id=0)
-    model = GPT2LMHeadModel(config).eval()
+    return GPT2LMHeadModel(config).eval()
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    """A tied GPT-2 saved compressed in several shards with their index."""
+    model = gpt2()
     path = tmp_path_factory.mktemp("hf") / "gpt-ink"
     ink.save_pretrained(model, path, max_shard_size="20KB")
     return model, path
@@ -95,3 +101,17 @@ def test_restore_into_a_model_on_the_meta_device(tmp_path):
         inshrink.torch.load_model(model, tmp_path / "model.ink")
     model.to_empty(device="cpu")  # as the message says: then it restores
     assert inshrink.torch.Checkpointer(tmp_path / "ckpts", model, optimizer).restore() == 1
+
+
+def test_callback_on_a_series_with_later_steps_refuses_before_training(tmp_path):
+    # a rerun, or a resume from an older step, into the same series: was an error at the
+    # first save, after training up to it (and the Trainer's directory of that step kept)
+    callback = ink.Callback(tmp_path / "series")
+    callback.series.save(6, {"model.w": np.zeros(2, np.float32)})
+    args = TrainingArguments(str(tmp_path / "out"), max_steps=2, save_steps=2, report_to=[],
+                             use_cpu=True, disable_tqdm=True, per_device_train_batch_size=2)
+    batches = [{"input_ids": x, "labels": x} for x in torch.randint(0, 64, (4, 8))]
+    run = Trainer(gpt2(), args, train_dataset=batches, callbacks=[callback])
+    with pytest.raises(InvalidArgumentError, match=r"holds step\(s\) \[6\] after step 0"):
+        run.train()
+    assert run.state.global_step == 0 and callback.series.steps() == [6]
