@@ -180,7 +180,16 @@ def save_pretrained(model: Any, save_directory: str | os.PathLike,
     list of FileReport
         One per file: sizes and, per tensor, codec and measured error
         (:func:`lossy_summary` makes one line of them).
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``save_directory`` exists (without ``overwrite``), ``model`` has no
+        ``save_pretrained`` or it wrote no ``.safetensors`` file (a tokenizer, a config).
     """
+    if not callable(getattr(model, "save_pretrained", None)):
+        raise InvalidArgumentError(f"model must have a save_pretrained method (a transformers "
+                                   f"model), got {type(model).__name__}")
     save_directory = os.fspath(save_directory)
     target = os.path.abspath(save_directory)
     parent = os.path.dirname(target)
@@ -191,6 +200,11 @@ def save_pretrained(model: Any, save_directory: str | os.PathLike,
     work = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=parent)
     try:
         model.save_pretrained(work, **kwargs)
+        if not any(n.endswith(".safetensors") for _, _, names in os.walk(work) for n in names):
+            # else the error would name the temporary directory
+            raise InvalidArgumentError(f"{type(model).__name__}.save_pretrained wrote no "
+                                       f".safetensors file: nothing to compress (a tokenizer "
+                                       f"goes in tokenizer=)")
         if tokenizer is not None:
             tokenizer.save_pretrained(work)
         return convert.compress_directory(work, save_directory, overwrite=overwrite,

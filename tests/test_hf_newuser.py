@@ -115,3 +115,13 @@ def test_callback_on_a_series_with_later_steps_refuses_before_training(tmp_path)
     with pytest.raises(InvalidArgumentError, match=r"holds step\(s\) \[6\] after step 0"):
         run.train()
     assert run.state.global_step == 0 and callback.series.steps() == [6]
+
+
+def test_save_pretrained_of_something_that_is_not_a_model(tmp_path):
+    # was: AttributeError; then an error naming a removed temporary directory
+    with pytest.raises(InvalidArgumentError, match="save_pretrained method"):
+        ink.save_pretrained(torch.nn.Linear(2, 2), tmp_path / "lin")
+    from transformers import GenerationConfig
+    with pytest.raises(InvalidArgumentError, match=r"GenerationConfig.save_pretrained wrote no"):
+        ink.save_pretrained(GenerationConfig(), tmp_path / "gen")
+    assert os.listdir(tmp_path) == []
