@@ -491,6 +491,7 @@ def _report(command: str, started: float, inputs: list[str], outputs: list[str],
             "ratio": round(uncompressed / compressed, 6) if compressed else None,
             "lossy": bool(lossy), "lossy_tensors": len(lossy),
             "max_rel_l2_error": max(errors) if errors else None,
+            "unmeasured_tensors": len(lossy) - len(errors),
             "seconds": round(time.monotonic() - started, 3),
             "files": files, "problems": problems}
 
@@ -521,6 +522,9 @@ def _lossy_text(infos) -> str:
         worst = "max relative L2 error: " + ", ".join(
             ([f"weights {max(model):.3g}"] if model else [])
             + [f"optimizer moments {max(moments):.3g}"])
+    unmeasured = len(lossy) - len(model) - len(moments)
+    if unmeasured and (model or moments):  # the maximum above leaves them out
+        worst += f"; not recorded for {unmeasured}"
     return f"; LOSSY: {len(lossy)} of {len(infos)} tensors quantized ({worst})"
 
 

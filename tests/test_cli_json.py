@@ -10,7 +10,8 @@ import inshrink
 from test_cli import run
 
 KEYS = {"command", "ok", "inputs", "outputs", "bytes_in", "bytes_out", "tensor_bytes", "ratio",
-        "lossy", "lossy_tensors", "max_rel_l2_error", "seconds", "files", "problems"}
+        "lossy", "lossy_tensors", "max_rel_l2_error", "unmeasured_tensors", "seconds", "files",
+        "problems"}
 FILE_KEYS = {"input", "output", "bytes_in", "bytes_out", "copied", "ok", "error",
              "format_version", "metadata", "tensors"}
 SERIES_KEYS = {"step", "keyframe", "base"}
@@ -93,3 +94,20 @@ def test_series_restore_keeps_the_metadata_and_names_its_format(tmp_path):
     r = run("series", "restore", "ckpts", "-o", "s.pt", cwd=tmp_path)
     assert r.returncode == 2 and ".safetensors or .ink" in r.stderr
     assert not (tmp_path / "s.pt").exists()
+
+
+def test_a_lossy_tensor_without_a_measured_error_is_counted_not_hidden(tmp_path):
+    """A float64 weight of values whose squares underflow has rel_l2_error null: the summary's
+    maximum leaves it out, so it says so (before: the other tensor's error alone, as if it
+    were the worst)."""
+    rng = np.random.default_rng(0)
+    inshrink.save(tmp_path / "x.ink", {
+        "a.weight": rng.standard_normal((64, 64)) * 1e-150,
+        "b.weight": rng.standard_normal((64, 64)).astype(np.float32)}, policy="balanced")
+    infos = {i.name: i for i in inshrink.open(tmp_path / "x.ink").infos()}
+    assert not infos["a.weight"].lossless and infos["a.weight"].error["rel_l2_error"] is None
+    text = run("info", "x.ink", cwd=tmp_path)
+    assert text.returncode == 0 and "not recorded for 1)" in text.stdout, text.stdout
+    report = json.loads(run("info", "x.ink", "--json", cwd=tmp_path).stdout)
+    assert report["lossy_tensors"] == 2 and report["unmeasured_tensors"] == 1
+    assert report["max_rel_l2_error"] == infos["b.weight"].error["rel_l2_error"]
