@@ -10,6 +10,7 @@ import pytest
 from safetensors.numpy import save_file
 
 import inshrink
+import test_cli_errors
 from test_cli import ROOT
 
 
@@ -28,10 +29,9 @@ def model(tmp_path):
 
 
 def one_line_error(r, code: int) -> str:
-    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
-    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert r.stdout == "", r.stdout  # no success message
-    return r.stderr
+    """:func:`test_cli_errors.one_line_error`, and no success message on stdout."""
+    assert r.stdout == "", r.stdout
+    return test_cli_errors.one_line_error(r, code)
 
 
 def test_an_output_that_is_the_input_through_a_link_is_refused(model):
