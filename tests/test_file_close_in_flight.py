@@ -146,3 +146,18 @@ def test_close_from_another_thread_during_a_load_lets_it_finish(tmp_path, monkey
     assert f._reader._fd == -1
     with pytest.raises(inshrink.errors.InvalidArgumentError, match="is closed"):
         f.load()
+
+
+def test_opening_a_directory_or_a_fifo(tmp_path):
+    """A directory: IsADirectoryError naming it (it had no file name, raised by the first
+    read). A FIFO: refused at once (opening it waited for a writer forever)."""
+    import errno
+    import os
+    with pytest.raises(IsADirectoryError) as caught:
+        inshrink.load(tmp_path)
+    assert caught.value.errno == errno.EISDIR and caught.value.filename == str(tmp_path)
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(inshrink.errors.InvalidArgumentError, match="not a regular file"):
+        inshrink.open(tmp_path / "fifo")
+    with pytest.raises(FileNotFoundError):
+        inshrink.load(tmp_path / "missing.ink")

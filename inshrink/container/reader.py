@@ -2,13 +2,16 @@
 record is checked against its header and the index before its payload is handed out."""
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import threading
 
 import numpy as np
 
 from ..atomic import check_path
-from ..errors import ChecksumError, CorruptError, LimitExceededError, TruncatedError
+from ..errors import (ChecksumError, CorruptError, InvalidArgumentError, LimitExceededError,
+                      TruncatedError)
 from . import layout
 from .index import Index, parse, unpack_index
 
@@ -52,6 +55,17 @@ _BUFFERS = _BufferPool(keep_bytes=64 << 20)
 os.register_at_fork(after_in_child=lambda: _BUFFERS.__init__(64 << 20))
 
 
+def _check_regular(path: str) -> None:
+    """A directory is the OS's error, named (reading it failed later without the path); a
+    FIFO, device or socket is refused before it is opened (opening a FIFO waits for a writer
+    forever)."""
+    mode = os.stat(path).st_mode  # a missing file: FileNotFoundError naming it
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    if not stat.S_ISREG(mode):
+        raise InvalidArgumentError(f"{path} is not a regular file (a device, FIFO or socket)")
+
+
 class ContainerReader:
     """Random access to the records of one .ink file, read with ``pread`` (docs/decisions.md,
     "Reading"): a file truncated by another program while open is a typed error.
@@ -67,6 +81,7 @@ class ContainerReader:
         self.path = check_path(path)
         self._local = threading.local()
         self._taken: list[np.ndarray] = []  # buffers of _BUFFERS, given back on close
+        _check_regular(self.path)
         self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         try:
             self.size = os.fstat(self._fd).st_size
