@@ -663,10 +663,10 @@ def cmd_decompress(args, started: float) -> int:
                          f"with inshrink consolidate {step} -o OUT")
     src, sources, is_dir, dst = _source_and_destination(args, ".ink", ".safetensors",
                                                         "-safetensors")
+    indexes = {}
     for path in sources:
         convert.check_ink(path)
-        _refuse_delta(path)
-    indexes = {path: _ink_details(path)["tensors"] for path in sources}
+        indexes[path] = _standalone_infos(path)
     _check_lossy_overwrite(args, dst, any(not t.lossless for infos in indexes.values()
                                           for t in infos))
     bar = args.bar = ProgressBar(sum(t.nbytes for infos in indexes.values() for t in infos),
@@ -708,14 +708,16 @@ def _is_series(path: str) -> bool:
     return isinstance(doc, dict) and doc.get("format") == SERIES_FORMAT
 
 
-def _refuse_delta(path: str) -> None:
-    """A delta file of a series decodes only against its base: point to series restore."""
+def _standalone_infos(path: str) -> list:
+    """The tensors of an .ink file that decodes on its own (opens the index only). A delta
+    file of a series decodes only against its base: the error points to the command that
+    reads it."""
     from .convert import with_path
     from .errors import InshrinkError
     from .tensorfile import File
     try:
         with File(path, threads=1) as f:
-            base = f.base
+            base, infos = f.base, f.infos()
     except InshrinkError as exc:
         raise with_path(exc, path) from None
     if base is not None:
@@ -725,6 +727,7 @@ def _refuse_delta(path: str) -> None:
                if _is_dcp(directory) else
                f"restore its step with inshrink series restore {directory} --step N -o OUT")
         raise UsageError(f"{path} is a delta{against} in a checkpoint series: {how}")
+    return infos
 
 
 def cmd_info(args, started: float) -> int:

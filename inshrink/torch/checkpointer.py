@@ -22,7 +22,7 @@ from .budget import EPSILON_FLOOR, LATE_LR, Budget, run_length
 from .convert import to_torch
 from .gradients import GradientEMA
 from .quality import CRITERIA, quality_from
-from .state import MODEL, load_state, state_to_numpy
+from .state import MODEL, load_state, require_module, require_optimizer, state_to_numpy
 from .training import TRAINING, TRAINING_METADATA, capture, check_extra, decode
 
 __all__ = ["Checkpointer", "SEARCH_METADATA", "PEAK_LR_METADATA", "TRAINING_METADATA"]
@@ -226,8 +226,7 @@ class Checkpointer:
                  threads: int | None = None, rng: bool = True, async_: bool = False,
                  keep_last: int | None = None, sharded: bool | None = None,
                  total_steps: int | None = None) -> None:
-        if not isinstance(model, torch.nn.Module):
-            raise InvalidArgumentError("model must be a torch.nn.Module")
+        require_module(model)
         sharded = self._check_training_args(model, optimizer, scheduler, extra, rng, async_,
                                             keep_last, sharded, eval_batches)
         self.scheduler = scheduler
@@ -297,12 +296,8 @@ class Checkpointer:
                              eval_batches: Any) -> bool:
         """Check the arguments of the training state, async and sharded modes; return
         whether the sharded mode applies."""
-        if optimizer is not None and not (callable(getattr(optimizer, "state_dict", None))
-                                          and callable(getattr(optimizer, "load_state_dict",
-                                                               None))
-                                          and hasattr(optimizer, "param_groups")):
-            raise InvalidArgumentError("optimizer must be a torch.optim.Optimizer (with "
-                                       "state_dict(), load_state_dict() and param_groups)")
+        if optimizer is not None:
+            require_optimizer(optimizer)
         if scheduler is not None and not (callable(getattr(scheduler, "state_dict", None))
                                           and callable(getattr(scheduler, "load_state_dict",
                                                                None))):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 
@@ -28,7 +28,7 @@ from ..errors import InvalidArgumentError
 from ..policy import Policy
 from ..tensorfile import TensorInfo
 from .convert import to_numpy, to_torch
-from .state import _META
+from .state import _META, require_module
 
 __all__ = ["save_file", "load_file", "save", "load", "save_model", "load_model"]
 
@@ -196,12 +196,6 @@ def _is_complete(tensor: torch.Tensor) -> bool:
             and tensor.numel() * tensor.element_size() == tensor.untyped_storage().nbytes())
 
 
-def _check_module(model: Any) -> None:
-    if not isinstance(model, torch.nn.Module):
-        raise InvalidArgumentError(f"model must be a torch.nn.Module, got "
-                                   f"{type(model).__name__}")
-
-
 def save_model(model: torch.nn.Module, filename: str | os.PathLike,
                metadata: dict[str, str] | None = None, force_contiguous: bool = True, *,
                policy: Policy | str | None = None,
@@ -213,7 +207,7 @@ def save_model(model: torch.nn.Module, filename: str | os.PathLike,
     ``force_contiguous`` is accepted for compatibility: inshrink always stores values
     contiguously. Other parameters as :func:`save_file`.
     """
-    _check_module(model)
+    require_module(model)
     state = model.state_dict()
     metadata = dict(metadata or {})
     for group in _shared_groups(state):
@@ -243,7 +237,7 @@ def load_model(model: torch.nn.Module, filename: str | os.PathLike, strict: bool
         :class:`InvalidArgumentError` before anything is loaded; so does a tensor whose
         shape differs from the module's, or a module on the meta device, strict or not.
     """
-    _check_module(model)
+    require_module(model)
     state = load_file(filename, device, threads=threads)
     own = model.state_dict()
     for name in sorted(set(state) & set(own)):

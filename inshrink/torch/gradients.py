@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidArgumentError
-from .state import MODEL
+from .state import MODEL, require_module
 
 __all__ = ["GradientEMA"]
 
@@ -44,8 +44,7 @@ class GradientEMA:
     def __init__(self, model: torch.nn.Module, beta: float = 0.9, *, auto: bool = True,
                  active: bool = True, window: int | None = None,
                  squares: bool = False) -> None:
-        if not isinstance(model, torch.nn.Module):
-            raise InvalidArgumentError("model must be a torch.nn.Module")
+        require_module(model)
         if not (isinstance(beta, (int, float)) and 0 < beta <= 1):
             raise InvalidArgumentError("beta must be in (0, 1]")
         if window is not None and (type(window) is not int or window < 1):

@@ -13,7 +13,7 @@ from torch.func import functional_call
 from ..errors import InvalidArgumentError
 from ..search import Quality
 from .convert import to_torch
-from .state import MODEL, names_list
+from .state import MODEL, names_list, require_module
 
 __all__ = ["CRITERIA", "quality_from"]
 
@@ -181,8 +181,7 @@ def quality_from(model: torch.nn.Module, batches: Sequence[tuple[Any, Any]],
     callable
         ``quality(state) -> float``; tensors ``state`` lacks keep the live model's values.
     """
-    if not isinstance(model, torch.nn.Module):
-        raise InvalidArgumentError("model must be a torch.nn.Module")
+    require_module(model)
     if loss_fn is not None and metric is not None:
         raise InvalidArgumentError("give either loss_fn or metric, not both")
     if criterion not in CRITERIA:

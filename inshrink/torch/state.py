@@ -139,15 +139,30 @@ def _check_optimizer(optimizer: torch.optim.Optimizer, state_dict: dict) -> None
 
 # -- model and optimizer state -------------------------------------------------------------
 
+def require_module(model: Any) -> None:
+    """InvalidArgumentError unless ``model`` is a ``torch.nn.Module``."""
+    if not isinstance(model, torch.nn.Module):
+        raise InvalidArgumentError(f"model must be a torch.nn.Module, got "
+                                   f"{type(model).__name__}")
+
+
+def require_optimizer(optimizer: Any) -> None:
+    """InvalidArgumentError unless ``optimizer`` reads and writes its state as a
+    ``torch.optim.Optimizer`` does."""
+    if not (callable(getattr(optimizer, "state_dict", None))
+            and callable(getattr(optimizer, "load_state_dict", None))
+            and hasattr(optimizer, "param_groups")):
+        raise InvalidArgumentError(f"optimizer must be a torch.optim.Optimizer (with "
+                                   f"state_dict(), load_state_dict() and param_groups), got "
+                                   f"{type(optimizer).__name__}")
+
+
 def _check_objects(model: Any, optimizer: Any) -> None:
     """A model and an optimizer of the types the state functions read (or None)."""
-    if model is not None and not isinstance(model, torch.nn.Module):
-        raise InvalidArgumentError(f"model must be a torch.nn.Module or None, got "
-                                   f"{type(model).__name__}")
-    if optimizer is not None and not (callable(getattr(optimizer, "state_dict", None))
-                                      and callable(getattr(optimizer, "load_state_dict", None))):
-        raise InvalidArgumentError(f"optimizer must be a torch.optim.Optimizer or None, got "
-                                   f"{type(optimizer).__name__}")
+    if model is not None:
+        require_module(model)
+    if optimizer is not None:
+        require_optimizer(optimizer)
 
 
 def state_to_numpy(model: torch.nn.Module | None = None,
