@@ -43,7 +43,7 @@ METHODS = ("fs", "fs+zstd", "ink", "ink-balanced")
 
 def writer(method: str, path: str):
     import torch.distributed.checkpoint as dcp
-    from inshrink.dcp import InkStorageWriter
+    from inshrink.dcp.storage import InkStorageWriter
     if method == "fs":
         return dcp.FileSystemWriter(path)
     if method == "fs+zstd":
@@ -55,7 +55,7 @@ def writer(method: str, path: str):
 
 def reader(method: str, path: str):
     import torch.distributed.checkpoint as dcp
-    from inshrink.dcp import InkStorageReader
+    from inshrink.dcp.storage import InkStorageReader
     if method.startswith("fs"):
         return dcp.FileSystemReader(path)
     return InkStorageReader(path, threads=1)
@@ -165,7 +165,7 @@ def series_run(rank: int, world: int, root: str, model, optim, args) -> dict:
     with FileSystemWriter (one directory per step) and into an InkSeries per policy (older
     steps rewritten as deltas); then restore each series' newest and oldest step."""
     import torch.distributed.checkpoint as dcp
-    from inshrink.dcp_series import InkSeries
+    from inshrink.dcp.series import InkSeries
     policies = [None] + [p for p in args.series_policies.split(",") if p]
     series = {"ink-series" if p is None else f"ink-series-{p}": InkSeries(
         os.path.join(root, "series", "ink" if p is None else p), policy=p,

@@ -13,8 +13,8 @@ import tracemalloc
 
 import torch
 import torch.distributed.checkpoint as dcp
-import inshrink.dcp_series as module
-from inshrink.dcp_series import InkSeries
+import inshrink.dcp.series as module
+from inshrink.dcp.series import InkSeries
 
 def kib(field):
     for line in open("/proc/self/status"):

@@ -305,7 +305,7 @@ class InshrinkMethod(Method):
         else:
             kwargs["loss_fn"] = task.loss_fn
         if policy is not None:  # no search: weights lossless, the moments as given
-            from inshrink.policy import Policy, QuantConfig
+            from inshrink.encode.policy import Policy, QuantConfig
             for key in ("eval_batches", "metric", "loss_fn"):
                 kwargs.pop(key, None)
             kwargs["policy"] = Policy({role: QuantConfig(**kw) for role, kw in policy.items()
@@ -535,7 +535,7 @@ def run_with_floor(model_name: str, run_name: str, spec: dict, args, ref: dict |
     ``epsilon_floor`` meanwhile (a study of the bound at the end of the schedule)."""
     if "epsilon_floor" not in spec:
         return run_one(model_name, run_name, spec, args, ref)
-    from inshrink.torch import budget
+    from inshrink.checkpointing import budget
     saved, budget.EPSILON_FLOOR = budget.EPSILON_FLOOR, spec["epsilon_floor"]
     try:
         return run_one(model_name, run_name, spec, args, ref)

@@ -366,7 +366,7 @@ def main() -> None:
         return
     policy = args.policy
     if args.moment_bins:
-        roles = dict(inshrink.policy.resolve(policy).roles)
+        roles = dict(inshrink.encode.policy.resolve(policy).roles)
         for role in ("exp_avg", "exp_avg_sq"):
             roles[role] = dataclasses.replace(roles[role], bins=args.moment_bins)
         policy = inshrink.Policy(roles)

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 WORKER = r"""
 import glob, hashlib, json, os, sys
 import inshrink
-from inshrink.policy import PRESETS
+from inshrink.encode.policy import PRESETS
 from safetensors.numpy import load_file
 
 def digest(path):

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if inshrink is None:
         raise SystemExit(f"inshrink not importable: {_why}")
-    from inshrink.policy import Policy, QuantConfig
+    from inshrink.encode.policy import Policy, QuantConfig
     task, snapshot = fm.trained("lm", args.seed, args.step, after=args.steps_after)
     print(f"lm seed {args.seed}: restore after step {args.step}, "
           f"{args.steps_after} steps on; head std before {snapshot[0]['head.weight'].std():.4f}")

@@ -48,7 +48,7 @@ inshrink, _why = common.import_inshrink()
 def quantized(state: dict, bins_by_name: dict, workdir: str, prune: float = 0.0) -> dict:
     """``state`` saved with the given bins per tensor (protect 0.0005, ``prune`` of each
     tensor's smallest entries set to zero) and loaded back."""
-    from inshrink.policy import Policy, QuantConfig
+    from inshrink.encode.policy import Policy, QuantConfig
     tensors = {n: QuantConfig(bins=b, prune=prune, protect=0.0005)
                for n, b in bins_by_name.items()}
     path = os.path.join(workdir, "restore.ink")
@@ -78,7 +78,7 @@ UPDATE_ARMS = {"u2": dict(bins=2, domain="signed_log"), "u4": dict(bins=4, domai
 
 def restore_update_direction(optimizer, config: dict, workdir: str) -> None:
     """Replace each Adam first moment by the one its quantized update direction implies."""
-    from inshrink.policy import Policy, QuantConfig
+    from inshrink.encode.policy import Policy, QuantConfig
     directions, scales = {}, {}
     for index, group in enumerate(optimizer.param_groups):
         for n, param in enumerate(group["params"]):
@@ -100,7 +100,7 @@ def restore_update_direction(optimizer, config: dict, workdir: str) -> None:
 def restore_moments(optimizer, levels: tuple, workdir: str) -> None:
     """Replace the optimizer's moments by their quantized copies (the search space's default
     configurations for these roles, with the given levels)."""
-    from inshrink.policy import Policy, QuantConfig
+    from inshrink.encode.policy import Policy, QuantConfig
     from inshrink.torch import load_state, state_to_numpy
     tensors, metadata = state_to_numpy(None, optimizer)
     roles = {role: QuantConfig(**kw) for role, kw in zip(("exp_avg", "exp_avg_sq"), levels)

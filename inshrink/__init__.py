@@ -10,10 +10,10 @@ from .api import load, open, save
 from .errors import (BaseMismatchError, ChecksumError, CorruptError, InshrinkError, InvalidArgumentError,
                      LimitExceededError, SeriesLockedError, TensorNotFoundError, TruncatedError,
                      UnknownCodecError, UnsupportedFeatureError, UnsupportedVersionError)
-from .policy import PRESETS, Policy, QuantConfig
+from .encode.policy import PRESETS, Policy, QuantConfig
 from .search import Choice, Search, SearchResult, SearchSpace
-from .series import Series
-from .tensorfile import File, TensorInfo, Writer
+from .series.series import Series
+from .io.tensorfile import File, TensorInfo, Writer
 
 __version__ = "0.1.0"
 

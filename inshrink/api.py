@@ -8,8 +8,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from .errors import InvalidArgumentError
-from .policy import Policy
-from .tensorfile import File, Progress, TensorInfo, Writer
+from .encode.policy import Policy
+from .io.tensorfile import File, Progress, TensorInfo, Writer
 
 
 def save(path: str | os.PathLike, tensors: Mapping[str, Any],

@@ -24,7 +24,7 @@ from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray, ndarray_copy
 
 from inshrink import dtypes
-from inshrink.codecs import array
+from inshrink.io import frame as array
 from inshrink.codecs.entropy import check_level
 from inshrink.errors import InvalidArgumentError, LimitExceededError
 

@@ -1,5 +1,5 @@
-"""Former home of :mod:`inshrink.torch`'s file calls; they live in :mod:`inshrink.torch.files`
-and are re-exported by :mod:`inshrink.torch`."""
-from .torch.files import load, load_file, load_model, save, save_file, save_model
+"""Deprecated: moved to :mod:`inshrink.torch.files`, re-exported by :mod:`inshrink.torch`
+(see CHANGELOG.md)."""
+from ._moved import moved
 
-__all__ = ["save_file", "load_file", "save", "load", "save_model", "load_model"]
+__getattr__ = moved("inshrink.torch_files", "inshrink.torch.files")

@@ -33,7 +33,7 @@ from zarr.core.dtype import data_type_registry
 from zarr.core.dtype.common import DataTypeValidationError
 from zarr.core.dtype.npy.float import BaseFloat
 
-from inshrink.codecs import array
+from inshrink.io import frame as array
 from inshrink.errors import CorruptError, InvalidArgumentError
 from inshrink.numcodecs import Inshrink, InshrinkQuant, _as_elements
 

@@ -149,7 +149,7 @@ def warm_up(directory) -> None:
     import torch.distributed.fsdp  # noqa: F401
 
     import inshrink
-    import inshrink.torch.sharded
+    import inshrink.dcp.sharded as sharded
     warm = os.path.join(directory, ".warm.ink")
     gen = np.random.default_rng(0)
     inshrink.save(warm, {"w.weight": gen.standard_normal((64, 64), np.float32),

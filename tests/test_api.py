@@ -248,7 +248,7 @@ def test_writer_checks_the_base_reference(tmp_path):
 
 def test_presets_cannot_be_replaced_or_added():
     import pytest
-    from inshrink.policy import PRESETS
+    from inshrink.encode.policy import PRESETS
     with pytest.raises(TypeError):
         PRESETS["balanced"] = PRESETS["lossless"]
     with pytest.raises(TypeError):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from inshrink import errors
-from inshrink.codecs import array
+from inshrink.io import frame as array
 
 
 def _weights(n: int = 20_000, seed: int = 0) -> np.ndarray:

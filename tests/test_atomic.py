@@ -164,7 +164,7 @@ def test_real_full_disk_library_and_cli(tmp_path, small_disk):
 
 
 def test_real_full_disk_series(small_disk):
-    from inshrink.series import Series
+    from inshrink.series.series import Series
     series = Series(small_disk / "s")
     small = {"w": np.arange(1000, dtype=np.float32)}
     series.save(0, small)

@@ -15,7 +15,7 @@ import torch
 from helpers import fully_sharded, run_scenario, scenario_main
 
 from inshrink import errors
-from inshrink.dcp import describe
+from inshrink.dcp.storage import describe
 from inshrink.torch import Checkpointer
 
 HERE = os.path.abspath(__file__)
@@ -87,7 +87,7 @@ def test_stored_values_are_unpickled_as_plain_data_only(capsys):
     import pickle
     from types import SimpleNamespace
 
-    from inshrink.torch.sharded import _SafeLoadPlanner
+    from inshrink.dcp.sharded import _SafeLoadPlanner
     planner = _SafeLoadPlanner(flatten_state_dict=False)
     planner.state_dict = {}
     item = SimpleNamespace(dest_index=SimpleNamespace(fqn="optim.param_groups.0.lr"))
@@ -145,7 +145,7 @@ def _write(directory, name, rank, doc):
 
 def _first(rank, world, directory):
     """Train with async saves (the writer slowed down), then go on uninterrupted."""
-    from inshrink.dcp import InkStorageWriter
+    from inshrink.dcp.storage import InkStorageWriter
     model, optim, sched = _sharded(world, seed=0)
     torch.manual_seed(100 + rank)  # each rank its own batches and dropout
     counter = Counter()
@@ -194,7 +194,7 @@ def _second(rank, world, directory):
     ckpt.save(6)  # synchronous, lossy
     losses += _train(model, optim, sched, counter, 2)
     # rank 1 fails to write step 7: every rank raises it, nothing is committed
-    from inshrink.dcp import InkStorageWriter
+    from inshrink.dcp.storage import InkStorageWriter
     original = InkStorageWriter.write_data
 
     def failing(self, plan, planner):
@@ -249,7 +249,7 @@ def test_a_commit_removes_older_saves_that_never_committed(tmp_path, keep_last):
     the same step was saved again)."""
     from types import SimpleNamespace
 
-    from inshrink.torch.sharded import METADATA_FILE, ShardedCheckpoints, step_directory
+    from inshrink.dcp.sharded import METADATA_FILE, ShardedCheckpoints, step_directory
     for step, committed in [(1, True), (2, False), (3, True), (4, False), (5, True),
                             (6, False)]:
         path = tmp_path / step_directory(step)

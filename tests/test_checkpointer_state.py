@@ -12,9 +12,9 @@ from torch import nn
 
 import inshrink
 from inshrink import errors
-from inshrink.series import Series
+from inshrink.series.series import Series
 from inshrink.torch import Checkpointer, to_numpy
-from inshrink.torch.checkpointer import TRAINING_METADATA
+from inshrink.checkpointing.checkpointer import TRAINING_METADATA
 from inshrink.torch.training import capture, decode
 
 torch.set_num_threads(1)

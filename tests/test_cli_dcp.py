@@ -12,7 +12,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 
 import inshrink
-from inshrink.dcp import InkStorageWriter
+from inshrink.dcp.storage import InkStorageWriter
 from test_cli import ROOT, run
 from test_cli_json import FILE_KEYS, KEYS, TENSOR_KEYS
 

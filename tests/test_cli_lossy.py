@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from inshrink.policy import PRESETS
+from inshrink.encode.policy import PRESETS
 from test_cli import run
 
 

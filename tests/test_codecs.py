@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 from helpers import ALL_DTYPES, random_bits
 import inshrink
 from inshrink import errors
-from inshrink.codecs import array, delta, quantize
+from inshrink.io import frame as array
+from inshrink.codecs import delta
+from inshrink.encode import quantize
 from inshrink.codecs.chain import Pipeline, for_new_tensor
 from inshrink.codecs.entropy import Entropy
 from inshrink.codecs.factored import Factored

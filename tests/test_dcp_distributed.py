@@ -16,7 +16,7 @@ from helpers import fully_sharded, run_ranks, run_scenario, scenario_main
 
 import inshrink
 from inshrink import errors
-from inshrink.dcp import InkStorageReader, InkStorageWriter, describe
+from inshrink.dcp.storage import InkStorageReader, InkStorageWriter, describe
 
 HERE = os.path.abspath(__file__)
 TIMEOUT = 60
@@ -66,7 +66,7 @@ def test_fsdp2_saved_by_2_ranks_loads_bit_exact_into_1_2_and_3(tmp_path):
     assert len({row["file"] for row in weight}) == 2
     assert all(row["error"] is None for row in rows)  # lossless
     # joined into one unsharded file: the reference, bit for bit
-    from inshrink.dcp import consolidate, verify
+    from inshrink.dcp.storage import consolidate, verify
     assert verify(tmp_path / "ckpt") == rows
     consolidate(tmp_path / "ckpt", tmp_path / "full.ink")
     with inshrink.open(tmp_path / "full.ink") as f:
@@ -96,7 +96,7 @@ def test_fsdp2_async_and_lossy_saved_by_3_ranks_load_into_2(tmp_path):
                         if fqn == f"model.{key}"]
         assert 0 < error <= max(shard_errors)
     # resharded, the lossy checkpoint gives exactly the values it stores
-    from inshrink.dcp import consolidate
+    from inshrink.dcp.storage import consolidate
     consolidate(tmp_path / "lossy", tmp_path / "lossy.ink")
     with inshrink.open(tmp_path / "lossy.ink") as f:
         weight = lossy_loaded["model"]["0.weight"]
@@ -308,7 +308,7 @@ def _rank_fails(rank, world, directory):
 def _rank_killed(rank, world, directory):
     import torch.distributed.checkpoint as dcp
 
-    from inshrink.tensorfile import Writer
+    from inshrink.io.tensorfile import Writer
     model, optim, sched = _sharded(world, seed=0)
     _train(model, optim, sched, 1)
     state = _state(model, optim, sched, 1)

@@ -1,4 +1,4 @@
-"""inshrink.dcp_series: series of sharded DCP checkpoints stored as per-rank deltas.
+"""inshrink.dcp.series: series of sharded DCP checkpoints stored as per-rank deltas.
 
 The multi-process tests run this file as a script (a fresh interpreter) that forks the ranks
 of each process group (FSDP2 on CPU with gloo; tests/helpers.py); the test then checks what
@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 import inshrink
 from inshrink import errors
-from inshrink.dcp_series import MANIFEST, InkSeries, decode_manifest
+from inshrink.dcp.series import MANIFEST, InkSeries, decode_manifest
 
 HERE = os.path.abspath(__file__)
 TIMEOUT = 120
@@ -281,10 +281,10 @@ def test_the_previous_file_is_rewritten_one_tensor_at_a_time_into_the_same_bytes
     import hashlib
     import tracemalloc
 
-    import inshrink.dcp_series as module
+    import inshrink.dcp.series as module
     from inshrink import digest
-    from inshrink.rebase import write_delta
-    from inshrink.tensorfile import File
+    from inshrink.io.rebase import write_delta
+    from inshrink.io.tensorfile import File
     gen = torch.Generator().manual_seed(0)
     series = InkSeries(tmp_path / "run", policy="balanced", threads=1)
     state = {"model": {f"w{i}": torch.randn(128, 1024, generator=gen) for i in range(8)},
@@ -331,7 +331,7 @@ def test_the_previous_file_is_rewritten_one_tensor_at_a_time_into_the_same_bytes
 def test_a_failed_rewrite_keeps_the_previous_manifest(tmp_path, monkeypatch):
     series, states = _saved_series(tmp_path, steps=2)
     before = (tmp_path / "run" / MANIFEST).read_bytes()
-    import inshrink.dcp_series as module
+    import inshrink.dcp.series as module
 
     def fail(*args, **kwargs):
         raise OSError(28, "no space left")
@@ -393,7 +393,7 @@ def _failure(excinfo):
 def test_a_second_writer_is_refused_while_a_save_runs(tmp_path, monkeypatch):
     import pickle
 
-    import inshrink.dcp_series as module
+    import inshrink.dcp.series as module
     series, states = _saved_series(tmp_path, steps=1)
     run = tmp_path / "run"
     before = (run / MANIFEST).read_bytes()
@@ -538,7 +538,7 @@ def test_every_manifest_rule_is_checked_with_its_id_and_error(tmp_path, monkeypa
             decode_manifest(text, f"run/{MANIFEST}")
         assert type(excinfo.value) is error, (rule, excinfo.value)
         checked.add(rule)
-    import inshrink.dcp_series as module
+    import inshrink.dcp.series as module
     monkeypatch.setattr(module, "MAX_MANIFEST_BYTES", len(raw) - 1)
     with pytest.raises(errors.LimitExceededError, match=r"^\[M-1\] "):
         decode_manifest(raw)
@@ -607,7 +607,7 @@ def _killed(rank, world, directory):
         base._train(model, optim, sched, 1, seed=step)
         _save_step(rank, world, directory, model, optim, sched, step, (series,))
     if rank == 1:  # dies while rewriting its file of step 2, its file of step 3 written
-        import inshrink.dcp_series as module
+        import inshrink.dcp.series as module
 
         def die(*args, **kwargs):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -648,7 +648,7 @@ _HELD = []
 
 def _hold(directory):
     """A job whose save of step 2 failed once its ranks wrote: it keeps the lock."""
-    import inshrink.dcp_series as module
+    import inshrink.dcp.series as module
     series = InkSeries(os.path.join(directory, "run"), threads=1)
     dcp.save({"r0": torch.zeros(16)}, storage_writer=series.writer(1), no_dist=True)
     write_delta, module.write_delta = module.write_delta, None  # not callable: fails

@@ -6,7 +6,7 @@ import pytest
 
 import inshrink
 from inshrink import dtypes, errors
-from inshrink.policy import Policy, QuantConfig
+from inshrink.encode.policy import Policy, QuantConfig
 
 F32 = dtypes.BY_NAME["F32"]
 POLICY = Policy.uniform(QuantConfig(bins=16, protect=0.001))

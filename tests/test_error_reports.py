@@ -7,7 +7,7 @@ import pytest
 
 import inshrink
 from inshrink import Policy, QuantConfig
-from inshrink.codecs import array
+from inshrink.io import frame as array
 
 
 def _rel_l2(x: np.ndarray, y: np.ndarray) -> float:

@@ -13,7 +13,7 @@ import inshrink
 from inshrink import errors
 from inshrink.codecs.factored import Factored
 from inshrink.dtypes import by_name
-from inshrink.policy import Policy, QuantConfig
+from inshrink.encode.policy import Policy, QuantConfig
 
 FACTORED = Policy({"exp_avg_sq": QuantConfig(bins=2, domain="factored")})
 NAME = "optimizer.state.0.exp_avg_sq"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import inshrink
-from inshrink import tensorfile
+from inshrink.io import tensorfile
 
 
 def _slow_after_first_chunk(monkeypatch) -> None:

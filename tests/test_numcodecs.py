@@ -17,7 +17,7 @@ from numcodecs.tests.common import (check_backwards_compatibility, check_config,
                                     check_err_encode_object_buffer, check_repr)
 
 from inshrink import errors  # noqa: E402
-from inshrink.codecs import array  # noqa: E402
+from inshrink.io import frame as array
 from inshrink.numcodecs import Inshrink, InshrinkQuant  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent / "data" / "numcodecs"

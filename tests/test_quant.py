@@ -11,7 +11,7 @@ from hypothesis.extra import numpy as hnp
 import inshrink
 from inshrink import errors
 from inshrink.errors import InvalidArgumentError
-from inshrink.policy import Policy, QuantConfig, role_of
+from inshrink.encode.policy import Policy, QuantConfig, role_of
 
 
 def save_load(tmp_path, tensors, policy, **kwargs):
@@ -400,7 +400,7 @@ def _thresholds_over_every_bucket(sketch, config):
        prune=st.sampled_from([0.0, 0.1, 0.5, 0.7]),
        protect=st.sampled_from([0.0, 0.0005, 0.01, 0.29]))
 def test_thresholds_match_the_every_bucket_definition(values, prune, protect):
-    from inshrink.codecs import quantize
+    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     sketch = quantize.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
     sketch.add(np.ascontiguousarray(values))
@@ -410,7 +410,7 @@ def test_thresholds_match_the_every_bucket_definition(values, prune, protect):
 
 
 def test_overrides_of_the_wrong_length_are_refused_before_the_kernel():
-    from inshrink.codecs import quantize
+    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
     sketch = quantize.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
@@ -423,7 +423,7 @@ def test_overrides_of_the_wrong_length_are_refused_before_the_kernel():
 
 
 def test_the_sketch_fit_scans_only_the_occupied_buckets_and_agrees_with_every_bucket():
-    from inshrink.codecs import quantize
+    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     x = np.random.default_rng(1).lognormal(-8, 2, 5000).astype(np.float32)
     x[::3] *= -1
@@ -442,7 +442,7 @@ def test_the_sketch_fit_scans_only_the_occupied_buckets_and_agrees_with_every_bu
 def test_every_way_of_ranking_a_chunk_gives_the_codes_of_assign_codes(domain, prune, work):
     """Short chunks are searched in numpy, long float32 ones take the rank table, long
     float64 ones are counted: all three agree with the reference kernels."""
-    from inshrink.codecs import quantize
+    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     dtype = BY_NAME["F64" if work == np.float64 else "F32"]
     rng = np.random.default_rng(5)
@@ -508,7 +508,7 @@ def test_short_chunks_ranked_by_the_kernel_are_quantized_as_by_numpys_search(mon
                                                                              work, bins):
     # once a process has ranked enough short chunks with numpy, rank_chunk ranks them: the
     # same codes (escaped ones included: NaN, inf, protected, forced), escapes and error
-    from inshrink.codecs import quantize
+    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     dtype = BY_NAME["F32" if work is np.float32 else "F64"]
     rng = np.random.default_rng(bins)
@@ -534,7 +534,7 @@ def test_short_chunks_ranked_by_the_kernel_are_quantized_as_by_numpys_search(mon
 
 
 def test_short_chunks_are_ranked_by_the_kernel_once_a_process_has_ranked_enough(monkeypatch):
-    from inshrink.codecs import quantize
+    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     calls = []
     real = quantize.kernels.rank_chunk
@@ -561,7 +561,7 @@ def test_short_chunks_are_ranked_by_the_kernel_once_a_process_has_ranked_enough(
 
 
 def test_fits_use_the_kernel_once_a_process_has_fitted_enough_tensors(monkeypatch):
-    from inshrink.codecs import quantize
+    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     calls = []
     for name in ("_fit_kernel", "_fit_reference"):
@@ -582,7 +582,7 @@ def test_fits_use_the_kernel_once_a_process_has_fitted_enough_tensors(monkeypatc
 @pytest.mark.parametrize("bins", [1, 16, 64, 1024])
 def test_bucket_centers_from_the_table_are_computed_ones(name, bins):
     """Small sketches look their bucket centers up in a table made once: the same values."""
-    from inshrink.codecs import quantize
+    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     dtype = BY_NAME[name]
     sketch = quantize.Sketch.for_dtype(dtype, QuantConfig().alpha, bins)
@@ -596,7 +596,7 @@ def test_bucket_centers_from_the_table_are_computed_ones(name, bins):
 
 
 def test_a_released_sketch_gives_its_zeroed_counts_to_the_next_one():
-    from inshrink.codecs import quantize
+    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     rng = np.random.default_rng(2)
     first = quantize.Sketch.for_dtype(BY_NAME["F32"], 0.005, 16)
@@ -625,7 +625,7 @@ def test_a_released_sketch_gives_its_zeroed_counts_to_the_next_one():
        dtype=st.sampled_from(["F32", "BF16"]), zero_level=st.booleans())
 def test_the_fit_kernel_gives_the_levels_of_the_numpy_fit(values, bins, domain, prune, protect,
                                                           dtype, zero_level):
-    from inshrink.codecs import quantize
+    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     sketch = quantize.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, max(bins, 1))
     sketch.add(np.ascontiguousarray(values))
@@ -642,7 +642,7 @@ def test_the_fit_kernel_gives_the_levels_of_the_numpy_fit(values, bins, domain, 
 def test_chunks_quantized_on_one_thread_keep_their_own_escapes(name):
     # the kernel's position and scratch arrays (and a bfloat16 chunk's float32 values) are
     # reused per thread: what a chunk returns must not change when the next one is quantized
-    from inshrink.codecs import quantize
+    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     dtype = BY_NAME[name]
     rng = np.random.default_rng(3)
@@ -668,7 +668,7 @@ def test_the_levels_and_boundaries_of_few_centroids_made_on_a_list_are_numpys(mo
     # values, every dtype, domain and zero-level setting)
     from types import SimpleNamespace
 
-    from inshrink.codecs import quantize
+    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     rng = np.random.default_rng(7)
     specials = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-310, -1e-310, 1e300, -1e300, 1e-45,

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from inshrink.codecs import quantize
-from inshrink.codecs.quantize import rank_table
+from inshrink.encode import quantize
+from inshrink.encode.quantize import rank_table
 from inshrink.kernels import quant
 
 FLOAT_TYPES = [np.float32, np.float64]

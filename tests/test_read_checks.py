@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import inshrink
-from inshrink import tensorfile
+from inshrink.io import tensorfile
 from inshrink.container import layout
 from inshrink.errors import ChecksumError, CorruptError, TruncatedError
 

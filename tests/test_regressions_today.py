@@ -94,7 +94,7 @@ def test_decompress_of_a_tree_holding_another_programs_manifest_json(tmp_path):
 
 def test_decompress_of_a_series_still_points_to_series_restore(tmp_path):
     import numpy as np
-    from inshrink.series import Series
+    from inshrink.series.series import Series
     series = Series(tmp_path / "ser")
     series.save(1, {"w": np.zeros(4, np.float32)})
     done = _cli("decompress", "ser", cwd=tmp_path)
@@ -107,8 +107,8 @@ def test_importance_scores_of_a_numpy_dtype_inshrink_does_not_store():
     import numpy as np
 
     import inshrink
-    from inshrink.encoder import overrides
-    from inshrink.policy import QuantConfig
+    from inshrink.encode.tensor import overrides
+    from inshrink.encode.policy import QuantConfig
     scores = np.linspace(0, 1, 64, dtype=np.longdouble)
     config = QuantConfig(bins=16, prune=0.25, prune_metric="sensitivity")
     assert overrides(scores, config, 64) is not None

@@ -1,4 +1,4 @@
-"""inshrink.report and `inshrink series report`: per-step records from the manifest and each
+"""inshrink.series.report and `inshrink series report`: per-step records from the manifest and each
 file's index, a text table, --json, and a PNG drawn with matplotlib."""
 import json
 import os
@@ -10,9 +10,9 @@ import pytest
 
 import inshrink
 from inshrink import errors
-from inshrink.report import SEARCH_FIELDS, plot_series, search_summary, series_report
-from inshrink.series import SEARCH_KEY
-from inshrink.tensorfile import File
+from inshrink.series.report import SEARCH_FIELDS, plot_series, search_summary, series_report
+from inshrink.series.series import SEARCH_KEY
+from inshrink.io.tensorfile import File
 from test_cli import ROOT, run
 from test_cli_json import FILE_KEYS, KEYS, SERIES_KEYS
 

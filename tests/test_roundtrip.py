@@ -254,7 +254,7 @@ def test_property_tiny_tensor_layout_is_never_larger(tmp_path_factory, arr):
     tensors = {"x": arr, "y": np.ascontiguousarray(np.flip(arr))}
     inshrink.save(d / "chosen.ink", tensors)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(inshrink.tensorfile, "TINY_TENSOR_BYTES", 0)
+        mp.setattr(inshrink.io.tensorfile, "TINY_TENSOR_BYTES", 0)
         inshrink.save(d / "planes.ink", tensors)
     assert (d / "chosen.ink").stat().st_size <= (d / "planes.ink").stat().st_size
     back = inshrink.load(d / "chosen.ink")
@@ -401,7 +401,7 @@ def test_a_second_save_fills_the_same_plane_buffers(tmp_path, monkeypatch):
 
     from inshrink.codecs import lossless
     pool = lossless.PlanePool(keep_bytes=8 << 20)
-    monkeypatch.setattr("inshrink.tensorfile.PLANES", pool)
+    monkeypatch.setattr("inshrink.io.tensorfile.PLANES", pool)
     allocated = []  # sizes of the buffers lossless.py allocates
 
     def empty(shape, dtype=float):

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import inshrink
 from inshrink.errors import CorruptError, InvalidArgumentError
-from inshrink.policy import role_of
+from inshrink.encode.policy import role_of
 from inshrink.search import MAX_SHIFT_BITS, Choice, Evaluator, Search, SearchSpace, allocation
 from inshrink.search.roundtrip import Roundtrip
 

@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import inshrink
 from inshrink import errors
-from inshrink.series import Series
+from inshrink.series.series import Series
 
 
 def trajectory(n, seed=0):
@@ -118,7 +118,7 @@ def test_a_swapped_base_is_detected_by_content(tmp_path):
     # a newest file that is valid but holds other data, with the manifest updated to match:
     # file checks pass, the decode digest recorded in the older delta does not
     inshrink.save(tmp_path / "s" / "step_000000000002.ink", states[0])
-    from inshrink.series import file_sha256
+    from inshrink.series.series import file_sha256
     import json
     manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
     manifest["checkpoints"][2]["sha256"] = file_sha256(str(tmp_path / "s" /
@@ -365,7 +365,7 @@ def test_delta_files_verify_on_their_own(tmp_path):
 def test_writer_with_a_base_writes_what_the_series_rewrite_writes(tmp_path):
     """One delta implementation: Writer(base=...) is the whole file rewritten by
     rebase.write_delta, byte for byte, with the code delta and the XOR where they gain."""
-    from inshrink.rebase import write_delta
+    from inshrink.io.rebase import write_delta
     policy = inshrink.Policy(overrides={"model.w": inshrink.QuantConfig(bins=16)})
     old, new = trajectory(2)
     old["model.x"] = new["model.x"] = np.arange(64, dtype=np.float32)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from inshrink import errors
-from inshrink.series import Series
+from inshrink.series.series import Series
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

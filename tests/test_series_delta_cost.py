@@ -8,9 +8,9 @@ import pytest
 
 import inshrink
 from inshrink import digest
-from inshrink import series as series_module
-from inshrink.rebase import Decoded, write_delta
-from inshrink.series import Series, checkpoint_file
+from inshrink.series import series as series_module
+from inshrink.io.rebase import Decoded, write_delta
+from inshrink.series.series import Series, checkpoint_file
 
 POLICY = inshrink.Policy(overrides={
     "model.w": inshrink.QuantConfig(bins=16),   # drifts: its code delta is kept

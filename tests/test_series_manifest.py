@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inshrink import errors, series as series_module
-from inshrink.series import Series
+from inshrink import errors
+from inshrink.series import series as series_module
+from inshrink.series.series import Series
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DELTA, WHOLE = "step_000000000000.d.ink", "step_000000000001.ink"

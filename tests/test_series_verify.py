@@ -8,7 +8,7 @@ import pytest
 
 import inshrink
 from inshrink.search import Search, SearchSpace
-from inshrink.series import Series
+from inshrink.series.series import Series
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

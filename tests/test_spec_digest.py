@@ -13,7 +13,7 @@ import pytest
 
 import inshrink
 from inshrink import digest, errors
-from inshrink.series import Series
+from inshrink.series.series import Series
 
 SPEC = (Path(__file__).resolve().parent.parent / "spec" / "FORMAT.md").read_text("utf-8")
 DTYPE_NAMES = {np.dtype(np.float32): "F32", np.dtype(ml_dtypes.bfloat16): "BF16",

@@ -2,7 +2,7 @@
 import pytest
 
 from inshrink import strict_json
-from inshrink.codecs import array
+from inshrink.io import frame as array
 
 
 @pytest.mark.parametrize("text", ['{"a": 1, "a": 2}', '{"x": {"k": 1, "k": 1}}', '[NaN]',

@@ -13,9 +13,9 @@ from torch import nn
 
 import inshrink
 from inshrink import errors
-from inshrink.policy import role_of
+from inshrink.encode.policy import role_of
 from inshrink.search import SearchSpace
-from inshrink.series import Series
+from inshrink.series.series import Series
 from inshrink.torch import (OPTIMIZER_METADATA, SEARCH_METADATA, Checkpointer, GradientEMA,
                             load_state, quality_from, state_to_numpy)
 
@@ -697,7 +697,7 @@ def test_bad_max_rel_l2(tmp_path, kwargs):
     ("0.002", 0.002), ("None", None), ("nan", None), ("inf", None), ("-1e-3", None),
     ("0", None), (None, None)])
 def test_recorded_peak_learning_rate_is_a_positive_number_or_ignored(value, expected):
-    from inshrink.torch.checkpointer import PEAK_LR_METADATA, _peak_lr
+    from inshrink.checkpointing.checkpointer import PEAK_LR_METADATA, _peak_lr
     metadata = {} if value is None else {PEAK_LR_METADATA: value}
     assert _peak_lr(metadata) == expected
 

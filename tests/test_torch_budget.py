@@ -7,7 +7,7 @@ from torch import nn
 from inshrink import errors
 from inshrink.search import Search, SearchSpace
 from inshrink.torch import Checkpointer
-from inshrink.torch.budget import EPSILON_FLOOR, LATE_LR, Budget, run_length
+from inshrink.checkpointing.budget import EPSILON_FLOOR, LATE_LR, Budget, run_length
 
 torch.set_num_threads(1)
 

@@ -10,7 +10,7 @@ import pytest
 
 import inshrink
 from inshrink import digest, errors
-from inshrink.convert import decompress_to_safetensors
+from inshrink.safetensors import decompress_to_safetensors
 
 VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
 MANIFEST = json.loads((VECTORS / "manifest.json").read_text(encoding="utf-8"))
@@ -242,7 +242,7 @@ def test_array_manifest_is_current_and_lists_every_file():
 @pytest.mark.parametrize("entry", ARRAY_MANIFEST["positive"],
                          ids=_ids(ARRAY_MANIFEST["positive"]))
 def test_array_positive_decodes_and_regenerates(entry):
-    from inshrink.codecs import array as frame
+    from inshrink.io import frame
 
     data = (ARRAY / entry["file"]).read_bytes()
     expected = json.loads((ARRAY / entry["expected"]).read_text(encoding="utf-8"))
@@ -262,7 +262,7 @@ def test_array_positive_decodes_and_regenerates(entry):
 @pytest.mark.parametrize("entry", ARRAY_MANIFEST["negative"],
                          ids=_ids(ARRAY_MANIFEST["negative"]))
 def test_array_negative_raises_exact_error(entry):
-    from inshrink.codecs import array as frame
+    from inshrink.io import frame
 
     vector = next(v for v in make_vectors.ARRAY_NEGATIVE if v.name == entry["name"])
     data = (ARRAY / entry["file"]).read_bytes()

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import inshrink
-from inshrink.tensorfile import Writer
+from inshrink.io.tensorfile import Writer
 
 from inshrink.codecs import entropy
 from inshrink.container import layout
@@ -191,7 +191,7 @@ def test_config_for_resolves_a_config_domain_once():
     # fields again); each equals what replace() gives
     from dataclasses import replace
 
-    from inshrink.policy import DEFAULT_DOMAIN, PRESETS, Policy, QuantConfig
+    from inshrink.encode.policy import DEFAULT_DOMAIN, PRESETS, Policy, QuantConfig
 
     policy = PRESETS["balanced"]
     for role, name in (("weight", "model.w"), ("exp_avg", "opt.0.exp_avg"),
@@ -211,7 +211,7 @@ def test_config_for_still_resolves_once_after_many_other_configs():
     # a process that has resolved hundreds of configs (a search's per-tensor ones, a test
     # suite) still resolves a save's few configs once each: the cache forgets the least
     # recently used ones, it does not stop caching once full
-    from inshrink.policy import PRESETS, Policy, QuantConfig
+    from inshrink.encode.policy import PRESETS, Policy, QuantConfig
 
     for seed in range(600):
         Policy.uniform(QuantConfig(bins=16, seed=seed)).config_for("w", "F32", (64, 64))
@@ -247,7 +247,7 @@ def test_a_tiny_tensor_one_plane_cannot_beat_is_stored_without_its_planes_tried(
                                                                               dtype):
     # one plane that costs less than the planes' least (a record each) is chosen without
     # them encoded: the same file as when both layouts are tried
-    from inshrink import encoder
+    from inshrink.encode import tensor as encoder
     from inshrink.codecs import entropy
 
     calls = []
@@ -272,7 +272,7 @@ def test_a_policy_subclass_of_no_roles_is_still_asked_for_every_tensor(tmp_path)
     # config_for still decides
     from dataclasses import dataclass
 
-    from inshrink.policy import Policy, QuantConfig
+    from inshrink.encode.policy import Policy, QuantConfig
 
     @dataclass(frozen=True)
     class Everything(Policy):
@@ -326,7 +326,7 @@ def test_entry_text_raises_what_json_dumps_raises():
 def test_file_bytes_of_streams_is_what_their_records_take(tmp_path):
     # the tiny-tensor choice's cost of a layout: each stream's record (header, payload,
     # padding to the alignment), payloads as bytes or as raw arrays
-    from inshrink import encoder
+    from inshrink.encode import tensor as encoder
 
     rng = np.random.default_rng(3)
     for sizes in ([0], [1, 31, 32, 33], [64 - 32, 4096, 5000, 7]):

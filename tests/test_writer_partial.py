@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import inshrink
-from inshrink import dtypes, tensorfile
+from inshrink import dtypes
+from inshrink.io import tensorfile
 from inshrink.errors import InvalidArgumentError
 
 F32 = dtypes.BY_NAME["F32"]

@@ -7,7 +7,7 @@ import pytest
 
 import inshrink
 from inshrink import dtypes
-from inshrink.policy import Policy, QuantConfig
+from inshrink.encode.policy import Policy, QuantConfig
 
 from helpers import wait_for_child
 
@@ -121,7 +121,7 @@ def test_a_second_save_of_tensors_of_several_sizes_allocates_no_plane_buffer(
 
     from inshrink.codecs import lossless
     pool = lossless.PlanePool(keep_bytes=8 << 20)
-    monkeypatch.setattr("inshrink.tensorfile.PLANES", pool)
+    monkeypatch.setattr("inshrink.io.tensorfile.PLANES", pool)
     allocated = []
 
     def empty(shape, dtype=float):
@@ -146,7 +146,7 @@ def test_a_second_save_of_tensors_of_several_sizes_allocates_no_plane_buffer(
 def test_the_sketch_pass_of_a_many_chunk_tensor_runs_on_several_threads(tmp_path, monkeypatch):
     import time
 
-    from inshrink.codecs import quantize
+    from inshrink.encode import quantize
     sketchers, add = set(), quantize.Sketch.add
 
     def sketch_add(self, x):
@@ -210,7 +210,7 @@ def test_each_of_the_first_jobs_has_begun_before_the_calling_thread_goes_on(
         tmp_path, monkeypatch):
     # a new pool thread needs the GIL to take its job, which the calling thread would keep
     # while it adds the next tensors; jobs after the first `threads` are not waited for
-    monkeypatch.setattr("inshrink.tensorfile._BEGIN_WAIT_S", 10.0)  # a bound only
+    monkeypatch.setattr("inshrink.io.tensorfile._BEGIN_WAIT_S", 10.0)  # a bound only
     release, began = threading.Event(), []
 
     def job(i):

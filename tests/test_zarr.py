@@ -12,7 +12,7 @@ zarr = pytest.importorskip("zarr")  # the zarr extra (in dev)
 from zarr.storage import LocalStore  # noqa: E402
 
 from inshrink import errors  # noqa: E402
-from inshrink.codecs import array  # noqa: E402
+from inshrink.io import frame as array
 from inshrink.zarr import InkCodec, InkQuantCodec  # noqa: E402
 
 RNG = np.random.default_rng(5)

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import InvalidArgumentError
-from ..policy import LOSSY_DTYPES, Policy, QuantConfig, role_of
+from ..encode.policy import LOSSY_DTYPES, Policy, QuantConfig, role_of
 from .allocation import allocation
 from .evaluate import Evaluator
 from .predict import DropModel

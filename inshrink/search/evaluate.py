@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from ..errors import InvalidArgumentError
-from ..policy import Policy, QuantConfig
+from ..encode.policy import Policy, QuantConfig
 from .allocation import Shifts
 from .roundtrip import Roundtrip, encode_tensor
 from .space import Choice, Point, Quality

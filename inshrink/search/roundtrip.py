@@ -17,11 +17,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import dtypes, encoder
+from .. import dtypes
+from ..encode import tensor as encoder
 from ..codecs.entropy import Entropy
 from ..container.index import TensorEntry
-from ..policy import Policy, QuantConfig
-from ..tensorfile import DEFAULT_CHUNK_BYTES, TINY_TENSOR_BYTES, resolve_threads
+from ..encode.policy import Policy, QuantConfig
+from ..io.tensorfile import DEFAULT_CHUNK_BYTES, TINY_TENSOR_BYTES, resolve_threads
 
 KEEP = 2
 """Encodings of each tensor kept for reuse (a later candidate often differs from an earlier

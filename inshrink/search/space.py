@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 import numpy as np
 
 from ..errors import InvalidArgumentError
-from ..policy import MAX_BINS, PRUNE_METRICS, Policy, QuantConfig
+from ..encode.policy import MAX_BINS, PRUNE_METRICS, Policy, QuantConfig
 from .allocation import Shifts, shifted
 
 Quality = Callable[[dict[str, np.ndarray]], float]

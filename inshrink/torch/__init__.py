@@ -12,9 +12,7 @@ parameters and buffers, ``optimizer.state.<index>.<key>`` for optimizer state (`
 ``state``              :func:`state_to_numpy`, :func:`load_state`, nested values as arrays
 ``gradients``          :class:`GradientEMA`
 ``quality``            :func:`quality_from`
-``checkpointer``       :class:`Checkpointer`
 ``training``           scheduler, random generators and extras as arrays plus JSON
-``sharded``            the Checkpointer's sharded mode (``torch.distributed.checkpoint``)
 ``files``              :func:`save_file`, :func:`load_file`, :func:`save_model`...
 =====================  ================================================================
 
@@ -22,17 +20,19 @@ parameters and buffers, ``optimizer.state.<index>.<key>`` for optimizer state (`
 >>> ckpt.save(step)                                                        # doctest: +SKIP
 >>> step = ckpt.restore()                                                  # doctest: +SKIP
 """
-from .checkpointer import (EPSILON_FLOOR, LATE_LR, PEAK_LR_METADATA, SEARCH_METADATA,
-                           Checkpointer)
-from .convert import to_numpy, to_torch
-from .files import load, load_file, load_model, save, save_file, save_model
-from .gradients import GradientEMA
-from .quality import CRITERIA, quality_from
-from .state import (GROUPS, MODEL, OPTIMIZER, OPTIMIZER_METADATA, STATE, decode_nested,
-                    encode_nested, load_state, state_to_numpy)
+from .._lazy import face
 
-__all__ = ["Checkpointer", "GradientEMA", "quality_from", "state_to_numpy", "load_state",
-           "to_numpy", "to_torch", "encode_nested", "decode_nested", "OPTIMIZER_METADATA",
-           "SEARCH_METADATA", "save_file", "load_file", "save_model", "load_model", "save",
-           "load", "MODEL", "OPTIMIZER", "STATE", "GROUPS", "CRITERIA", "EPSILON_FLOOR",
-           "LATE_LR", "PEAK_LR_METADATA"]
+_NAMES = {
+    **dict.fromkeys(["Checkpointer", "EPSILON_FLOOR", "LATE_LR", "PEAK_LR_METADATA",
+                     "SEARCH_METADATA"], "..checkpointing.checkpointer"),
+    **dict.fromkeys(["to_numpy", "to_torch"], ".convert"),
+    **dict.fromkeys(["load", "load_file", "load_model", "save", "save_file", "save_model"],
+                    ".files"),
+    "GradientEMA": ".gradients",
+    **dict.fromkeys(["CRITERIA", "quality_from"], ".quality"),
+    **dict.fromkeys(["GROUPS", "MODEL", "OPTIMIZER", "OPTIMIZER_METADATA", "STATE",
+                     "decode_nested", "encode_nested", "load_state", "state_to_numpy"],
+                    ".state"),
+}
+__getattr__, __dir__ = face(__name__, _NAMES)
+__all__ = sorted(_NAMES)

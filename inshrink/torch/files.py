@@ -25,8 +25,8 @@ import torch
 
 from .. import api
 from ..errors import InvalidArgumentError
-from ..policy import Policy
-from ..tensorfile import TensorInfo
+from ..encode.policy import Policy
+from ..io.tensorfile import TensorInfo
 from .convert import to_numpy, to_torch
 from .state import _META, require_module
 

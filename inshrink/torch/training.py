@@ -19,7 +19,7 @@ import torch
 
 from .. import dtypes
 from ..errors import InvalidArgumentError
-from ..roles import LOSSY_DTYPES
+from ..encode.roles import LOSSY_DTYPES
 from .state import decode_nested, encode_nested, names_list
 
 __all__ = ["TRAINING", "TRAINING_METADATA", "capture", "decode", "TrainingState"]

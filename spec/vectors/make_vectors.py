@@ -36,14 +36,15 @@ import numpy as np
 import zstandard
 
 import inshrink
-from inshrink import dtypes, tensorfile
+from inshrink import dtypes
+from inshrink.io import tensorfile
 from inshrink.codecs import lossless
 from inshrink.codecs.chain import Pipeline
 from inshrink.container import layout
 from inshrink.container.index import TensorEntry, pack_index, unpack_index
 from inshrink.container.writer import ContainerWriter
-from inshrink.convert import compress_safetensors
-from inshrink.policy import Policy, QuantConfig
+from inshrink.safetensors import compress_safetensors
+from inshrink.encode.policy import Policy, QuantConfig
 from inshrink.digest import base_reference, decode_digest
 
 HERE = Path(__file__).resolve().parent
@@ -1553,7 +1554,7 @@ ARRAY_NEGATIVE = [
 
 def build_array_positive(vector: ArrayPositive) -> tuple[bytes, dict]:
     """The frame of one positive array vector and its expected JSON."""
-    from inshrink.codecs import array as array_frame
+    from inshrink.io import frame as array_frame
 
     x, kwargs = vector.build()
     data = array_frame.encode(x, **kwargs)

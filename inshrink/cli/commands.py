@@ -16,8 +16,8 @@ import re
 import sys
 import time
 
-from .atomic import into_proc
-from .policy import MAX_BINS, PRESETS, SMALL_MOMENT, SMALL_TENSOR
+from ..atomic import into_proc
+from ..encode.policy import MAX_BINS, PRESETS, SMALL_MOMENT, SMALL_TENSOR
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -73,8 +73,8 @@ def _bins(text: str) -> int:
 
 
 def _level(text: str) -> int:
-    from .codecs.entropy import check_level
-    from .errors import InvalidArgumentError
+    from ..codecs.entropy import check_level
+    from ..errors import InvalidArgumentError
     try:
         value = int(text)
         check_level(value)
@@ -381,7 +381,7 @@ def _check_lossy_overwrite(args, dst: str, lossy: bool) -> None:
 
 def _files_in(target: str, suffix: str) -> list[str]:
     """``target`` itself, or the ``suffix`` files under a directory (none: a usage error)."""
-    from .convert import tensor_files
+    from ..safetensors import tensor_files
     _check_input(target)
     if not os.path.isdir(target):
         return [target]
@@ -449,9 +449,9 @@ def _tensor_json(info) -> dict:
 
 def _ink_details(path: str) -> dict:
     """What the index of an .ink file says (opens the index only); errors name ``path``."""
-    from .convert import with_path
-    from .errors import InshrinkError
-    from .tensorfile import File
+    from ..safetensors import with_path
+    from ..errors import InshrinkError
+    from ..io.tensorfile import File
     try:
         with File(path, threads=1) as f:
             return {"format_version": f.format_version, "metadata": f.metadata,
@@ -575,9 +575,9 @@ def _source_and_destination(args, in_ext: str, out_ext: str, dir_suffix: str):
 
 
 def cmd_compress(args, started: float) -> int:
-    from . import convert
-    from .errors import InshrinkError
-    from .progress import ProgressBar
+    from .. import safetensors as convert
+    from ..errors import InshrinkError
+    from ..progress import ProgressBar
     src, sources, is_dir, dst = _source_and_destination(args, ".safetensors", ".ink", "-ink")
     policy = _policy(args)
     _check_lossy_overwrite(args, dst, policy not in (None, "lossless"))
@@ -629,8 +629,8 @@ def _notice_links(args, reports) -> None:
 
 def _policy(args):
     """The policy the lossy options describe (None: lossless)."""
-    from .errors import InvalidArgumentError
-    from .policy import Policy, QuantConfig
+    from ..errors import InvalidArgumentError
+    from ..encode.policy import Policy, QuantConfig
     explicit = {k: getattr(args, k) for k in ("bins", "prune", "protect", "max_rel_l2")
                 if getattr(args, k) is not None}
     if explicit and args.preset:
@@ -651,9 +651,9 @@ def _policy(args):
 
 
 def cmd_decompress(args, started: float) -> int:
-    from . import convert
-    from .errors import InshrinkError
-    from .progress import ProgressBar
+    from .. import safetensors as convert
+    from ..errors import InshrinkError
+    from ..progress import ProgressBar
     if _is_series(args.input):
         raise UsageError(f"{args.input} is a checkpoint series: restore one step with "
                          f"inshrink series restore {args.input} --step N -o OUT")
@@ -696,7 +696,7 @@ def cmd_decompress(args, started: float) -> int:
 def _is_series(path: str) -> bool:
     """A directory of an inshrink.series series: its manifest.json says so. A tree may hold
     another program's manifest.json (compress copies it): that one is no series."""
-    from .series import MANIFEST, MAX_MANIFEST_BYTES, SERIES_FORMAT
+    from ..series.series import MANIFEST, MAX_MANIFEST_BYTES, SERIES_FORMAT
     manifest = os.path.join(path, MANIFEST)
     if not os.path.isfile(manifest):
         return False
@@ -712,9 +712,9 @@ def _standalone_infos(path: str) -> list:
     """The tensors of an .ink file that decodes on its own (opens the index only). A delta
     file of a series decodes only against its base: the error points to the command that
     reads it."""
-    from .convert import with_path
-    from .errors import InshrinkError
-    from .tensorfile import File
+    from ..safetensors import with_path
+    from ..errors import InshrinkError
+    from ..io.tensorfile import File
     try:
         with File(path, threads=1) as f:
             base, infos = f.base, f.infos()
@@ -731,7 +731,7 @@ def _standalone_infos(path: str) -> list:
 
 
 def cmd_info(args, started: float) -> int:
-    from .convert import check_ink
+    from ..safetensors import check_ink
     args.source = args.input
     if _is_dcp_series(args.input):
         return _dcp_series_info(args, started)
@@ -790,7 +790,7 @@ def _search_line(metadata: dict) -> str | None:
     """One line on the configuration search that chose this checkpoint's policy, if any.
 
     The report is metadata any writer may set: an unexpected shape is shown as raw text."""
-    from .series import SEARCH_KEY
+    from ..series.series import SEARCH_KEY
     raw = metadata.get(SEARCH_KEY)
     if raw is None:
         return None
@@ -813,9 +813,9 @@ def _search_line(metadata: dict) -> str | None:
 
 
 def cmd_verify(args, started: float) -> int:
-    from .convert import check_ink
-    from .errors import InshrinkError
-    from .tensorfile import File
+    from ..safetensors import check_ink
+    from ..errors import InshrinkError
+    from ..io.tensorfile import File
     paths = [p for target in args.input
              for p in ([target] if _is_dcp(target) or _is_dcp_series(target)
                        else _files_in(target, ".ink"))]
@@ -891,7 +891,7 @@ def _dcp_series_step(path: str, threads: int | None = 1):
     match = _DCP_SERIES_STEP.fullmatch(name)
     if match is None or not _is_dcp_series(parent or "."):
         return None
-    from .dcp_series import InkSeries
+    from ..dcp.series import InkSeries
     return InkSeries(parent or ".", threads=threads), int(match.group(1))
 
 
@@ -909,7 +909,7 @@ def _is_dcp(path: str) -> bool:
 
 def _dcp_call(path: str, call):
     """``call()``, an unfinished save's error saying so first."""
-    from .errors import IncompleteCheckpointError
+    from ..errors import IncompleteCheckpointError
     try:
         return call()
     except IncompleteCheckpointError as exc:
@@ -919,8 +919,8 @@ def _dcp_call(path: str, call):
 def _dcp_details(path: str, threads: int | None = None, verify: bool = False):
     """(metadata, chunk rows, {rank file: TensorInfo list}) of a committed checkpoint,
     checked against each file's index (decoded in full with ``verify``)."""
-    from . import dcp
-    from .tensorfile import File
+    from ..dcp import storage as dcp
+    from ..io.tensorfile import File
     in_series = _dcp_series_step(path, threads)
     if in_series is not None:  # an older step's files are deltas: read through the series
         series, step = in_series
@@ -1012,7 +1012,7 @@ def _print_dcp_tensors(metadata, rows: list[dict]) -> None:
 
 def _dcp_verify(path: str, args) -> list[dict]:
     """verify's entries for one checkpoint: one per rank file, or one naming the problem."""
-    from .errors import InshrinkError
+    from ..errors import InshrinkError
     try:
         _, _, infos = _dcp_details(path, threads=args.threads, verify=True)
     except (InshrinkError, OSError) as exc:
@@ -1025,7 +1025,7 @@ def _dcp_verify(path: str, args) -> list[dict]:
 def _dcp_series_files(path: str):
     """(InkSeries, one report entry per rank file of every step, each with its step, rank
     and base step), from each file's index."""
-    from .dcp_series import InkSeries
+    from ..dcp.series import InkSeries
     series = InkSeries(path, threads=1)
     files = []
     for entry in series.checkpoints():
@@ -1066,8 +1066,8 @@ def _dcp_series_info(args, started: float) -> int:
 def _dcp_series_verify(path: str) -> tuple[list[str], list[dict]]:
     """verify's problems and entries for a DCP series: every step restored through its
     chain, every file checked against the manifest."""
-    from .dcp_series import InkSeries
-    from .errors import InshrinkError
+    from ..dcp.series import InkSeries
+    from ..errors import InshrinkError
     try:
         problems = InkSeries(path, threads=1).verify()
         if problems:
@@ -1105,7 +1105,7 @@ def cmd_consolidate(args, started: float) -> int:
     parent, name = os.path.split(os.path.normpath(src))
     in_series = _DCP_SERIES_STEP.fullmatch(name) and _is_dcp_series(parent or ".")
     _check_output(src, dst, args.force, inside=(parent or ".") if in_series else src)
-    from . import dcp
+    from ..dcp import storage as dcp
     _, rows, infos = _dcp_details(src)
     source = _dcp_files(src, infos)
     chunks = [t for f in source for t in f["tensors"]]
@@ -1140,7 +1140,7 @@ def _size(path: str) -> int:
 
 
 def cmd_series(args, started: float) -> int:
-    from .series import MANIFEST, Series
+    from ..series.series import MANIFEST, Series
     args.source = args.directory
     _check_input(args.directory)
     if _is_dcp_series(args.directory):
@@ -1173,7 +1173,7 @@ def cmd_series(args, started: float) -> int:
 
 
 def _checkpoint_file(directory: str, entry) -> dict:
-    from .errors import InshrinkError
+    from ..errors import InshrinkError
     path = os.path.join(directory, entry.file)
     extra = dict(step=entry.step, keyframe=entry.keyframe, base=entry.base)
     try:
@@ -1186,8 +1186,8 @@ def _checkpoint_file(directory: str, entry) -> dict:
 
 
 def _series_report(args, series, started: float) -> int:
-    from . import report as _r
-    from .errors import InvalidArgumentError
+    from ..series import report as _r
+    from ..errors import InvalidArgumentError
     dst = args.destination = args.plot
     if dst is not None:
         if not dst.lower().endswith(".png"):
@@ -1222,8 +1222,8 @@ def _series_report(args, series, started: float) -> int:
 def _series_restore(args, series, started: float) -> int:
     import tempfile
 
-    from . import api, convert
-    from .atomic import hidden_prefix
+    from .. import api, safetensors as convert
+    from ..atomic import hidden_prefix
     dst = args.destination = args.output
     if not dst.endswith((".safetensors", ".ink")):
         raise UsageError(f"{dst}: the output must end with .safetensors or .ink (its format)")
@@ -1285,7 +1285,7 @@ def _run(args, started: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit status (0 ok, 1 error, 2 usage error)."""
     args = _parser().parse_args(argv)
-    from .errors import InshrinkError
+    from ..errors import InshrinkError
     started = time.monotonic()
     try:
         return _run(args, started)

@@ -41,12 +41,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file as save_safetensors
 from transformers import TrainerCallback
 
-from . import convert
-from .errors import CorruptError, InshrinkError, InvalidArgumentError
-from .policy import Policy
-from .series import MANIFEST, Series
-from .torch import (GROUPS, MODEL, OPTIMIZER, STATE, decode_nested, encode_nested, to_numpy,
-                    to_torch)
+from .. import safetensors as convert
+from ..errors import CorruptError, InshrinkError, InvalidArgumentError
+from ..encode.policy import Policy
+from ..series.series import MANIFEST, Series
+from ..torch.convert import to_numpy, to_torch
+from ..torch.state import GROUPS, MODEL, OPTIMIZER, STATE, decode_nested, encode_nested
 
 __all__ = ["from_pretrained", "save_pretrained", "lossy_summary", "Callback",
            "checkpoint_to_numpy", "restore_checkpoint", "CHECKPOINT_METADATA"]
@@ -215,7 +215,7 @@ def save_pretrained(model: Any, save_directory: str | os.PathLike,
 
 # -- Trainer checkpoints in a series ---------------------------------------------------------
 
-CHECKPOINT_METADATA = "inshrink.transformers.checkpoint"
+CHECKPOINT_METADATA = "inshrink.transformers.pretrained.checkpoint"
 """Metadata key of a series checkpoint made from a Trainer checkpoint directory: JSON listing
 each file of the directory and how it is stored."""
 

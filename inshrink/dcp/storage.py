@@ -46,14 +46,13 @@ from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPl
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from . import dtypes
-from .atomic import AtomicFile
-from .errors import (CorruptError, IncompleteCheckpointError, InshrinkError,
-                     InvalidArgumentError)
-from .policy import Policy
-from .policy import resolve as resolve_policy
-from .tensorfile import File, TensorInfo, Writer, resolve_threads
-from .torch import to_numpy, to_torch
+from .. import dtypes
+from ..atomic import AtomicFile
+from ..errors import CorruptError, IncompleteCheckpointError, InshrinkError, InvalidArgumentError
+from ..encode.policy import Policy
+from ..encode.policy import resolve as resolve_policy
+from ..io.tensorfile import File, TensorInfo, Writer, resolve_threads
+from ..torch.convert import to_numpy, to_torch
 
 __all__ = ["InkStorageWriter", "InkStorageReader", "read_metadata", "describe", "verify",
            "consolidate", "METADATA_FILE", "BYTES_PREFIX"]
@@ -775,7 +774,7 @@ def _joined(source: _RankFiles, metadata: Metadata, fqn: str,
 
 def _consolidate_safetensors(path: str, out: str, metadata: Metadata, source: _RankFiles,
                              threads: int | None) -> list[TensorInfo]:
-    from .convert import decompress_to_safetensors
+    from ..safetensors import decompress_to_safetensors
     directory = os.path.dirname(os.path.abspath(out))
     staging = os.path.join(directory, f".{os.path.basename(out)}.{uuid.uuid4().hex[:8]}.ink")
     try:

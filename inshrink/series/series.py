@@ -32,15 +32,14 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from . import digest as _digest
-from .atomic import AtomicFile, release_write_lock, take_write_lock
-from .dtypes import as_numpy
-from .errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError,
-                     SeriesLockedError)
-from .policy import Policy, resolve
-from .rebase import Decoded, write_delta
-from .search import Choice, Search, SearchResult
-from .tensorfile import File, TensorInfo, Writer, resolve_threads
+from .. import digest as _digest
+from ..atomic import AtomicFile, release_write_lock, take_write_lock
+from ..dtypes import as_numpy
+from ..errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError, SeriesLockedError)
+from ..encode.policy import Policy, resolve
+from ..io.rebase import Decoded, write_delta
+from ..search import Choice, Search, SearchResult
+from ..io.tensorfile import File, TensorInfo, Writer, resolve_threads
 
 MANIFEST = "manifest.json"
 LOCK = ".lock"

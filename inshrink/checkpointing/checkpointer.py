@@ -1,0 +1,526 @@
+"""A :class:`Checkpointer` for training loops: a series of checkpoints of a model, its
+optimizer and the rest of the training state, each searched within a quality bound when
+held-out batches are given; saved in the background if asked, sharded models through DCP."""
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import InvalidArgumentError
+from ..encode.policy import Policy, resolve
+from ..search import Quality, Search, SearchSpace
+from ..series.series import MAX_STEP, SEARCH_KEY as SEARCH_METADATA, Series
+from .budget import EPSILON_FLOOR, LATE_LR, Budget, run_length
+from ..torch.convert import to_torch
+from ..torch.gradients import GradientEMA
+from ..torch.quality import CRITERIA, quality_from
+from ..torch.state import MODEL, load_state, require_module, require_optimizer, state_to_numpy
+from ..torch.training import TRAINING, TRAINING_METADATA, capture, check_extra, decode
+
+__all__ = ["Checkpointer", "SEARCH_METADATA", "PEAK_LR_METADATA", "TRAINING_METADATA"]
+
+PEAK_LR_METADATA = "inshrink.torch.peak_lr"
+__all__ += ["EPSILON_FLOOR", "LATE_LR"]  # the bound's rules live in .budget
+_LOG = logging.getLogger("inshrink.torch")
+
+
+def _peak_lr(metadata: Mapping[str, str]) -> float | None:
+    """The peak learning rate a checkpoint's metadata records, if it is a positive number."""
+    try:
+        peak = float(metadata[PEAK_LR_METADATA])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return peak if math.isfinite(peak) and peak > 0 else None
+
+
+def _copy_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` for the search's quality passes beside training."""
+    try:
+        return copy.deepcopy(model)
+    except (RuntimeError, TypeError, copy.Error) as exc:
+        raise InvalidArgumentError(f"async_ with eval_batches evaluates a copy of the model, "
+                                   f"and this model cannot be copied: {exc}") from None
+
+
+class Checkpointer:
+    """Compressed checkpoints of a training run's whole state in a training loop.
+
+    Each :meth:`save` stores the model, the optimizer, the learning-rate ``scheduler``, the
+    random generators (``rng``) and every ``extra`` object in one checkpoint, atomically, and
+    :meth:`restore` loads them all back: a lossless run interrupted and restored goes on
+    exactly as if it had not been (bit for bit, on a deterministic model).
+
+    A plain model's checkpoints are an :class:`inshrink.Series` in ``directory`` (one .ink
+    file per step, older steps as deltas, keyframes). A sharded one (FSDP2 ``fully_shard``,
+    DTensor, or any model once a process group of several ranks is initialized) takes the
+    same calls on every rank and is stored through ``torch.distributed.checkpoint``: see
+    Notes. With
+    ``eval_batches``, an :class:`inshrink.search.Search` chooses per checkpoint the most
+    compressive weight configuration whose quality on those batches stays within
+    ``epsilon / restores`` of the uncompressed model's (less late in a decaying schedule, see
+    ``epsilon_follows_lr``); without, the series' ``policy`` applies, and without a policy
+    the checkpoints are lossless.
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+        The series' directory (an existing series is resumed).
+    model : torch.nn.Module
+    optimizer : torch.optim.Optimizer, optional
+    scheduler : optional
+        A learning-rate scheduler (anything with ``state_dict()`` / ``load_state_dict()``).
+    extra : mapping of str to object, optional
+        Further state by name (a data loader's position, an EMA of the weights, a step
+        counter...): objects with ``state_dict()`` and ``load_state_dict()``, DCP's
+        ``Stateful`` protocol. The scheduler's and the extras' states are stored as tensors
+        plus JSON (:func:`inshrink.torch.encode_nested`), never pickled: a value that is
+        neither a tensor nor JSON-able (a dict with non-string keys included) makes
+        :meth:`save` raise InvalidArgumentError naming it, before anything is written.
+        Their tensors are stored bit for bit, whatever the policy or search.
+    eval_batches : sequence of (inputs, targets), optional
+        Held-out batches for the quality callback (see :func:`quality_from`).
+    loss_fn, metric, criterion : optional
+        See :func:`quality_from`.
+    epsilon : float
+        Allowed relative change of the run's *final* quality (loss, or ``metric``) after up to
+        ``restores`` restores from these checkpoints, against a run without any. A restore's
+        damage is not undone by the training that follows (least of all late in a decaying
+        schedule), and the damage of several restores adds up, so each checkpoint gets
+        ``epsilon / restores`` of immediate quality change on ``eval_batches`` (in either
+        direction: an improvement on a few batches is luck), scaled by
+        ``epsilon_follows_lr``. The optimizer moments' share of the damage is not bounded by
+        ``epsilon`` (a model-quality callback cannot see them): it is kept small by their
+        fixed configurations (``space``). Measured with 10 restores of weights and optimizer
+        state, ``epsilon=0.05`` and the default ``restores``, the recommended settings ended
+        within 1% of the uninterrupted run on 12 of 12 runs (four small tasks, three seeds;
+        the largest +0.95%, benchmarks/RESULTS.md): a measurement, not a guarantee.
+    restores : int
+        The share of ``epsilon`` each checkpoint gets is ``1 / restores`` (default 5: on the
+        measured tasks, 10 restores at ε / 5 each ended as well as at ε / 10 and compressed
+        more). Fewer expected restores allow coarser checkpoints.
+    policy : Policy, str or None
+        The series' policy, for saves without ``eval_batches``. ``None`` (the default):
+        lossless, so that a checkpoint is lossy only when asked for (a preset name or
+        ``eval_batches``). What was chosen is logged once, at the first save (logger
+        ``inshrink.torch``, level INFO).
+    space : inshrink.search.SearchSpace, optional
+        Configurations the search may choose, and the optimizer moments' fixed
+        configurations (default: the first moment as zeros plus its 0.05% largest entries,
+        so a restore restarts momentum, and at 2 signed-log levels late in the run (see
+        :mod:`inshrink.torch.budget`); ``exp_avg_sq`` at 4 log levels).
+    max_evals : int
+        Quality evaluations per checkpoint at most.
+    keyframe_every : int
+        See :class:`inshrink.Series`.
+    grad_ema : bool
+        Capture a gradient EMA (:class:`GradientEMA`, attribute ``ema``) for importance
+        scores that protect the most sensitive weights; with ``space.per_tensor_bins``, also
+        of squared gradients, the curvature by which the search gives sensitive tensors more
+        bins than insensitive ones.
+    ema_beta : float
+        Weight of the newest gradient in that average.
+    ema_window : int or None
+        Capture gradients only in the last this many steps before each checkpoint (the
+        interval is learned from the steps of the last two saves); None: every step.
+    max_rel_l2 : float, optional
+        Bound on every searched tensor's relative L2 error, next to ``epsilon`` (see
+        :class:`inshrink.search.Search`). None: no such bound.
+    epsilon_follows_lr : bool or float
+        Scale ``epsilon`` at each save by the optimizer's learning rate against the largest
+        one seen (kept in the checkpoints' metadata across restarts), never below
+        ``EPSILON_FLOOR`` of it: checkpoints late in a decaying schedule, from which training
+        has few and small steps left to recover, are kept more precise. A number p: by the
+        ratio to the power p (the default 2 keeps the second half of a cosine schedule much
+        more precise than its first; docs/decisions.md); True (= 1): by the ratio; False
+        (= 0): ``epsilon`` as given. ``max_rel_l2`` is scaled by the square root of the same
+        factor (the loss a perturbation adds grows with the square of its size). The rules
+        are :class:`inshrink.torch.budget.Budget`'s.
+    threads : int, optional
+        Encoder/decoder threads.
+    rng : bool
+        Save the random generators' states (Python's ``random``, numpy's global generator,
+        torch's CPU generator and, once CUDA is in use, every CUDA device's) and set them on
+        :meth:`restore`. Saving never draws from them.
+    async_ : bool
+        :meth:`save` returns once it has copied the state to CPU memory (the staging copy);
+        the search, quantization and writing run in one background thread while training
+        goes on. The next :meth:`save` waits for the previous one; :meth:`wait`,
+        :meth:`close` and leaving a ``with`` block finish it. A failure in the background is
+        raised by the next call of :meth:`save`, :meth:`wait`, :meth:`close` or
+        :meth:`restore` (that step was not saved). With ``eval_batches`` the search
+        evaluates a copy of the model (``copy.deepcopy``, made here: the model's memory
+        twice), loaded with the staged weights, so that training is never disturbed.
+    keep_last : int, optional
+        After each save, keep only this many newest steps (and the files they need).
+    sharded : bool or None
+        Use the sharded mode (Notes). None: when a process group of more than one rank is
+        initialized or a parameter is a DTensor.
+    total_steps : int, optional
+        The run's length in optimizer steps (default: what ``scheduler`` says, for torch's
+        ``OneCycleLR``, ``CosineAnnealingLR``, ``PolynomialLR`` and ``SequentialLR`` of them;
+        see :func:`inshrink.torch.budget.run_length`). Known, the bound also shrinks with the
+        share of the run left (to the power ``epsilon_follows_lr``, at least linearly) and the
+        last half of the run counts as late, whatever the learning rate does: a schedule that
+        keeps the learning rate up says nothing about how little time a late checkpoint has
+        to recover. On the fault benchmark's lm (a cosine schedule, whose learning rate
+        already says as much; one seed) it changed nothing measurable.
+
+    Attributes
+    ----------
+    series : inshrink.Series or None
+        None in the sharded mode.
+    search : inshrink.search.Search or None
+        None without ``eval_batches``.
+    ema : GradientEMA or None
+        None in the sharded mode.
+    seconds : float
+        Time spent in :meth:`save` so far (the checkpointing overhead; with ``async_``, the
+        time training was blocked).
+    last_report : dict or None
+        What the latest finished save reported (see :meth:`save`).
+
+    Notes
+    -----
+    **Sharded mode.** Every rank calls every method, in the same order. Each step is one
+    DCP checkpoint, ``directory/step_<12 digits>/``, written by
+    ``dcp.save(..., storage_writer=inshrink.dcp.InkStorageWriter(...))`` from
+    ``get_state_dict(model, optimizer)`` (every rank writes its own shards, the coordinator
+    commits) and read by ``dcp.load`` with :class:`inshrink.dcp.InkStorageReader` and
+    ``set_state_dict``; a checkpoint saved by N ranks restores into any number. Each rank
+    stores its own scheduler, generator and extra states as tensors of that rank only
+    (``training_rank<r>.*``); a rank that did not save (more ranks than saved) restores rank
+    0's scheduler and extras and keeps its generators. The optimizer's hyperparameters,
+    which DCP stores pickled, are read with torch's ``weights_only`` unpickler. A failure of
+    one rank (a mismatch, a bad step) is raised on every rank. ``keep_last`` is applied by
+    rank 0 after each commit, which also removes older saves that never committed. Async
+    saves run ``dcp.save`` in the background thread on a gloo process group of their own,
+    created by the constructor.
+
+    The sharded mode runs **no configuration search**: the ``policy`` applies per shard
+    (lossless by default) and ``eval_batches`` is refused. A collective search would need
+    every rank to quantize its shards with each candidate, every rank to take part in the
+    quality forward passes of the sharded model, and rank 0 to decide and broadcast each
+    step of the walk; it is not implemented. The gradient average (``grad_ema``) is off.
+    """
+
+    def __init__(self, directory: str | os.PathLike, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
+                 extra: Mapping[str, Any] | None = None, *,
+                 eval_batches: Sequence[tuple[Any, Any]] | None = None,
+                 loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+                 metric: Callable[[Any, Any], float] | None = None, criterion: str = "loss",
+                 epsilon: float = 0.05, restores: int = 5,
+                 policy: Policy | str | None = None,
+                 space: SearchSpace | None = None,
+                 max_evals: int = 24, keyframe_every: int = 10, grad_ema: bool = True,
+                 ema_beta: float = 0.9, ema_window: int | None = 50,
+                 max_rel_l2: float | None = None, epsilon_follows_lr: bool | float = 2,
+                 threads: int | None = None, rng: bool = True, async_: bool = False,
+                 keep_last: int | None = None, sharded: bool | None = None,
+                 total_steps: int | None = None) -> None:
+        require_module(model)
+        sharded = self._check_training_args(model, optimizer, scheduler, extra, rng, async_,
+                                            keep_last, sharded, eval_batches)
+        self.scheduler = scheduler
+        self.extra = check_extra(extra)
+        self.rng = rng
+        self.keep_last = keep_last
+        self.policy = policy
+        if not (isinstance(epsilon_follows_lr, (bool, int, float))
+                and 0 <= epsilon_follows_lr < math.inf):
+            raise InvalidArgumentError("epsilon_follows_lr must be a bool or a non-negative "
+                                       "number")
+        if criterion not in CRITERIA:
+            raise InvalidArgumentError(f"criterion must be one of {CRITERIA}, got "
+                                       f"{criterion!r}")
+        if type(restores) is not int or restores < 1:
+            raise InvalidArgumentError("restores must be a positive integer")
+        if max_rel_l2 is not None and eval_batches is None:
+            raise InvalidArgumentError("max_rel_l2 bounds the configuration search, which "
+                                       "needs eval_batches")
+        # the search's quality passes run beside training in async mode: on a copy
+        self._evaluated = _copy_model(model) if async_ and eval_batches is not None \
+            else model
+        self.model = model
+        self.optimizer = optimizer
+        self.search = None
+        self.quality: Quality | None = None
+        if eval_batches is not None:
+            self.quality = quality_from(self._evaluated, eval_batches, loss_fn, metric,
+                                        criterion)
+            self.search = Search(epsilon / restores, higher_is_better=metric is not None,
+                                 space=space, max_evals=max_evals, max_rel_l2=max_rel_l2,
+                                 two_sided=True, threads=threads)
+        self.series: Series | None = None
+        self._sharded = None
+        if sharded:
+            from ..dcp.sharded import ShardedCheckpoints
+            self._sharded = ShardedCheckpoints(directory, model, optimizer, scheduler,
+                                               self.extra, rng, policy, keep_last, threads,
+                                               background=async_)
+        else:
+            self.series = Series(directory, policy, keyframe_every=keyframe_every,
+                                 threads=threads, search=self.search)
+        squares = self.search is not None and self.search.space.per_tensor_bins
+        self._space = self.search.space if self.search is not None else None
+        self.ema = GradientEMA(model, ema_beta, window=ema_window, squares=squares) \
+            if grad_ema and not sharded else None
+        self.epsilon = epsilon
+        self.restores = restores
+        self.max_rel_l2 = max_rel_l2
+        # the power of the learning-rate ratio (0: a constant bound)
+        self.lr_power = float(epsilon_follows_lr) if optimizer is not None else 0.0
+        self.budget = Budget(epsilon, restores, self.lr_power,
+                             total_steps if total_steps is not None else run_length(scheduler))
+        self.peak_lr: float | None = None
+        self._last_step: int | None = None
+        self._announced = False
+        self.seconds = 0.0
+        self.last_report: dict[str, Any] | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="inshrink-checkpointer") \
+            if async_ else None
+        self._pending: tuple[int, Future] | None = None
+        self._closed = False
+
+    @staticmethod
+    def _check_training_args(model: torch.nn.Module, optimizer: Any, scheduler: Any,
+                             extra: Any, rng: Any, async_: Any, keep_last: Any, sharded: Any,
+                             eval_batches: Any) -> bool:
+        """Check the arguments of the training state, async and sharded modes; return
+        whether the sharded mode applies."""
+        if optimizer is not None:
+            require_optimizer(optimizer)
+        if scheduler is not None and not (callable(getattr(scheduler, "state_dict", None))
+                                          and callable(getattr(scheduler, "load_state_dict",
+                                                               None))):
+            raise InvalidArgumentError("scheduler must have state_dict() and "
+                                       "load_state_dict()")
+        check_extra(extra)
+        for name, value in (("rng", rng), ("async_", async_)):
+            if type(value) is not bool:
+                raise InvalidArgumentError(f"{name} must be True or False")
+        if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
+            raise InvalidArgumentError("keep_last must be a positive integer or None")
+        if sharded is None:
+            sharded = False
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                from ..dcp.sharded import is_sharded
+                sharded = is_sharded(model)
+        elif type(sharded) is not bool:
+            raise InvalidArgumentError("sharded must be True, False or None (automatic)")
+        if sharded and eval_batches is not None:
+            raise InvalidArgumentError(
+                "the sharded mode stores what the policy says and runs no configuration "
+                "search: eval_batches is not supported with a sharded model")
+        return sharded
+
+    def mode(self) -> str:
+        """What the checkpoints hold, in words (logged once at the first save)."""
+        if self.search is not None:
+            return (f"lossy: configuration search, final quality within epsilon="
+                    f"{self.epsilon:g} after up to {self.restores} restores")
+        policy = self.policy
+        if isinstance(policy, str):
+            return "lossless" if policy == "lossless" else f"lossy: the {policy!r} preset"
+        if policy is None or not any(c is not None for c in resolve(policy).roles.values()) \
+                and not policy.overrides and not policy.tensors:
+            return "lossless"
+        return "lossy: a custom policy"
+
+    def _importance(self, state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        if self.ema is None or self.ema.steps == 0:
+            return None
+        return {n: v for n, v in self.ema.importance().items() if n in state}
+
+    def _curvature(self, state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        if self.ema is None or self.ema.steps == 0 or not self.ema.squares:
+            return None
+        return {n: v for n, v in self.ema.curvature().items() if n in state}
+
+    def _lr_ratio(self) -> float:
+        """The learning rate against the largest one seen (1 when it is not a number)."""
+        lr = max(float(group["lr"]) for group in self.optimizer.param_groups)
+        if not math.isfinite(lr) or lr < 0:
+            return 1.0
+        self.peak_lr = max(self.peak_lr or 0.0, lr)
+        return lr / self.peak_lr if self.peak_lr > 0 else 1.0
+
+    @property
+    def directory(self) -> str:
+        """Where the checkpoints are."""
+        return self.series.directory if self.series is not None else self._sharded.directory
+
+    def steps(self) -> list[int]:
+        """The saved (committed) steps, ascending."""
+        return self.series.steps() if self.series is not None else self._sharded.steps()
+
+    def save(self, step: int) -> dict[str, Any]:
+        """Checkpoint the training state as ``step`` (after every saved step): the model, the
+        optimizer, the scheduler, the random generators and the extras, in one checkpoint.
+
+        Waits for the previous save first; a failure of that one (in async mode) is raised
+        here, and this step is not saved. With ``async_``, returns once the state is copied.
+
+        Returns
+        -------
+        dict
+            ``step``, ``bytes`` (of the new file; in sharded mode, of the step's directory),
+            ``search`` (the search's report, or None) and ``seconds`` (this call: in async
+            mode, the time training was blocked; ``bytes`` and ``search`` are then None and
+            :meth:`wait` returns them).
+        """
+        self.wait()
+        if self._closed:
+            raise InvalidArgumentError("save after close(): this Checkpointer is closed")
+        started = time.perf_counter()
+        if not self._announced:
+            _LOG.info("Checkpointer(%s): %s", self.directory, self.mode())
+            self._announced = True
+        if self._sharded is not None:
+            job = self._sharded.stage(step, copy=self._executor is not None)
+            self._last_step = step
+            return self._run(step, job, started)
+        if type(step) is not int or not 0 <= step <= MAX_STEP:  # here, not in the background
+            raise InvalidArgumentError(f"step must be an integer in [0, {MAX_STEP}]")
+        latest = self.series.latest()
+        if latest is not None and step <= latest:
+            raise InvalidArgumentError(f"step {step} is not after the latest step {latest} "
+                                       f"of {self.series.directory}")
+        state, metadata = state_to_numpy(self.model, self.optimizer)
+        training, metadata[TRAINING_METADATA] = capture(self.scheduler, self.extra, self.rng)
+        state.update(training)
+        if self.search is not None and self.optimizer is not None:
+            # the bound and the moments' configurations for this point of the run
+            self.budget.apply(self.search, self._space, self._lr_ratio(), step,
+                              self.max_rel_l2)
+            metadata[PEAK_LR_METADATA] = repr(self.peak_lr)
+        importance, curvature = self._importance(state), self._curvature(state)
+        if self._executor is not None:  # the staging copy: training goes on meanwhile
+            state = {name: np.array(array, copy=True) for name, array in state.items()}
+        if self.ema is not None:  # the next checkpoint is expected as far ahead as this one
+            gap = None if self._last_step is None else step - self._last_step
+            self.ema.start_interval(gap)
+        self._last_step = step
+        return self._run(step, lambda: self._write(step, state, metadata, importance,
+                                                   curvature), started)
+
+    def _write(self, step: int, state: dict[str, np.ndarray], metadata: dict[str, str],
+               importance: dict | None, curvature: dict | None) -> dict[str, Any]:
+        """Search, quantize and write one staged checkpoint (in the background if async)."""
+        started = time.perf_counter()
+        if self._evaluated is not self.model:  # the copy the search evaluates: as staged
+            self._evaluated.load_state_dict({name[len(MODEL):]: to_torch(array)
+                                             for name, array in state.items()
+                                             if name.startswith(MODEL)})
+        if hasattr(self.quality, "reset"):
+            self.quality.reset()  # the model trained since the last save
+        self.series.save(step, state, metadata=metadata, importance=importance,
+                         quality=self.quality, curvature=curvature)
+        report = self.series.last_search.report if self.quality is not None else None
+        size = self.series.checkpoints()[-1].bytes
+        if self.keep_last is not None:
+            self.series.retain(self.keep_last)
+        return {"step": step, "bytes": size, "search": report,
+                "seconds": time.perf_counter() - started}
+
+    def _run(self, step: int, job: Callable[[], dict[str, Any]],
+             started: float) -> dict[str, Any]:
+        """Run a save's job now, or hand it to the background thread."""
+        if self._executor is None:
+            report = job()
+            self.last_report = report
+        else:
+            self._pending = (step, self._executor.submit(job))
+            report = {"step": step, "bytes": None, "search": None}
+        seconds = time.perf_counter() - started
+        self.seconds += seconds
+        return {**report, "seconds": seconds}
+
+    def wait(self) -> dict[str, Any] | None:
+        """Wait for the save in the background, if any; return its report (as :meth:`save`
+        returns in sync mode, ``seconds`` being the background time), None if none was
+        pending. Raises what that save raised: the step was then not saved."""
+        if self._pending is None:
+            return None
+        step, future = self._pending
+        error = future.exception()  # an interrupt while waiting leaves the save pending
+        self._pending = None
+        if error is not None:
+            if hasattr(error, "add_note"):
+                error.add_note(f"raised by the background save of step {step}, which was not "
+                               f"saved")
+            raise error
+        self.last_report = future.result()
+        return self.last_report
+
+    def close(self) -> None:
+        """Finish the save in the background (raising its failure) and stop the thread.
+        Saving afterwards is an error; restoring is not."""
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # the body's exception goes on; a failed save must still be seen
+            self.close()
+        except Exception:
+            _LOG.exception("Checkpointer(%s): the last save failed", self.directory)
+
+    def restore(self, step: int | None = None) -> int:
+        """Load ``step`` (default: the latest) into the model, the optimizer, the scheduler,
+        the extras and (``rng``) the random generators; return the step.
+
+        Waits for a save in the background first (raising its failure). Everything is read
+        and checked before anything is modified. The search continues from the restored
+        checkpoint's choice, and the gradient average starts afresh (captured again in the
+        last ``ema_window`` steps before the next save).
+
+        Raises
+        ------
+        InvalidArgumentError
+            No checkpoint; or the checkpoint does not match: names or shapes, a scheduler or
+            an extra it lacks, an extra it holds that was not given (a checkpoint saved
+            before the training state was stored restores the model and optimizer only).
+        """
+        self.wait()
+        if self._sharded is not None:
+            step = self._sharded.restore(step)
+            self._last_step = step
+            return step
+        if step is None:
+            step = self.series.latest()
+            if step is None:
+                raise InvalidArgumentError(f"no checkpoint in {self.series.directory}")
+        tensors = self.series.load(step)
+        metadata = self.series.metadata(step)
+        training = decode(metadata.get(TRAINING_METADATA),
+                          {n: a for n, a in tensors.items() if n.startswith(TRAINING)},
+                          scheduler=self.scheduler is not None, extra=self.extra, rng=self.rng,
+                          where=f"{self.series.directory}, step {step}")
+        tensors = {n: a for n, a in tensors.items() if not n.startswith(TRAINING)}
+        load_state(tensors, metadata, self.model, self.optimizer)
+        training.apply(self.scheduler, self.extra, self.rng)
+        if self.search is not None:
+            self.search.previous = self.series.search_choice(step)
+        self.peak_lr = _peak_lr(metadata) or self.peak_lr
+        if self.ema is not None:
+            self.ema.start_interval(self.ema.interval)
+        self._last_step = step
+        return step

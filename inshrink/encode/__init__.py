@@ -1,0 +1,1 @@
+"""What the encoder chooses and never stores: quantization configs and policies (:mod:`.policy`), tensor roles (:mod:`.roles`), the quantizer (:mod:`.quantize`) and the one per-tensor decision (:mod:`.tensor`)."""
