@@ -84,6 +84,11 @@ class AtomicFile:
     :meth:`abort` (or a crash, which leaves the temporary behind) leaves any previous file at
     ``path`` untouched; so does dropping it uncommitted (garbage collection or interpreter
     exit aborts it). Every ``OSError`` it raises names ``path`` (see the module docstring).
+
+    As a context manager it commits when the block ends normally and aborts when it raises:
+
+    >>> with AtomicFile("out.bin") as out:   # doctest: +SKIP
+    ...     out.file.write(data)
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
@@ -119,11 +124,30 @@ class AtomicFile:
         self._discard.detach()
         fsync_directory(os.path.dirname(os.path.abspath(self.path)))
 
+    def __enter__(self) -> "AtomicFile":
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is None:
+            try:
+                self.commit()
+            except BaseException:
+                self.abort()
+                raise
+        else:
+            self.abort()
+
     def abort(self) -> None:
         """Discard the temporary file. Never raises: it runs while another error propagates,
         and closing may fail for the very reason the write did (a full disk), which must not
         keep the temporary file from being removed."""
         self._discard()
+
+
+def write_file(path: str | os.PathLike, data: bytes) -> None:
+    """Replace the file at ``path`` with ``data`` atomically (a manifest, a metadata file)."""
+    with AtomicFile(path) as out:
+        out.file.write(data)
 
 
 def _check_replaceable(path: str) -> None:

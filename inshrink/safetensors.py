@@ -288,8 +288,7 @@ def decompress_to_safetensors(src: str | os.PathLike, dst: str | os.PathLike, *,
     _check_not_source(src, dst)
     with File(src, threads=threads, mmap=False) as f:  # streamed: keep the RSS bounded
         header = _header_for(f)
-        out = AtomicFile(dst)
-        try:
+        with AtomicFile(dst) as out:
             raw = header.text.encode("utf-8")
             out.file.write(len(raw).to_bytes(8, "little") + raw)
             out.file.flush()
@@ -298,10 +297,6 @@ def decompress_to_safetensors(src: str | os.PathLike, dst: str | os.PathLike, *,
                 base = header.data_start + e.begin
                 f.read_into(e.name, lambda start, chunk, base=base: _pwrite(
                     fd, chunk, base + start, os.fspath(dst)), progress, in_order=False)
-            out.commit()
-        except BaseException:
-            out.abort()
-            raise
         return f.infos()
 
 

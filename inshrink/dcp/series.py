@@ -74,7 +74,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from .. import digest as _digest
-from ..atomic import AtomicFile, release_write_lock, take_write_lock
+from ..atomic import release_write_lock, take_write_lock, write_file
 from .storage import (_RANK_FILE, METADATA_FILE, InkStorageReader, InkStorageWriter, _checked_output, _consolidate_to, _describe, _done, _named, _RankFiles, _read_metadata)
 from ..errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError, LimitExceededError, SeriesLockedError, UnsupportedVersionError)
 from .. import strict_json
@@ -407,13 +407,7 @@ class InkSeries:
     def _write_manifest(self, steps: list[Step]) -> None:
         doc = {"format": FORMAT, "version": VERSION,
                "checkpoints": [dataclasses.asdict(s) for s in steps]}
-        out = AtomicFile(self._path(MANIFEST))
-        try:
-            out.file.write(json.dumps(doc, indent=1).encode())
-            out.commit()
-        except BaseException:
-            out.abort()
-            raise
+        write_file(self._path(MANIFEST), json.dumps(doc, indent=1).encode())
 
     def steps(self) -> list[int]:
         """The committed steps, ascending."""

@@ -215,13 +215,8 @@ class InkStorageWriter(StorageWriter):
         metadata.storage_data = storage
         metadata.storage_meta = self.storage_meta()
         metadata.version = "1.0.0"
-        target = AtomicFile(os.path.join(self.path, METADATA_FILE))
-        try:
+        with AtomicFile(os.path.join(self.path, METADATA_FILE)) as target:
             pickle.dump(metadata, target.file, protocol=pickle.HIGHEST_PROTOCOL)
-            target.commit()
-        except BaseException:
-            target.abort()
-            raise
         _remove_stale(self.path, files)
 
     def storage_meta(self) -> StorageMeta | None:

@@ -320,11 +320,6 @@ def plot_series(directory: str | os.PathLike, out_png: str | os.PathLike | None 
                    transform=ratio.transAxes, ha="right", fontsize="small", color="0.4")
     axes[-1].set_xlabel("step")
     if out_png is not None:
-        out = AtomicFile(out_png)
-        try:
+        with AtomicFile(out_png) as out:
             fig.savefig(out.file, format="png", dpi=110)
-            out.commit()
-        except BaseException:
-            out.abort()
-            raise
     return fig

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from .. import digest as _digest
-from ..atomic import AtomicFile, release_write_lock, take_write_lock
+from ..atomic import release_write_lock, take_write_lock, write_file
 from ..dtypes import as_numpy
 from ..errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError, SeriesLockedError)
 from ..encode.policy import Policy, resolve
@@ -312,13 +312,7 @@ class Series:
     def _write_manifest(self, entries: list[Checkpoint]) -> None:
         doc = {"format": SERIES_FORMAT, "version": SERIES_VERSION,
                "checkpoints": [asdict(e) for e in entries]}
-        out = AtomicFile(self._path(MANIFEST))
-        try:
-            out.file.write(json.dumps(doc, indent=1).encode())
-            out.commit()
-        except BaseException:
-            out.abort()
-            raise
+        write_file(self._path(MANIFEST), json.dumps(doc, indent=1).encode())
         self._checkpoints = entries
 
     # -- queries ---------------------------------------------------------------------------
