@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 WORKER = r"""
 import glob, hashlib, json, os, sys
 import inshrink
-from inshrink.encode.policy import PRESETS
+from inshrink import PRESETS
 from safetensors.numpy import load_file
 
 def digest(path):
@@ -40,6 +40,7 @@ def digest(path):
 
 out = sys.argv[1]
 result = {}
+imported = os.path.dirname(os.path.dirname(os.path.abspath(inshrink.__file__)))
 for directory in sys.argv[2:]:
     files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
     checkpoints = [(os.path.basename(p), load_file(p)) for p in files]
@@ -59,7 +60,7 @@ for directory in sys.argv[2:]:
             for path in sorted(glob.glob(os.path.join(series_dir, "*.ink"))):
                 label = f"series {os.path.basename(directory)} {preset} threads={threads}"
                 result[f"{label} {os.path.basename(path)}"] = digest(path)
-print(json.dumps(result))
+print(json.dumps({"tree": imported, "digests": result}))
 """
 
 
@@ -80,7 +81,10 @@ def digests(tree: Path, directories: list[str], work: Path) -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=str(tree))
     done = subprocess.run([sys.executable, "-c", WORKER, str(work), *directories],
                           cwd=str(work), env=env, check=True, capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    if os.path.realpath(answer["tree"]) != os.path.realpath(tree):  # an installed copy won
+        raise SystemExit(f"the worker imported inshrink from {answer['tree']}, not {tree}")
+    return answer["digests"]
 
 
 def main() -> None:
