@@ -16,7 +16,8 @@ import torch
 
 from ..errors import InvalidArgumentError
 from ..encode.policy import Policy, resolve
-from ..search import Quality, Search, SearchSpace
+from ..search.choose import Search
+from ..search.space import Quality, SearchSpace
 from ..series.series import MAX_STEP, SEARCH_KEY as SEARCH_METADATA, Series
 from .budget import EPSILON_FLOOR, LATE_LR, Budget, run_length
 from ..torch.convert import to_torch
