@@ -34,14 +34,14 @@ evaluations under the search's :class:`~.evaluate.Settings`, expected sizes), :m
 imported from their modules.
 """
 from .._lazy import face
+from .allocation import allocation  # the function: else the name is its module's
 from .choose import Search, SearchResult
 from .space import BoundedQuality, Choice, Quality, SearchSpace
 
 # the walks' internals, once named here too: still resolved for old code, defined (and
 # imported by the tests) in their modules
 _INTERNALS = {
-    **dict.fromkeys(["ALLOCATION_SAMPLE", "MAX_SHIFT_BITS", "Shifts", "allocation", "shifted"],
-                    ".allocation"),
+    **dict.fromkeys(["ALLOCATION_SAMPLE", "MAX_SHIFT_BITS", "Shifts", "shifted"], ".allocation"),
     "SEARCHED_ROLES": ".choose",
     **dict.fromkeys(["SAMPLE", "Evaluator"], ".evaluate"),
     "Point": ".space",
