@@ -19,17 +19,18 @@ from ..encode.policy import Policy, resolve
 from ..search.choose import Search
 from ..search.space import Quality, SearchSpace
 from ..series.series import MAX_STEP, SEARCH_KEY as SEARCH_METADATA, Series
-from .budget import EPSILON_FLOOR, LATE_LR, Budget, run_length
 from ..torch.convert import to_torch
 from ..torch.gradients import GradientEMA
 from ..torch.quality import CRITERIA, quality_from
 from ..torch.state import MODEL, load_state, require_module, require_optimizer, state_to_numpy
 from ..torch.training import TRAINING, TRAINING_METADATA, capture, check_extra, decode
+from .budget import EPSILON_FLOOR, LATE_LR, Budget, run_length
 
-__all__ = ["Checkpointer", "SEARCH_METADATA", "PEAK_LR_METADATA", "TRAINING_METADATA"]
+# EPSILON_FLOOR and LATE_LR, the bound's rules, live in .budget
+__all__ = ["Checkpointer", "SEARCH_METADATA", "PEAK_LR_METADATA", "TRAINING_METADATA",
+           "EPSILON_FLOOR", "LATE_LR"]
 
 PEAK_LR_METADATA = "inshrink.torch.peak_lr"
-__all__ += ["EPSILON_FLOOR", "LATE_LR"]  # the bound's rules live in .budget
 _LOG = logging.getLogger("inshrink.torch")
 
 
