@@ -172,8 +172,8 @@ class Checkpointer:
         with the share of the run left (to the power ``epsilon_follows_lr``, at least
         linearly) and the last half of the run counts as late, whatever the learning rate
         does: a schedule that keeps the learning rate up says nothing about how little time a
-        late checkpoint has to recover. On the fault benchmark's lm (a cosine schedule, whose learning rate
-        already says as much; one seed) it changed nothing measurable.
+        late checkpoint has to recover. On the fault benchmark's lm (a cosine schedule, whose
+        learning rate already says as much; one seed) it changed nothing measurable.
 
     Attributes
     ----------
