@@ -48,7 +48,7 @@ from train import stdlib_corpus  # noqa: E402
 inshrink, why = import_inshrink()
 if inshrink is None:
     sys.exit(f"inshrink is not importable: {why}")
-import inshrink.transformers.pretrained as ink
+import inshrink.transformers as ink
 from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Trainer,  # noqa: E402
                           TrainingArguments)
 from transformers.utils import logging as hf_logging  # noqa: E402

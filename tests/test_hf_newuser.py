@@ -13,7 +13,7 @@ from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel,  # 
                           Trainer, TrainingArguments)
 
 import inshrink.torch  # noqa: E402
-import inshrink.transformers.pretrained as ink
+import inshrink.transformers as ink
 from inshrink.errors import CorruptError, InvalidArgumentError  # noqa: E402
 
 torch.set_num_threads(1)
@@ -74,11 +74,11 @@ def test_restore_checkpoint_from_a_wrong_directory(tmp_path):
         ink.restore_checkpoint(trainer_out, tmp_path / "resume")
     assert sorted(os.listdir(tmp_path)) == ["out"]
     assert os.listdir(trainer_out) == ["checkpoint-2"]
-    # a Checkpointer's series, not a Trainer's: was "... ('inshrink.transformers.pretrained.checkpoint':
-    # 'inshrink.transformers.pretrained.checkpoint')", a KeyError's text
+    # a Checkpointer's series, not a Trainer's: was "... ('inshrink.transformers.checkpoint':
+    # 'inshrink.transformers.checkpoint')", a KeyError's text
     model = torch.nn.Linear(2, 2)
     inshrink.torch.Checkpointer(tmp_path / "ckpts", model).save(1)
-    with pytest.raises(CorruptError, match=r"no 'inshrink.transformers.pretrained.checkpoint' metadata"):
+    with pytest.raises(CorruptError, match=r"no 'inshrink.transformers.checkpoint' metadata"):
         ink.restore_checkpoint(tmp_path / "ckpts", tmp_path / "resume")
     assert not os.path.exists(tmp_path / "resume")
 

@@ -11,7 +11,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import inshrink
 from inshrink.errors import CorruptError, InvalidArgumentError
 from inshrink.encode.policy import role_of
-from inshrink.search import MAX_SHIFT_BITS, Choice, Evaluator, Search, SearchSpace, allocation
+from inshrink.search import Choice, Search, SearchSpace
+from inshrink.search.allocation import MAX_SHIFT_BITS, allocation
+from inshrink.search.evaluate import Evaluator
 from inshrink.search.roundtrip import Roundtrip
 
 SPACE = SearchSpace()
@@ -466,9 +468,9 @@ def test_expected_sizes_come_from_real_encodings():
 
 # -- candidates in memory against the file path --------------------------------------------
 
-def _file_roundtrip(self, choice):
+def _file_roundtrip(self, choice, directory):
     """How candidates were evaluated before: saved to an .ink file and loaded back."""
-    path = self.search._test_dir / "candidate.ink"
+    path = directory / "candidate.ink"
     infos = inshrink.save(path, self.searched, policy=choice.policy(self.space, self.shifts),
                           importance=self.importance, threads=1)
     errors = [(i.error or {}).get("rel_l2_error") for i in infos]
@@ -476,7 +478,7 @@ def _file_roundtrip(self, choice):
     return inshrink.load(path), sum(i.stored_bytes for i in infos), worst
 
 
-def _file_sample_bits(self, tensors, config):
+def _file_sample_bits(self, tensors, config, directory):
     if not tensors:
         return 0.0
     sample, scale = {}, {}
@@ -486,7 +488,7 @@ def _file_sample_bits(self, tensors, config):
         rows = np.unique(np.linspace(0, blocks - 1, min(blocks, 64)).round().astype(np.int64))
         sample[name] = flat[:blocks * 64].reshape(blocks, 64)[rows]
         scale[name] = flat.size / sample[name].size
-    infos = inshrink.save(self.search._test_dir / "sample.ink", sample,
+    infos = inshrink.save(directory / "sample.ink", sample,
                           policy=inshrink.Policy.uniform(config), threads=1)
     return sum(8 * i.stored_bytes * scale[i.name] for i in infos)
 
@@ -506,9 +508,8 @@ def _checkpoints(seed=0, count=3):
                importance, loss)
 
 
-def _run(tmp_path, epsilon, **kwargs):
+def _run(epsilon, **kwargs):
     search = Search(epsilon, **{"threads": 1, **kwargs})
-    search._test_dir = tmp_path
     reports = []
     for state, importance, loss in _checkpoints():
         def quality(s, loss=loss):
@@ -522,10 +523,13 @@ def _run(tmp_path, epsilon, **kwargs):
 def test_search_chooses_as_with_candidate_files(tmp_path, monkeypatch, epsilon, kwargs):
     # the in-memory evaluation is a speed-up only: every decision, size, error and quality
     # is the one that saving each candidate to a file and loading it back gave
-    fresh = _run(tmp_path, epsilon, **kwargs)
-    monkeypatch.setattr(Evaluator, "roundtrip", _file_roundtrip)
-    monkeypatch.setattr(Evaluator, "sample_bits", _file_sample_bits)
-    with_files = _run(tmp_path, epsilon, **kwargs)
+    fresh = _run(epsilon, **kwargs)
+    monkeypatch.setattr(Evaluator, "roundtrip",
+                        lambda self, choice: _file_roundtrip(self, choice, tmp_path))
+    monkeypatch.setattr(Evaluator, "sample_bits",
+                        lambda self, tensors, config: _file_sample_bits(self, tensors, config,
+                                                                        tmp_path))
+    with_files = _run(epsilon, **kwargs)
     assert [r["mode"] for r in fresh] == ["guided", "neighbourhood", "neighbourhood"] or \
         "fallback" in [r["mode"] for r in fresh]
     for new, old in zip(fresh, with_files):

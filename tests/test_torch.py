@@ -16,8 +16,9 @@ from inshrink import errors
 from inshrink.encode.policy import role_of
 from inshrink.search import SearchSpace
 from inshrink.series.series import Series
-from inshrink.torch import (OPTIMIZER_METADATA, SEARCH_METADATA, Checkpointer, GradientEMA,
-                            load_state, quality_from, state_to_numpy)
+from inshrink.checkpointing.checkpointer import SEARCH_METADATA
+from inshrink.torch import Checkpointer, GradientEMA, load_state, quality_from, state_to_numpy
+from inshrink.torch.state import OPTIMIZER_METADATA
 
 torch.set_num_threads(1)
 

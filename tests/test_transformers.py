@@ -15,7 +15,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config,  # no
                           GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           PreTrainedTokenizerFast)
 
-import inshrink.transformers.pretrained as ink
+import inshrink.transformers as ink
 from inshrink.errors import InvalidArgumentError  # noqa: E402
 from test_cli import ROOT  # noqa: E402
 

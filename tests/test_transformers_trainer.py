@@ -14,7 +14,7 @@ import torch  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
 
 import inshrink  # noqa: E402
-import inshrink.transformers.pretrained as ink
+import inshrink.transformers as ink
 from inshrink.errors import CorruptError, InvalidArgumentError  # noqa: E402
 
 torch.set_num_threads(1)

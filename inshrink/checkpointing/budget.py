@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import InvalidArgumentError
-from ..search import Search, SearchSpace
+from ..search.choose import Search
+from ..search.space import SearchSpace
 
 __all__ = ["EPSILON_FLOOR", "LATE_LR", "Budget", "run_length"]
 

@@ -16,19 +16,21 @@ import torch
 
 from ..errors import InvalidArgumentError
 from ..encode.policy import Policy, resolve
-from ..search import Quality, Search, SearchSpace
+from ..search.choose import Search
+from ..search.space import Quality, SearchSpace
 from ..series.series import MAX_STEP, SEARCH_KEY as SEARCH_METADATA, Series
-from .budget import EPSILON_FLOOR, LATE_LR, Budget, run_length
 from ..torch.convert import to_torch
 from ..torch.gradients import GradientEMA
 from ..torch.quality import CRITERIA, quality_from
 from ..torch.state import MODEL, load_state, require_module, require_optimizer, state_to_numpy
 from ..torch.training import TRAINING, TRAINING_METADATA, capture, check_extra, decode
+from .budget import EPSILON_FLOOR, LATE_LR, Budget, run_length
 
-__all__ = ["Checkpointer", "SEARCH_METADATA", "PEAK_LR_METADATA", "TRAINING_METADATA"]
+# EPSILON_FLOOR and LATE_LR, the bound's rules, live in .budget
+__all__ = ["Checkpointer", "SEARCH_METADATA", "PEAK_LR_METADATA", "TRAINING_METADATA",
+           "EPSILON_FLOOR", "LATE_LR"]
 
 PEAK_LR_METADATA = "inshrink.torch.peak_lr"
-__all__ += ["EPSILON_FLOOR", "LATE_LR"]  # the bound's rules live in .budget
 _LOG = logging.getLogger("inshrink.torch")
 
 
@@ -115,7 +117,7 @@ class Checkpointer:
         Configurations the search may choose, and the optimizer moments' fixed
         configurations (default: the first moment as zeros plus its 0.05% largest entries,
         so a restore restarts momentum, and at 2 signed-log levels late in the run (see
-        :mod:`inshrink.torch.budget`); ``exp_avg_sq`` at 4 log levels).
+        :mod:`inshrink.checkpointing.budget`); ``exp_avg_sq`` at 4 log levels).
     max_evals : int
         Quality evaluations per checkpoint at most.
     keyframe_every : int
@@ -142,7 +144,7 @@ class Checkpointer:
         more precise than its first; docs/decisions.md); True (= 1): by the ratio; False
         (= 0): ``epsilon`` as given. ``max_rel_l2`` is scaled by the square root of the same
         factor (the loss a perturbation adds grows with the square of its size). The rules
-        are :class:`inshrink.torch.budget.Budget`'s.
+        are :class:`inshrink.checkpointing.budget.Budget`'s.
     threads : int, optional
         Encoder/decoder threads.
     rng : bool
@@ -166,12 +168,12 @@ class Checkpointer:
     total_steps : int, optional
         The run's length in optimizer steps (default: what ``scheduler`` says, for torch's
         ``OneCycleLR``, ``CosineAnnealingLR``, ``PolynomialLR`` and ``SequentialLR`` of them;
-        see :func:`inshrink.torch.budget.run_length`). Known, the bound also shrinks with the
-        share of the run left (to the power ``epsilon_follows_lr``, at least linearly) and the
-        last half of the run counts as late, whatever the learning rate does: a schedule that
-        keeps the learning rate up says nothing about how little time a late checkpoint has
-        to recover. On the fault benchmark's lm (a cosine schedule, whose learning rate
-        already says as much; one seed) it changed nothing measurable.
+        see :func:`inshrink.checkpointing.budget.run_length`). Known, the bound also shrinks
+        with the share of the run left (to the power ``epsilon_follows_lr``, at least
+        linearly) and the last half of the run counts as late, whatever the learning rate
+        does: a schedule that keeps the learning rate up says nothing about how little time a
+        late checkpoint has to recover. On the fault benchmark's lm (a cosine schedule, whose
+        learning rate already says as much; one seed) it changed nothing measurable.
 
     Attributes
     ----------

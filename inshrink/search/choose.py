@@ -14,7 +14,7 @@ from .. import dtypes
 from ..errors import InvalidArgumentError
 from ..encode.policy import LOSSY_DTYPES, Policy, QuantConfig, role_of
 from .allocation import allocation
-from .evaluate import Evaluator
+from .evaluate import Evaluator, Settings, SizeTable
 from .predict import DropModel
 from .space import Choice, Quality, SearchSpace
 from .walk import guided, neighbourhood
@@ -119,8 +119,15 @@ class Search:
         self.threads = threads
         self.predict = bool(predict)
         self.previous: Choice | None = None
-        self._size_table: tuple[tuple, np.ndarray] | None = None
+        self._size_table: SizeTable | None = None  # the last checkpoint's expected sizes
         self._drops: DropModel | None = None  # what earlier checkpoints measured
+
+    def settings(self) -> Settings:
+        """What the evaluations of the next checkpoint obey (the attributes as they are now)."""
+        return Settings(space=self.space, epsilon=self.epsilon,
+                        higher_is_better=self.higher_is_better, max_evals=self.max_evals,
+                        max_rel_l2=self.max_rel_l2, two_sided=self.two_sided,
+                        threads=self.threads)
 
     def proxy_policy(self) -> Policy:
         """Without a callback: per tensor, the fewest bins meeting the error bound."""
@@ -196,19 +203,25 @@ class Search:
             report.update(mode="none", chosen=None, reason="no tensor to quantize")
             choice = None
         else:
-            ev = Evaluator(self, arrays, searched, quality, importance, shifts, roles)
-            if not metrics:
-                report.update(mode="none", reason="no usable prune metric")
-                choice = None
-            elif self.previous is None:
-                ev.bits = None  # a fresh search measures sizes afresh
-                choice, why = guided(ev, (0,) * 4, self.space.top(), metrics, "guided")
-                report.update(mode="guided", reason=why)
-            else:
-                model = self._drops if self._drops is not None and \
-                    self._drops.axes == self.space.axes() else None
-                choice, why, mode = neighbourhood(ev, self.previous, metrics, model)
-                report.update(mode=mode, reason=why)
+            # a fresh search measures sizes afresh; a later one reuses the table
+            ev = Evaluator(self.settings(), arrays, searched, quality, importance, shifts,
+                           roles, sizes=None if self.previous is None else self._size_table)
+            try:
+                if not metrics:
+                    report.update(mode="none", reason="no usable prune metric")
+                    choice = None
+                elif self.previous is None:
+                    choice, why = guided(ev, (0,) * 4, self.space.top(), metrics, "guided")
+                    report.update(mode="guided", reason=why)
+                else:
+                    model = self._drops if self._drops is not None and \
+                        self._drops.axes == self.space.axes() else None
+                    choice, why, mode = neighbourhood(ev, self.previous, metrics, model,
+                                                      self.predict)
+                    report.update(mode=mode, reason=why)
+            finally:  # a table built before a failing callback is still valid
+                if ev.sizes is not None:
+                    self._size_table = ev.sizes
             if self._drops is None or self._drops.axes != self.space.axes():
                 self._drops = DropModel(self.space.axes())
             self._drops.observe(ev.results, self.two_sided)

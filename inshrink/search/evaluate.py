@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -14,31 +15,67 @@ from ..errors import InvalidArgumentError
 from ..encode.policy import Policy, QuantConfig
 from .allocation import Shifts
 from .roundtrip import Roundtrip, encode_tensor
-from .space import Choice, Point, Quality
-
-if TYPE_CHECKING:
-    from .choose import Search
+from .space import Choice, Point, Quality, SearchSpace
 
 SAMPLE = 4096
 """Elements per tensor encoded to estimate the size of a configuration (64 blocks of 64,
 spread evenly over the tensor)."""
 
+SizeTable = tuple[tuple, np.ndarray]
+"""The expected bits at every point of the cube, with what they were measured on (the searched
+tensors' names, shapes and dtypes, the axes and sigma): reusable while that is unchanged."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the evaluations of one checkpoint obey: the bounds and cap of
+    :class:`~.choose.Search` (see its parameters) and the cube.
+
+    Attributes
+    ----------
+    space : SearchSpace
+        The configurations to choose from.
+    epsilon : float
+        Allowed relative quality drop.
+    higher_is_better : bool
+        True for an accuracy-like quality, False for a loss.
+    max_evals : int
+        Hard cap on evaluations per checkpoint.
+    max_rel_l2 : float or None
+        Largest relative L2 error of a searched tensor in a feasible candidate.
+    two_sided : bool
+        Feasible only if the quality moves by at most ``epsilon`` either way.
+    threads : int or None
+        Encoder/decoder threads for the candidate encodings.
+    """
+
+    space: SearchSpace
+    epsilon: float
+    higher_is_better: bool
+    max_evals: int
+    max_rel_l2: float | None
+    two_sided: bool
+    threads: int | None
+
 
 class Evaluator:
     """Evaluates configurations on the searched tensors, with a cache, the monotonicity
     shortcuts and the evaluation cap. Candidates are encoded and decoded in memory
-    (:class:`~inshrink.search.roundtrip.Roundtrip`)."""
+    (:class:`~inshrink.search.roundtrip.Roundtrip`).
 
-    def __init__(self, search: Search, tensors: dict[str, np.ndarray],
+    ``sizes`` is the expected-size table of an earlier checkpoint (:attr:`sizes`), used while
+    it was measured on tensors of the same names, shapes and dtypes and on the same axes."""
+
+    def __init__(self, settings: Settings, tensors: dict[str, np.ndarray],
                  searched: dict[str, np.ndarray], quality: Quality,
                  importance: dict[str, Any], shifts: Shifts,
-                 roles: Mapping[str, str]) -> None:
-        self.search, self.space = search, search.space
+                 roles: Mapping[str, str], sizes: SizeTable | None = None) -> None:
+        self.settings, self.space = settings, settings.space
         self.tensors, self.searched, self.quality = tensors, searched, quality
         self.importance, self.shifts = importance, shifts
         self.results: dict[tuple[Point, str], dict] = {}
         self.log: list[dict] = []
-        self.budget = search.max_evals  # a phase may lower it to share the cap
+        self.budget = settings.max_evals  # a phase may lower it to share the cap
         # where the time goes, for the report: the callback, candidate encodings, size table
         self.seconds = {"quality": 0.0, "encode": 0.0, "size_table": 0.0}
         self.baseline, _ = self._call(tensors)
@@ -47,13 +84,18 @@ class Evaluator:
                                        f"{self.baseline}; the search needs a finite value")
         self.raw_bytes = sum(a.nbytes for a in searched.values())
         self.roles = roles
-        self.encode = Roundtrip(searched, importance, search.threads)
+        self.encode = Roundtrip(searched, importance, settings.threads)
         # the expected size of every point, built when first needed; a neighbourhood search
         # reuses the previous checkpoint's (it only orders a few candidates)
         self.key = (tuple(sorted((n, a.shape, a.dtype.str) for n, a in searched.items())),
                     self.space.axes(), self.space.sigma)
-        cached = search._size_table
-        self.bits = cached[1] if cached and cached[0] == self.key else None
+        self.bits = sizes[1] if sizes and sizes[0] == self.key else None
+
+    @property
+    def sizes(self) -> SizeTable | None:
+        """The expected-size table and what it was measured on, for a later checkpoint; None
+        until it is built."""
+        return None if self.bits is None else (self.key, self.bits)
 
     def _call(self, state: dict[str, np.ndarray],
               limit: float | None = None) -> tuple[float, bool]:
@@ -80,18 +122,18 @@ class Evaluator:
     def limit(self) -> float | None:
         """The largest feasible quality, for a callback that can stop an evaluation once it is
         exceeded; None for a higher-is-better quality (its evaluations run to the end)."""
-        if self.search.higher_is_better:
+        if self.settings.higher_is_better:
             return None
-        return self.baseline + self.search.epsilon * (abs(self.baseline) or 1.0)
+        return self.baseline + self.settings.epsilon * (abs(self.baseline) or 1.0)
 
     @property
     def left(self) -> int:
-        return min(self.search.max_evals, self.budget) - len(self.log)
+        return min(self.settings.max_evals, self.budget) - len(self.log)
 
     def drop(self, value: float) -> float:
         """Relative quality drop from the baseline (positive = worse)."""
         scale = abs(self.baseline) or 1.0
-        change = (self.baseline - value) if self.search.higher_is_better else \
+        change = (self.baseline - value) if self.settings.higher_is_better else \
             (value - self.baseline)
         return change / scale if math.isfinite(value) else math.inf
 
@@ -102,7 +144,6 @@ class Evaluator:
             started = time.perf_counter()
             self.bits = self.size_table()
             self.seconds["size_table"] += time.perf_counter() - started
-            self.search._size_table = (self.key, self.bits)
         return float(self.bits[point])
 
     def size_table(self) -> np.ndarray:
@@ -182,7 +223,7 @@ class Evaluator:
         started = time.perf_counter()
         decoded, stored, rel_l2 = self.roundtrip(choice)
         self.seconds["encode"] += time.perf_counter() - started
-        bound = self.search.max_rel_l2
+        bound = self.settings.max_rel_l2
         complete = True
         if bound is not None and not rel_l2 <= bound:
             # too coarse whatever the quality says: the callback is not called
@@ -192,13 +233,13 @@ class Evaluator:
             state = {**self.tensors, **decoded}
             value, complete = self._call(state, None if exact else self.limit())
             drop = self.drop(value)
-            if not complete and not drop > self.search.epsilon:
+            if not complete and not drop > self.settings.epsilon:
                 # the callback stopped without proving the candidate infeasible: measure all
                 value, complete = self._call(state)
                 drop = self.drop(value)
             # two-sided: a quality that improves by more than epsilon on a few batches is a
             # large perturbation that happened to help there, not a safe one
-            feasible = (abs(drop) if self.search.two_sided else drop) <= self.search.epsilon
+            feasible = (abs(drop) if self.settings.two_sided else drop) <= self.settings.epsilon
             if not complete:  # only a bound is known: not reported as a measurement
                 value = drop = None
         result = {"choice": choice.to_dict(), "phase": phase, "quality": value,

@@ -1,5 +1,5 @@
 """Candidate encodings in memory: the searched tensors encoded at a policy exactly as a save
-would encode them (:func:`inshrink.encoder.for_tensor`, the Writer's chunking and entropy
+would encode them (:func:`inshrink.encode.tensor.for_tensor`, the Writer's chunking and entropy
 settings), their stored bytes, their error, and their decoded values, without a file.
 
 A save's stored bytes are its payloads (record headers and the index are not counted, as in
@@ -46,7 +46,7 @@ class Encoded:
 
 def encode_tensor(name: str, array: np.ndarray, policy: Policy, importance: Any = None, *,
                   decode: bool = True, entropy: Entropy = Entropy()) -> Encoded:
-    """Encode one tensor as :class:`inshrink.tensorfile.Writer` would with ``policy`` (default
+    """Encode one tensor as :class:`inshrink.io.tensorfile.Writer` would with ``policy`` (default
     chunk size and entropy settings) and, with ``decode``, decode it as a reader would."""
     dtype = dtypes.of_numpy(array.dtype)
     flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)

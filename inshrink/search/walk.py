@@ -73,10 +73,10 @@ def guided(ev: Evaluator, lo: Point, hi: Point, metrics: list[str],
            phase: str) -> tuple[Choice | None, str]:
     """Guided search of the cube [lo, hi] once per prune metric."""
     for k, metric in enumerate(metrics):
-        ev.budget = ev.search.max_evals
+        ev.budget = ev.settings.max_evals
         ev.budget = len(ev.log) + ev.left // (len(metrics) - k)  # share the cap
         _guided_one(ev, lo, hi, metric, phase)
-    ev.budget = ev.search.max_evals
+    ev.budget = ev.settings.max_evals
     best = _best(ev, metrics)
     if best is None:
         return None, "no feasible configuration: weights stored losslessly"
@@ -101,7 +101,7 @@ def _guided_one(ev: Evaluator, lo: Point, hi: Point, metric: str, phase: str) ->
             continue
         # the whole cube's most precise point is feasible unless nothing is: not probed
         # first when epsilon leaves room
-        whole = (c_lo, c_hi) == (lo, hi) and c_hi == ev.space.top() and ev.search.epsilon > 0
+        whole = (c_lo, c_hi) == (lo, hi) and c_hi == ev.space.top() and ev.settings.epsilon > 0
         found = _first_feasible(ev, _diagonal(c_lo, c_hi), metric, phase, probe_top=not whole)
         if found is None:
             continue
@@ -123,24 +123,25 @@ def _guided_one(ev: Evaluator, lo: Point, hi: Point, metric: str, phase: str) ->
 
 
 def neighbourhood(ev: Evaluator, previous: Choice, metrics: list[str],
-                  model: DropModel | None = None) -> tuple[Choice | None, str, str]:
+                  model: DropModel | None = None,
+                  predict: bool = False) -> tuple[Choice | None, str, str]:
     """Around the previous choice, never more aggressive; the guided search above it
     when nothing there is feasible.
 
     By default the previous choice, then (if it fails) the neighbourhood's most precise
     corner unless ``model`` predicts it feasible, then the neighbours smallest first: the
-    cheapest feasible neighbour. With ``Search(predict=True)`` and a ``model`` that predicts
-    the drops from earlier checkpoints, the candidates (the previous choice and its
-    neighbours) predicted within ``(1 + MARGIN) * epsilon`` are evaluated first, smallest
+    cheapest feasible neighbour. With ``predict`` (``Search(predict=True)``) and a ``model``
+    that predicts the drops from earlier checkpoints, the candidates (the previous choice and
+    its neighbours) predicted within ``(1 + MARGIN) * epsilon`` are evaluated first, smallest
     expected size first, and the first one measured feasible wins; the others only when
     none of those is left (the previous choice too, which a falling epsilon often rules
     out). Either way, a choice is a candidate measured feasible here."""
     space = ev.space
     start = space.point(previous)
     metric = previous.prune_metric if previous.prune_metric in metrics else metrics[0]
-    eps = ev.search.epsilon
+    eps = ev.settings.epsilon
     guess = None if model is None else model.predict(start, metric, {})
-    predicted = guess is not None and ev.search.predict
+    predicted = guess is not None and predict
     why = []
     if not predicted or guess <= eps * (1 + MARGIN):
         # the metric check compares drops: measured to the end when there is one to make
@@ -176,9 +177,9 @@ def _ordered_walk(ev: Evaluator, model: DropModel | None, candidates: list[Point
     current = ev.results.get((start, metric))
     if current is not None and not current["feasible"] and corner != start:
         today = {key: d for key, r in ev.results.items()
-                 if (d := measured_drop(r, ev.search.two_sided)) is not None}
+                 if (d := measured_drop(r, ev.settings.two_sided)) is not None}
         guess = None if model is None else model.predict(corner, metric, today)
-        if guess is None or guess > ev.search.epsilon:
+        if guess is None or guess > ev.settings.epsilon:
             # the neighbourhood's most precise point first: if it fails, so does every
             # other neighbour (monotonicity), and one evaluation sends us to the fallback;
             # not when the drops measured so far predict it feasible (it decides nothing)
@@ -199,7 +200,7 @@ def _predicted_walk(ev: Evaluator, model: DropModel, candidates: list[Point], st
     """The neighbours predicted feasible first, smallest expected size first, predictions
     renewed after each evaluation; the first measured feasible wins. When none is predicted
     feasible, the corner first: if it fails, every neighbour does."""
-    eps = ev.search.epsilon * (1 + MARGIN)
+    eps = ev.settings.epsilon * (1 + MARGIN)
     probe = None
     if (start, metric) in ev.results and ev.results[(start, metric)]["feasible"]:
         return start
@@ -209,7 +210,7 @@ def _predicted_walk(ev: Evaluator, model: DropModel, candidates: list[Point], st
         if not pending:
             break
         today = {key: d for key, r in ev.results.items()
-                 if (d := measured_drop(r, ev.search.two_sided)) is not None}
+                 if (d := measured_drop(r, ev.settings.two_sided)) is not None}
         likely = [p for p in pending
                   if (d := model.predict(p, metric, today)) is not None and d <= eps]
         if likely:

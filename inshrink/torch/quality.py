@@ -11,7 +11,7 @@ import torch
 from torch.func import functional_call
 
 from ..errors import InvalidArgumentError
-from ..search import Quality
+from ..search.space import Quality
 from .convert import to_torch
 from .state import MODEL, names_list, require_module
 

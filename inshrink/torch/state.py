@@ -1,6 +1,6 @@
 """Model and optimizer state as named numpy arrays plus JSON metadata, and back.
 
-Tensor names follow the conventions :func:`inshrink.policy.role_of` recognises:
+Tensor names follow the conventions :func:`inshrink.encode.roles.role_of` recognises:
 ``model.<state_dict name>`` for parameters and buffers, ``optimizer.state.<index>.<key>`` for
 optimizer state; everything else of the optimizer (parameter groups, scalars) is JSON in the
 metadata under :data:`OPTIMIZER_METADATA`.

@@ -1,0 +1,202 @@
+"""The Trainer :class:`Callback`: every checkpoint the ``Trainer`` saves goes into an
+:class:`inshrink.Series` (:func:`~.checkpoints.checkpoint_to_numpy`), is read back and
+checked, and its Trainer directory may go once it is. Imports torch and transformers."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import warnings
+from typing import Any, Mapping
+
+import numpy as np
+from transformers import TrainerCallback
+
+from ..errors import InshrinkError, InvalidArgumentError
+from ..encode.policy import Policy
+from ..series.series import Series
+from .checkpoints import checkpoint_to_numpy, restore_checkpoint
+
+__all__ = ["Callback"]
+
+
+class Callback(TrainerCallback):
+    """Store every checkpoint the ``Trainer`` saves in an :class:`inshrink.Series`.
+
+    After each save (``on_save``, on the main process) the checkpoint directory
+    ``output_dir/checkpoint-<step>`` goes into the series as step ``<step>`` (see
+    :func:`checkpoint_to_numpy`), and the stored step is read back and compared with what was
+    stored (:meth:`verify_step`: every lossless tensor bit for bit, every quantized one within
+    the error its report gives). The next save rewrites that step as a delta against the new
+    one; it is then decoded again and must give the same values. The Trainer's own directory
+    is left as it is (with ``save_total_limit`` the Trainer rotates it as usual), or, with
+    ``remove_checkpoint=True``, removed only once both checks passed (the newest step's at
+    the end of training): a step that fails one keeps its directory, gets a
+    :class:`UserWarning` and is listed in :attr:`unverified`.
+    :meth:`restore` writes a step back. A series takes only steps after its latest: training
+    that starts before it (a rerun from scratch, a resume from an older step) is refused
+    with :class:`InvalidArgumentError` when it begins (``on_train_begin``).
+
+    Parameters
+    ----------
+    series_dir : str or os.PathLike
+        The series' directory.
+    policy : Policy, str or None
+        Compression of weights and optimizer moments (``"balanced"``...); ``None``:
+        lossless, and training resumes exactly as from the Trainer's own checkpoint.
+    remove_checkpoint : bool
+        Remove the Trainer's checkpoint directory once stored and verified.
+    keep_last : int, optional
+        Keep only the newest this many steps in the series (as ``save_total_limit`` does for
+        the Trainer's directories), deleting older ones after each save
+        (:meth:`inshrink.Series.retain`); None: keep every step.
+    **series_kwargs
+        ``keyframe_every``, ``threads``, ``search``: see :class:`inshrink.Series`.
+
+    Attributes
+    ----------
+    reports : dict
+        Step -> the tensor report of its save.
+    unverified : dict
+        Step -> why its stored copy failed the check (its Trainer directory was kept).
+
+    Examples
+    --------
+    >>> cb = Callback("ckpts-ink/", remove_checkpoint=True, keep_last=3)  # doctest: +SKIP
+    >>> Trainer(model, args, train_dataset=data, callbacks=[cb]).train()  # doctest: +SKIP
+    >>> trainer.train(resume_from_checkpoint=cb.restore("out/resume"))    # doctest: +SKIP
+    """
+
+    def __init__(self, series_dir: str | os.PathLike, policy: Policy | str | None = None, *,
+                 remove_checkpoint: bool = False, keep_last: int | None = None,
+                 **series_kwargs: Any) -> None:
+        if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
+            raise InvalidArgumentError("keep_last must be a positive integer or None")
+        self.series = Series(series_dir, policy, **series_kwargs)
+        self.remove_checkpoint = remove_checkpoint
+        self.keep_last = keep_last
+        self.reports: dict[int, list] = {}
+        self.unverified: dict[int, str] = {}
+        # the newest checked step: (step, its Trainer directory, digests of its tensors)
+        self._pending: tuple[int, str, dict[str, bytes]] | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # a series takes only steps after its latest: refuse before training, not at a save
+        latest = self.series.latest()
+        if state.is_world_process_zero and latest is not None and latest > state.global_step:
+            later = [s for s in self.series.steps() if s > state.global_step]
+            raise InvalidArgumentError(
+                f"{self.series.directory} already holds step(s) {later} after step "
+                f"{state.global_step}, where this training starts, and a series only takes "
+                f"steps after its latest: resume from step {latest} "
+                f"(callback.restore(dir)), or give the Callback a new directory")
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not state.is_world_process_zero:
+            return
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+        step = int(state.global_step)
+        directory = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+        if not os.path.isdir(directory):
+            raise InvalidArgumentError(f"{directory}: the Trainer's checkpoint is missing")
+        arrays, metadata = checkpoint_to_numpy(directory)
+        self.reports[step] = report = self.series.save(step, arrays, metadata)
+        problem, digests = self._verify(step, arrays, report)
+        del arrays  # one checkpoint in memory at a time
+        self._settle_previous()  # rewritten as a delta against this step by the save
+        if problem is not None:
+            self._failed(step, problem, directory)
+        else:
+            self._pending = (step, directory, digests)
+        if self.keep_last is not None:
+            self.series.retain(self.keep_last)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # the newest step stays a whole file, checked when it was saved: done with it
+        if self._pending is not None and self.remove_checkpoint:
+            shutil.rmtree(self._pending[1], ignore_errors=True)
+        self._pending = None
+
+    def _settle_previous(self) -> None:
+        """The step saved before the newest one: once the save rewrote it as a delta, decode
+        it again and compare with what it decoded to when it was checked; then (or at once,
+        if it stayed whole) its Trainer directory may go."""
+        if self._pending is None:
+            return
+        step, directory, digests = self._pending
+        self._pending = None
+        entry = next((e for e in self.series.checkpoints() if e.step == step), None)
+        problem = None
+        if entry is not None and not entry.keyframe:
+            try:
+                decoded = self.series.load(step)
+                if {n: _digest(a) for n, a in decoded.items()} != digests:
+                    problem = "as a delta it decodes to other values than it was saved with"
+            except (InshrinkError, OSError) as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+        if problem is not None:
+            self._failed(step, f"{problem} (after its rewrite as a delta)", directory)
+        elif self.remove_checkpoint and os.path.isdir(directory):
+            shutil.rmtree(directory)
+
+    def _failed(self, step: int, problem: str, directory: str) -> None:
+        self.unverified[step] = problem
+        warnings.warn(f"step {step}: the compressed copy in {self.series.directory} failed "
+                      f"its check ({problem}); {directory} is kept", UserWarning, stacklevel=3)
+
+    def verify_step(self, step: int, arrays: Mapping[str, np.ndarray],
+                    report: list) -> str | None:
+        """Decode ``step`` from the series (checking the file's hash, every chunk's checksum
+        and any delta's base) and compare it with ``arrays``, what was saved: lossless
+        tensors bit for bit, quantized ones within the relative L2 error of ``report``.
+        Returns None if it matches, else what is wrong."""
+        return self._verify(step, arrays, report)[0]
+
+    def _verify(self, step: int, arrays: Mapping[str, np.ndarray],
+                report: list) -> tuple[str | None, dict[str, bytes]]:
+        """:meth:`verify_step`, and a digest of each decoded tensor (for the check after the
+        step is rewritten as a delta)."""
+        try:
+            decoded = self.series.load(step)
+        except (InshrinkError, OSError) as exc:
+            return f"{type(exc).__name__}: {exc}", {}
+        if decoded.keys() != arrays.keys():
+            return "the stored tensors are not the saved ones", {}
+        infos = {info.name: info for info in report}
+        for name, original in arrays.items():
+            got, info = decoded[name], infos.get(name)
+            if got.shape != original.shape or got.dtype != original.dtype:
+                return f"tensor {name!r}: shape or dtype differs", {}
+            if info is None or info.lossless:
+                if not np.array_equal(_bytes_of(got), _bytes_of(original)):
+                    return f"tensor {name!r}: not bit-exact", {}
+                continue
+            bound = (info.error or {}).get("rel_l2_error")
+            if isinstance(bound, (int, float)) and np.isfinite(bound):
+                reference = original.astype(np.float64)
+                norm = float(np.linalg.norm(reference))
+                error = float(np.linalg.norm(got.astype(np.float64) - reference))
+                if error > (bound * (1 + 1e-3) + 1e-6) * norm:
+                    return (f"tensor {name!r}: relative L2 error "
+                            f"{error / norm if norm else error:.4g} above the reported "
+                            f"{bound:.4g}"), {}
+        return None, {name: _digest(a) for name, a in decoded.items()}
+
+    def restore(self, directory: str | os.PathLike, step: int | None = None, *,
+                overwrite: bool = False) -> str:
+        """Write checkpoint ``step`` (default: the latest) as a Trainer checkpoint directory;
+        see :func:`restore_checkpoint`. Returns ``directory``."""
+        return restore_checkpoint(self.series, directory, step, overwrite=overwrite)
+
+
+def _digest(array: np.ndarray) -> bytes:
+    """A digest of the array's dtype, shape and bytes."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{array.dtype.str}{array.shape}".encode())
+    h.update(_bytes_of(array))
+    return h.digest()
+
+
+def _bytes_of(array: np.ndarray) -> np.ndarray:
+    """The array's bytes as a flat uint8 view (a copy only if it is not contiguous)."""
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
