@@ -24,6 +24,15 @@ def readme_examples(kind: str) -> list[str]:
     return re.findall(rf"```{kind}\n(.*?)```", text[start:end], re.S)
 
 
+def run_commands(block: str, cwd) -> None:
+    """Run each line of a shell block, an ``inshrink`` command and its comment, in ``cwd``."""
+    for line in block.splitlines():
+        command = line.split("#")[0].split()
+        assert command[0] == "inshrink"
+        r = run(*command[1:], cwd=cwd)
+        assert r.returncode == 0, (line, r.stderr)
+
+
 def test_the_first_python_blocks_run_as_written(tmp_path, monkeypatch, capsys):
     """The importance example used a key, "w", that the state above it does not have."""
     monkeypatch.chdir(tmp_path)
@@ -54,10 +63,6 @@ def test_the_readme_commands_run_as_written(tmp_path):
                "b": rng.standard_normal(64).astype(np.float32)},
               str(tmp_path / "model.safetensors"))
     (block,) = readme_examples("sh")
-    for line in block.splitlines():
-        command = line.split("#")[0].split()
-        assert command[0] == "inshrink"
-        r = run(*command[1:], cwd=tmp_path)
-        assert r.returncode == 0, (line, r.stderr)
+    run_commands(block, tmp_path)
     assert (tmp_path / "restored.safetensors").read_bytes() == \
         (tmp_path / "model.safetensors").read_bytes()

@@ -11,7 +11,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments  # noqa: E402
 
-from test_cli import ROOT, run  # noqa: E402
+from test_cli import ROOT  # noqa: E402
+from test_readme_python import readme_examples, run_commands  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 
@@ -48,20 +49,13 @@ def test_the_commands_run_as_written(tmp_path):
     import inshrink
     inshrink.Series(tmp_path / "ckpts").save(1, {"w": torch.ones(4).numpy()})
     (block,) = section_blocks("sh")
-    for line in block.splitlines():
-        command = line.split("#")[0].split()
-        assert command[0] == "inshrink"
-        r = run(*command[1:], cwd=tmp_path)
-        assert r.returncode == 0, (line, r.stderr)
+    run_commands(block, tmp_path)
     assert (tmp_path / "ckpts.png").exists()
 
 
 def test_the_readme_pytorch_example_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    start = text.index("## Examples")
-    (code,) = [b for b in re.findall(r"```python\n(.*?)```", text[start:text.index("\n## ", start + 1)], re.S)
-               if "inshrink.torch" in b]
+    (code,) = [b for b in readme_examples("python") if "inshrink.torch" in b]
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
     optimizer = torch.optim.AdamW(model.parameters())
