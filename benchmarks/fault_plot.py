@@ -58,7 +58,7 @@ def main(argv=None) -> int:
                 refs.add(r["model"])
             rows.append(r)
     have = {(r["model"], r["run"]) for r in rows}
-    rows += [r for r in baseline_rows(os.path.join(HERE, "RESULTS.md"), args.baselines)
+    rows += [r for r in baseline_rows(os.path.join(HERE, "HISTORY.md"), args.baselines)
              if (r["model"], r["run"]) not in have]
     rows.sort(key=lambda r: (r["model"] != "lm", r["run"] != "ref"))
     bench_fault.plot(rows, args.plot)

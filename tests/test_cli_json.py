@@ -1,4 +1,4 @@
-"""Every command's --json output has one shape (README.md, "Command line")."""
+"""Every command's --json output has one shape (docs/cli.md, "--json")."""
 import json
 import os
 

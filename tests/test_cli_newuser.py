@@ -1,4 +1,4 @@
-"""The command line used as a new user would, from README.md and --help: paths that reach the
+"""The command line used as a new user would, from docs/cli.md and --help: paths that reach the
 input another way, outputs inside the input, empty or conflicting options, long names."""
 import os
 import stat

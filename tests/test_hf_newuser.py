@@ -1,4 +1,4 @@
-"""inshrink.transformers and inshrink.torch used as their README and docstrings describe:
+"""inshrink.transformers and inshrink.torch used as their docs pages and docstrings describe:
 what a user doing something wrong is told. Tiny models from configs: nothing is downloaded."""
 import os
 

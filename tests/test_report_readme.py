@@ -1,5 +1,6 @@
-"""README.md, "Use with PyTorch / Hugging Face": the Python block runs as written, on a tiny
-GPT-2 built from a config (nothing downloaded), and the shell block's command works."""
+"""docs/torch.md, "Every call in one place": the Python block runs as written, on a tiny GPT-2
+built from a config (nothing downloaded), and the shell block's commands work; README.md's
+PyTorch example runs as written on a small model."""
 import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it
@@ -10,15 +11,16 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments  # noqa: E402
 
-from test_cli import ROOT, run  # noqa: E402
+from test_cli import ROOT  # noqa: E402
+from test_readme_python import readme_examples, run_commands  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 
 
 def section_blocks(kind):
-    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    start = text.index("### Use with PyTorch / Hugging Face")
-    end = text.index("\n### ", start + 1)
+    text = open(os.path.join(ROOT, "docs", "torch.md"), encoding="utf-8").read()
+    start = text.index("## Every call in one place")
+    end = text.index("\n## ", start + 1)
     return re.findall(rf"```{kind}\n(.*?)```", text[start:end], re.S)
 
 
@@ -36,7 +38,7 @@ def test_the_python_calls_run_as_written(tmp_path, monkeypatch):
     namespace = {"model": model, "optimizer": optimizer, "step": 1, "args": args,
                  "data": data}
     (code,) = section_blocks("python")
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/torch.md", "exec"), namespace)
     assert [r["step"] for r in namespace["records"]] == [1]
     assert (tmp_path / "ckpts.png").stat().st_size > 0
     assert namespace["cb"].series.steps() == [2] and not namespace["cb"].unverified
@@ -47,9 +49,18 @@ def test_the_commands_run_as_written(tmp_path):
     import inshrink
     inshrink.Series(tmp_path / "ckpts").save(1, {"w": torch.ones(4).numpy()})
     (block,) = section_blocks("sh")
-    for line in block.splitlines():
-        command = line.split("#")[0].split()
-        assert command[0] == "inshrink"
-        r = run(*command[1:], cwd=tmp_path)
-        assert r.returncode == 0, (line, r.stderr)
+    run_commands(block, tmp_path)
     assert (tmp_path / "ckpts.png").exists()
+
+
+def test_the_readme_pytorch_example_runs_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (code,) = [b for b in readme_examples("python") if "inshrink.torch" in b]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    optimizer = torch.optim.AdamW(model.parameters())
+    loader = [(torch.randn(4, 8), torch.randint(0, 2, (4,))) for _ in range(200)]
+    namespace = {"model": model, "optimizer": optimizer, "loader": loader,
+                 "loss_fn": torch.nn.functional.cross_entropy}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["step"] == 200 and namespace["ckpt"].series.steps() == [100, 200]
