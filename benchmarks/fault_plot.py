@@ -3,7 +3,7 @@
     python benchmarks/fault_plot.py results/fault_a.json results/fault_b.json results/fault_cnn.json
 
 Partial sweeps (``--only ...``) skip the baselines that do not depend on inshrink's settings;
-their rows (``seed``, ``lossless``, ``fp16``, ``int8``, seed 0) are read from the RESULTS.md
+their rows (``seed``, ``lossless``, ``fp16``, ``int8``, seed 0) are read from the HISTORY.md
 section named by ``--baselines``. The first ``ref`` of each model is kept.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ BASELINES = "## Fault tolerance — 2026-11-29, format 1.3"
 
 
 def baseline_rows(results_md: str, heading: str) -> list[dict]:
-    """The baseline runs of one RESULTS.md fault-tolerance table."""
+    """The baseline runs of one HISTORY.md fault-tolerance table."""
     text = open(results_md, encoding="utf-8").read()
     start = text.index(heading)
     end = text.find("\n## ", start + 1)
@@ -46,7 +46,7 @@ def baseline_rows(results_md: str, heading: str) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("json", nargs="+")
-    ap.add_argument("--baselines", default=BASELINES, help="RESULTS.md heading to read them from")
+    ap.add_argument("--baselines", default=BASELINES, help="HISTORY.md heading to read them from")
     ap.add_argument("--plot", default=os.path.join(HERE, "fault_tolerance.png"))
     args = ap.parse_args(argv)
     rows, refs = [], set()
