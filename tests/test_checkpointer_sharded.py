@@ -15,7 +15,7 @@ import torch
 from helpers import fully_sharded, run_scenario, scenario_main
 
 from inshrink import errors
-from inshrink.dcp.storage import describe
+from inshrink.dcp.inspect import describe
 from inshrink.torch import Checkpointer
 
 HERE = os.path.abspath(__file__)
@@ -145,7 +145,7 @@ def _write(directory, name, rank, doc):
 
 def _first(rank, world, directory):
     """Train with async saves (the writer slowed down), then go on uninterrupted."""
-    from inshrink.dcp.storage import InkStorageWriter
+    from inshrink.dcp.writer import InkStorageWriter
     model, optim, sched = _sharded(world, seed=0)
     torch.manual_seed(100 + rank)  # each rank its own batches and dropout
     counter = Counter()
@@ -194,7 +194,7 @@ def _second(rank, world, directory):
     ckpt.save(6)  # synchronous, lossy
     losses += _train(model, optim, sched, counter, 2)
     # rank 1 fails to write step 7: every rank raises it, nothing is committed
-    from inshrink.dcp.storage import InkStorageWriter
+    from inshrink.dcp.writer import InkStorageWriter
     original = InkStorageWriter.write_data
 
     def failing(self, plan, planner):

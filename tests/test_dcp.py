@@ -22,7 +22,11 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 import inshrink
 from inshrink import errors
-from inshrink.dcp.storage import (BYTES_PREFIX, METADATA_FILE, InkStorageReader, InkStorageWriter, consolidate, describe, read_metadata, verify)
+from inshrink.dcp.consolidation import consolidate
+from inshrink.dcp.inspect import describe, verify
+from inshrink.dcp.metadata import BYTES_PREFIX, METADATA_FILE, read_metadata
+from inshrink.dcp.reader import InkStorageReader
+from inshrink.dcp.writer import InkStorageWriter
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -110,7 +114,7 @@ def test_any_tensors_round_trip_bit_for_bit(tmp_path_factory, shapes, dtype_indi
 
 
 def test_reads_are_batched_by_decoded_size(tmp_path, monkeypatch):
-    import inshrink.dcp.storage as dcp
+    import inshrink.dcp.reader as reader
     state = {f"t{i}": torch.full((10 + i,), float(i)) for i in range(6)}
     save(state, tmp_path / "ckpt")
     batches = []
@@ -120,7 +124,7 @@ def test_reads_are_batched_by_decoded_size(tmp_path, monkeypatch):
         batches.append(list(names))
         return original(self, progress, names)
     monkeypatch.setattr(inshrink.File, "load", load_batch)
-    monkeypatch.setattr(dcp, "READ_BATCH_BYTES", 100)  # two or three tensors
+    monkeypatch.setattr(reader, "READ_BATCH_BYTES", 100)  # two or three tensors
     loaded = load({k: torch.zeros_like(v) for k, v in state.items()}, tmp_path / "ckpt")
     assert all(torch.equal(loaded[k], v) for k, v in state.items())
     assert len(batches) == 4 and sorted(sum(batches, [])) == sorted(state)

@@ -16,7 +16,9 @@ from helpers import fully_sharded, run_ranks, run_scenario, scenario_main
 
 import inshrink
 from inshrink import errors
-from inshrink.dcp.storage import InkStorageReader, InkStorageWriter, describe
+from inshrink.dcp.inspect import describe
+from inshrink.dcp.reader import InkStorageReader
+from inshrink.dcp.writer import InkStorageWriter
 
 HERE = os.path.abspath(__file__)
 TIMEOUT = 60
@@ -66,7 +68,8 @@ def test_fsdp2_saved_by_2_ranks_loads_bit_exact_into_1_2_and_3(tmp_path):
     assert len({row["file"] for row in weight}) == 2
     assert all(row["error"] is None for row in rows)  # lossless
     # joined into one unsharded file: the reference, bit for bit
-    from inshrink.dcp.storage import consolidate, verify
+    from inshrink.dcp.consolidation import consolidate
+    from inshrink.dcp.inspect import verify
     assert verify(tmp_path / "ckpt") == rows
     consolidate(tmp_path / "ckpt", tmp_path / "full.ink")
     with inshrink.open(tmp_path / "full.ink") as f:
@@ -96,7 +99,7 @@ def test_fsdp2_async_and_lossy_saved_by_3_ranks_load_into_2(tmp_path):
                         if fqn == f"model.{key}"]
         assert 0 < error <= max(shard_errors)
     # resharded, the lossy checkpoint gives exactly the values it stores
-    from inshrink.dcp.storage import consolidate
+    from inshrink.dcp.consolidation import consolidate
     consolidate(tmp_path / "lossy", tmp_path / "lossy.ink")
     with inshrink.open(tmp_path / "lossy.ink") as f:
         weight = lossy_loaded["model"]["0.weight"]

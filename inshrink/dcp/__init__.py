@@ -1,13 +1,19 @@
 """``torch.distributed.checkpoint`` storage for .ink files: one file per rank and save
-(:mod:`.storage`), series of sharded checkpoints stored as per-rank deltas (:mod:`.series`) and
-the Checkpointer's sharded mode (:mod:`.sharded`). Needs torch."""
+(:mod:`.writer` saves, :mod:`.reader` loads, :mod:`.metadata` reads and checks the commit
+marker, :mod:`.inspect` describes and verifies, :mod:`.consolidation` joins the shards),
+series of sharded checkpoints stored as per-rank deltas (:mod:`.series`) and the
+Checkpointer's sharded mode (:mod:`.sharded`). Needs torch."""
 from .._lazy import face
 
 _NAMES = {
-    **dict.fromkeys(["InkStorageWriter", "InkStorageReader", "read_metadata", "describe",
-                     "verify", "consolidate", "METADATA_FILE", "BYTES_PREFIX"], ".storage"),
+    "InkStorageWriter": ".writer",
+    "InkStorageReader": ".reader",
+    **dict.fromkeys(["read_metadata", "METADATA_FILE", "BYTES_PREFIX"], ".metadata"),
+    **dict.fromkeys(["describe", "verify"], ".inspect"),
+    "consolidate": ".consolidation",
     **dict.fromkeys(["InkSeries", "InkSeriesWriter", "InkSeriesReader"], ".series"),
     **dict.fromkeys(["ShardedCheckpoints", "is_sharded"], ".sharded"),
 }
-__getattr__, __dir__ = face(__name__, _NAMES, rest=".storage")
+# rest: READ_BATCH_BYTES, the one other public name of the former single module
+__getattr__, __dir__ = face(__name__, _NAMES, rest=".reader")
 __all__ = sorted(_NAMES)

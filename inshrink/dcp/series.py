@@ -75,7 +75,12 @@ from torch.futures import Future
 
 from .. import digest as _digest
 from ..atomic import release_write_lock, take_write_lock, write_file
-from .storage import (_RANK_FILE, METADATA_FILE, InkStorageReader, InkStorageWriter, _checked_output, _consolidate_to, _describe, _done, _named, _RankFiles, _read_metadata)
+from .calls import done, named
+from .consolidation import RankFiles, checked_output, consolidate_to
+from .inspect import describe_metadata
+from .metadata import METADATA_FILE, RANK_FILE, read_metadata_file
+from .reader import InkStorageReader
+from .writer import InkStorageWriter
 from ..errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError, LimitExceededError, SeriesLockedError, UnsupportedVersionError)
 from .. import strict_json
 from ..encode.policy import Policy
@@ -206,7 +211,7 @@ def parse_manifest(doc: Any, path: str = MANIFEST) -> list[Step]:
                     g.rank == rank for g in files):
                 _fail("M-11", path, f"step {step}: rank {reprlib.repr(rank)} is not a distinct "
                                     f"rank below {world}")
-            if type(name) is not str or not _RANK_FILE.fullmatch(name) or int(
+            if type(name) is not str or not RANK_FILE.fullmatch(name) or int(
                     name[4:9]) != rank:
                 _fail("M-12", path, f"step {step}: {reprlib.repr(name)} is not a file name of "
                                     f"rank {rank}")
@@ -484,8 +489,8 @@ class InkSeries:
         before it (``previous``) decoded to (:func:`inshrink.series.decode_link`)."""
         path = self._path(entry.dir, file.file)
         self._check_file(path, file)
-        return _named(path, lambda: decode_link(path, exact, codes, previous, whole=whole,
-                                                with_codes=with_codes, threads=self.threads))
+        return named(path, lambda: decode_link(path, exact, codes, previous, whole=whole,
+                                               with_codes=with_codes, threads=self.threads))
 
     def _check_file(self, path: str, file: RankFile) -> None:
         if not os.path.isfile(path):
@@ -502,21 +507,21 @@ class InkSeries:
         its size there, ``error`` the error measured when the step was saved."""
         entry = self.entry(step)
         path = self._path(entry.dir)
-        metadata = _read_metadata(path)
+        metadata = read_metadata_file(path)
         _check_metadata_files(metadata, entry, path)
-        return _describe(metadata, path, {f.name: f.file for f in entry.files})
+        return describe_metadata(metadata, path, {f.name: f.file for f in entry.files})
 
     def consolidate(self, step: int, out: str | os.PathLike, *,
                     policy: Policy | str | None = None) -> list[TensorInfo]:
         """Join the shards of ``step`` into one unsharded file, as
         :func:`inshrink.dcp.consolidate` does for one checkpoint (an older step is decoded
         through its chain, one rank file at a time in memory)."""
-        out = _checked_output(out, policy)
+        out = checked_output(out, policy)
         entry = self.entry(step)
         path = self._path(entry.dir)
-        metadata = _read_metadata(path)
+        metadata = read_metadata_file(path)
         _check_metadata_files(metadata, entry, path)
-        return _consolidate_to(out, path, metadata, _SeriesFiles(self, entry, metadata),
+        return consolidate_to(out, path, metadata, _SeriesFiles(self, entry, metadata),
                                policy, self.threads)
 
     def verify(self) -> list[str]:
@@ -529,7 +534,7 @@ class InkSeries:
         for entry in steps:
             path = self._path(entry.dir)
             try:
-                _check_metadata_files(_read_metadata(path), entry, path)
+                _check_metadata_files(read_metadata_file(path), entry, path)
             except (InshrinkError, OSError) as exc:
                 problems.append(f"step {entry.step}: {exc}")
         after: dict[int | None, list[Step]] = {}
@@ -581,11 +586,11 @@ class InkSeries:
                 except OSError:
                     continue
                 out += [os.path.join(name, n) for n in inside if n not in listed[name] and (
-                    _RANK_FILE.fullmatch(n) or _DELTA_FILE.match(n) or _TEMPORARY.match(n))]
+                    RANK_FILE.fullmatch(n) or _DELTA_FILE.match(n) or _TEMPORARY.match(n))]
         return out
 
 
-class _SeriesFiles(_RankFiles):
+class _SeriesFiles(RankFiles):
     """The chunks of a series step, each rank file decoded through its chain once."""
 
     def __init__(self, series: InkSeries, entry: Step, metadata: Metadata) -> None:
@@ -704,7 +709,7 @@ class InkSeriesWriter(InkStorageWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         task = plan.storage_data
-        if not isinstance(task, _Task) or not _RANK_FILE.fullmatch(task.file):
+        if not isinstance(task, _Task) or not RANK_FILE.fullmatch(task.file):
             raise InvalidArgumentError("the save plan was not prepared by InkSeriesWriter")
         whole = delta = None
         results: list[WriteResult] = []
@@ -719,7 +724,7 @@ class InkSeriesWriter(InkStorageWriter):
                 delta = self._rewrite_previous(task, exact, codes or {})
         results.append(WriteResult(index=MetadataIndex(_RESULT_FQN), size_in_bytes=0,
                                    storage_data=_Written(self.rank, whole, delta)))
-        return _done(results)
+        return done(results)
 
     def _rewrite_previous(self, task: _Task, exact: dict, codes: dict) -> RankFile | None:
         """Write this rank's file of the previous step again, as a delta against the file
@@ -736,8 +741,8 @@ class InkSeriesWriter(InkStorageWriter):
         # the previous file decodes tensor by tensor as the delta needs it, so the rewrite
         # holds one of its tensors at a time; read, not mapped: mapped pages would count
         # as the process's
-        with _named(source, lambda: File(source, threads=1, mmap=False)) as f:
-            _named(source, lambda: write_delta(
+        with named(source, lambda: File(source, threads=1, mmap=False)) as f:
+            named(source, lambda: write_delta(
                 source, target, src_exact=Decoded(f, codes=False),
                 src_codes=Decoded(f, codes=True), base_exact=exact, base_codes=codes,
                 base_file=_digest.base_reference(base, exact, codes)))
@@ -822,7 +827,7 @@ class InkSeriesReader(InkStorageReader):
 
     def read_metadata(self, *args: Any) -> Metadata:
         entry = self._step_entry()
-        metadata = _read_metadata(self.path)
+        metadata = read_metadata_file(self.path)
         _check_metadata_files(metadata, entry, self.path)
         if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()

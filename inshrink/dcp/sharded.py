@@ -36,7 +36,9 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_state_dict)
 
-from .storage import METADATA_FILE, InkStorageReader, InkStorageWriter, read_metadata
+from .metadata import METADATA_FILE, read_metadata
+from .reader import InkStorageReader
+from .writer import InkStorageWriter
 from .. import errors
 from ..errors import CorruptError, InshrinkError, InvalidArgumentError
 from ..encode.policy import Policy

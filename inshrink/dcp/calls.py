@@ -1,0 +1,47 @@
+"""What the DCP storage layer's modules share where they meet their callers: checkpoint paths
+checked as arguments, inshrink errors that name the file they are about, and results handed
+to DCP as completed futures."""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, TypeVar
+
+from torch.futures import Future
+
+from ..errors import InshrinkError, InvalidArgumentError
+
+__all__ = ["checked_path", "named", "done"]
+
+E = TypeVar("E")
+
+
+def checked_path(path: Any) -> str:
+    """A checkpoint path argument as a ``str``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``path`` is neither a ``str`` nor an ``os.PathLike``.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgumentError(f"checkpoint path must be a str or os.PathLike, got "
+                                   f"{type(path).__name__}")
+    return os.fspath(path)
+
+
+def named(path: str, call: Callable[[], E]) -> E:
+    """``call()``, with an inshrink error that does not name ``path`` re-raised naming it (a
+    reader's error says what is wrong; which file of the checkpoint is wrong is ours to say)."""
+    try:
+        return call()
+    except InshrinkError as exc:
+        if path in str(exc):
+            raise
+        raise type(exc)(f"{path}: {exc}") from exc
+
+
+def done(value: E) -> Future[E]:
+    """A future that holds ``value`` already: storage layer calls finish before returning."""
+    future: Future[E] = Future()
+    future.set_result(value)
+    return future

@@ -1,0 +1,159 @@
+"""A checkpoint directory's names and its committed metadata: DCP's pickled ``.metadata``
+read without running code (a restricted unpickler), and checked to be what
+:class:`~inshrink.dcp.writer.InkStorageWriter` writes."""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import io
+import os
+import pickle
+import re
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, Metadata, MetadataIndex,
+                                                   TensorStorageMetadata)
+
+from ..errors import CorruptError, IncompleteCheckpointError
+from .calls import checked_path
+
+__all__ = ["METADATA_FILE", "BYTES_PREFIX", "RANK_FILE", "RANK_TEMP", "read_metadata",
+           "read_metadata_file", "check_metadata"]
+
+METADATA_FILE = ".metadata"
+"""The commit marker: written by the coordinator once every rank's file is in place."""
+
+BYTES_PREFIX = "__dcp_bytes__."
+"""Tensor-name prefix of non-tensor items (DCP's BYTE_IO write items) in a rank's file."""
+
+RANK_FILE = re.compile(r"rank\d{5}-[0-9a-f]{12}\.ink")
+"""A rank's file of one save: ``rank<5 digits>-<save id: 12 hex digits>.ink``."""
+
+RANK_TEMP = re.compile(r"\.rank\d{5}-[0-9a-f]{12}\.ink\..*\.tmp")
+"""The temporary file a rank writes its file as (left behind by a crashed save)."""
+
+_DCP_DATA_MODULES = ("torch.distributed.checkpoint.metadata",
+                     "torch.distributed.checkpoint.filesystem")
+"""Where the classes in DCP's metadata live (FileSystemWriter's storage entries included, so
+that its checkpoints are named as such)."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's metadata classes and torch's dtypes and sizes, nothing else: a
+    checkpoint directory is data, and must not run code when opened."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module in _DCP_DATA_MODULES:  # data classes only: DCP's functions write files
+            value = super().find_class(module, name)
+            if isinstance(value, type) and (dataclasses.is_dataclass(value)
+                                            or issubclass(value, enum.Enum)):
+                return value
+        if (module == "builtins" and name in ("set", "frozenset", "slice", "complex")) or (
+                module == "collections" and name == "OrderedDict") or (
+                module == "torch.serialization" and name == "_get_layout") or (
+                module == "pathlib" and name in ("Path", "PosixPath", "WindowsPath",
+                                                 "PurePosixPath", "PureWindowsPath")):
+            return super().find_class(module, name)
+        if module == "torch":
+            value = getattr(torch, name, None)
+            if name == "Size" or isinstance(value, (torch.dtype, torch.layout,
+                                                    torch.memory_format)):
+                return value
+        raise CorruptError(f"refusing to load {module}.{name}: not part of DCP's metadata")
+
+
+def read_metadata(path: str | os.PathLike) -> Metadata:
+    """Read and check the global metadata of a committed inshrink DCP checkpoint.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The checkpoint directory.
+
+    Returns
+    -------
+    Metadata
+        DCP's metadata; ``storage_data`` maps each chunk's ``MetadataIndex`` to
+        ``{"file", "tensor"}``.
+
+    Raises
+    ------
+    IncompleteCheckpointError
+        The directory holds rank files but no ``.metadata``: a save that did not finish.
+    CorruptError
+        Not a DCP checkpoint written by :class:`InkStorageWriter`, unreadable metadata, or a
+        rank file the metadata names is missing.
+    """
+    metadata = read_metadata_file(path)
+    marker = os.path.join(os.fspath(path), METADATA_FILE)
+    for name in sorted({entry["file"] for entry in metadata.storage_data.values()}):
+        if not os.path.isfile(os.path.join(path, name)):
+            raise CorruptError(f"{os.path.join(path, name)}: missing (named by {marker})")
+    return metadata
+
+
+def read_metadata_file(path: str | os.PathLike) -> Metadata:
+    """:func:`read_metadata` without checking that the rank files exist (a series keeps an
+    older step's files as deltas under other names).
+
+    Raises
+    ------
+    IncompleteCheckpointError, CorruptError
+        As :func:`read_metadata`, but for the rank files.
+    """
+    path = checked_path(path)
+    marker = os.path.join(path, METADATA_FILE)
+    if not os.path.isdir(path):
+        raise CorruptError(f"{path}: not a DCP checkpoint directory")
+    try:
+        with open(marker, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        if any(RANK_FILE.fullmatch(n) or RANK_TEMP.fullmatch(n) for n in os.listdir(path)):
+            raise IncompleteCheckpointError(f"{marker} is missing: the save into {path} did "
+                                            f"not finish (the checkpoint was never "
+                                            f"committed)") from None
+        raise CorruptError(f"{path}: not a DCP checkpoint ({METADATA_FILE} is missing)") from None
+    except OSError as exc:
+        raise CorruptError(f"{marker}: cannot read: {exc.strerror or exc}") from None
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
+    except CorruptError as exc:
+        raise CorruptError(f"{marker}: {exc}") from None
+    except Exception as exc:  # pickle reports bad data with many exception types
+        raise CorruptError(f"{marker}: not DCP metadata ({type(exc).__name__}: {exc})") from None
+    check_metadata(metadata, marker)
+    return metadata
+
+
+def check_metadata(metadata: Any, marker: str) -> None:
+    """The metadata's shape: a DCP Metadata whose storage data every chunk has, in ours.
+
+    Raises
+    ------
+    CorruptError
+        Naming ``marker`` (the ``.metadata`` file the metadata came from).
+    """
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
+        raise CorruptError(f"{marker}: not DCP metadata")
+    storage = metadata.storage_data
+    if not isinstance(storage, dict):
+        raise CorruptError(f"{marker}: no storage data (not written by InkStorageWriter)")
+    for index, entry in storage.items():
+        if not (isinstance(index, MetadataIndex) and isinstance(entry, dict)
+                and isinstance(entry.get("file"), str) and RANK_FILE.fullmatch(entry["file"])
+                and isinstance(entry.get("tensor"), str)):
+            raise CorruptError(f"{marker}: storage data {index!r} is not an inshrink rank "
+                               f"file entry (not written by InkStorageWriter)")
+    for fqn, item in metadata.state_dict_metadata.items():
+        if isinstance(item, TensorStorageMetadata):
+            indices = [MetadataIndex(fqn, chunk.offsets) for chunk in item.chunks]
+        elif isinstance(item, BytesStorageMetadata):
+            indices = [MetadataIndex(fqn)]
+        else:
+            raise CorruptError(f"{marker}: {fqn!r} has storage type {type(item).__name__}")
+        for index in indices:
+            if index not in storage:
+                raise CorruptError(f"{marker}: {fqn!r} chunk at {list(index.offset or ())} "
+                                   f"has no storage entry")
