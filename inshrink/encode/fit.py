@@ -282,7 +282,6 @@ def _fit_reference(sketch: Sketch, dtype: DType, *, bins: int, domain: str | Non
                     zero_level)
 
 
-
 # --- the bin ladder of an error bound -------------------------------------------------------
 
 def bin_candidates(bins: int) -> list[int]:

@@ -272,7 +272,6 @@ def _stats(count: int, out: np.ndarray) -> "ChunkStats":
                       int(nonzero))
 
 
-
 # a sum of squares at least this large per non-zero element loses at most a 2^-52 fraction of
 # itself to squares that underflowed (each loses less than the smallest normal float64)
 _SQUARES_EXACT = 2.0 ** -1022 * 2.0 ** 52

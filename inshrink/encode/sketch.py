@@ -17,6 +17,7 @@ from ..dtypes import DType
 from ..kernels import quant as kernels
 from .scratch import spare_counts
 
+
 def work_dtype(dtype: DType) -> np.dtype:
     """The float type codes are computed in: exact for every lossy dtype."""
     return _FLOAT64 if dtype.name == "F64" else _FLOAT32
@@ -166,7 +167,6 @@ def bucket_centers(work: np.dtype, shift: int, index) -> np.ndarray:
     return np.where(lo > 0, np.sqrt(lo * hi), hi / 2)
 
 
-
 CENTER_TABLE_MAX = 1 << 18  # buckets per sign: a table of every center is at most 2 MiB
 
 
@@ -197,5 +197,3 @@ class Buckets:
     pos: np.ndarray      # int64
     neg: np.ndarray      # int64
     centers: np.ndarray  # float64
-
-
