@@ -5,7 +5,7 @@
 * ``InshrinkQuant`` (codec id ``inshrink-quant``): dynamic quantization of F64, F32, F16 and
   BF16 arrays to at most ``bins`` levels fitted on the buffer's own values; every other dtype
   is stored losslessly. Each frame records the error it measured
-  (:func:`inshrink.codecs.array.report`).
+  (:func:`inshrink.io.frame.report`).
 
 Both are registered through the ``numcodecs.codecs`` entry point, so
 ``numcodecs.get_codec({"id": "inshrink"})`` finds them once inshrink is installed; zarr v2
@@ -147,15 +147,13 @@ class InshrinkQuant(Inshrink):
         self.prune = dtypes.python_number(prune)
         self.max_rel_l2 = dtypes.python_number(max_rel_l2)
         self.seed = dtypes.python_number(seed)
-        array.encode(np.zeros(1, np.float32), **self._quant_args())  # validates the arguments
-
-    def _quant_args(self) -> dict:
-        return {"bins": self.bins, "domain": self.domain, "protect": self.protect,
-                "prune": self.prune, "max_rel_l2": self.max_rel_l2, "seed": self.seed}
+        # validated once, here, by QuantConfig; private: not part of get_config()
+        self._config = array.quant_config(self.bins, self.domain, self.protect, self.prune,
+                                          self.max_rel_l2, self.seed)
 
     def encode(self, buf: Any) -> bytes:
         arr = _as_elements(buf)
         if dtypes.of_numpy(arr.dtype).name not in array.QUANT_DTYPES:
             return super().encode(arr)
-        return array.encode(arr, level=self.level, chunk_bytes=self._chunk_bytes(arr),
-                            **self._quant_args())
+        return array.encode_config(arr, self._config, level=self.level,
+                                   chunk_bytes=self._chunk_bytes(arr))

@@ -96,16 +96,16 @@ class _Ink(ArrayBytesCodec):
     config: dict
 
     def __init__(self, **config: Any) -> None:
-        object.__setattr__(self, "config", self._numcodec(config).get_config())
+        # one numcodecs codec per zarr codec, made (and its settings validated) once: every
+        # chunk is encoded by it
+        codec = self._numcodec(config)
+        object.__setattr__(self, "_codec", codec)
+        object.__setattr__(self, "config", codec.get_config())
         self.config.pop("id")
 
     @staticmethod
     def _numcodec(config: dict) -> Inshrink:
         raise NotImplementedError
-
-    @property
-    def _codec(self) -> Inshrink:
-        return self._numcodec(self.config)
 
     @classmethod
     def from_dict(cls, data: dict[str, JSON]) -> Self:
@@ -175,7 +175,7 @@ class InkQuantCodec(_Ink):
     """Lossy inshrink serializer (name ``inshrink-quant``): ``bins``, ``domain``,
     ``protect``, ``prune``, ``max_rel_l2``, ``seed``, ``level``, ``chunk_bytes`` as
     :class:`inshrink.numcodecs.InshrinkQuant`; each chunk is fitted on its own values and
-    records its measured error (:func:`inshrink.codecs.array.report` of the stored bytes)."""
+    records its measured error (:func:`inshrink.io.frame.report` of the stored bytes)."""
 
     codec_name = "inshrink-quant"
 

@@ -1,6 +1,7 @@
 """Array frames (spec/FORMAT.md section 24): encoder choices and the reader's limits."""
 from __future__ import annotations
 
+import fractions
 import json
 import struct
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from inshrink import errors
+from inshrink.encode.policy import QuantConfig
 from inshrink.io import frame as array
 
 
@@ -125,3 +127,68 @@ def test_any_array_round_trips_bit_exactly(x, chunk_items):
     chunk_bytes = max(chunk_items * x.itemsize, x.itemsize)
     y = array.decode(array.encode(x, chunk_bytes=chunk_bytes))
     assert y.dtype == x.dtype and y.shape == x.shape and y.tobytes() == x.tobytes()
+
+
+# The frame's quantization settings are validated by QuantConfig: one answer for each setting
+# the frame and QuantConfig used to judge differently.
+
+def test_a_zero_error_bound_is_refused_as_by_quant_config():
+    # only lossless storage meets a bound of 0, and a lossless frame needs no bins
+    with pytest.raises(errors.InvalidArgumentError, match="max_rel_l2 must be a positive"):
+        array.encode(_weights(10), bins=8, max_rel_l2=0)
+    with pytest.raises(errors.InvalidArgumentError, match="max_rel_l2 must be a positive"):
+        QuantConfig(max_rel_l2=0)
+
+
+@pytest.mark.parametrize("name", ["protect", "prune"])
+def test_a_bool_is_no_fraction(name):
+    with pytest.raises(errors.InvalidArgumentError, match=f"{name} must be a fraction"):
+        array.encode(_weights(10), bins=8, **{name: False})
+    with pytest.raises(errors.InvalidArgumentError, match=f"{name} must be a fraction"):
+        QuantConfig(**{name: False})
+
+
+def test_a_fraction_object_is_no_setting():
+    # settings are plain numbers (reports and manifests write them as JSON)
+    with pytest.raises(errors.InvalidArgumentError, match="protect must be a fraction"):
+        array.encode(_weights(10), bins=8, protect=fractions.Fraction(1, 100))
+    with pytest.raises(errors.InvalidArgumentError, match="protect must be a fraction"):
+        QuantConfig(protect=fractions.Fraction(1, 100))
+
+
+def test_numpy_scalar_settings_are_their_python_numbers():
+    x = _weights(5000)
+    want = array.encode(x, bins=16, protect=0.001, max_rel_l2=0.05, seed=1)
+    assert array.encode(x, bins=np.int64(16), protect=np.float32(0.001).item(),
+                        max_rel_l2=np.float64(0.05), seed=np.uint8(1)) == want
+    assert QuantConfig(bins=np.int64(16), seed=np.uint8(1)) == QuantConfig(bins=16, seed=1)
+
+
+def test_bad_fractions_get_quant_configs_message():
+    with pytest.raises(errors.InvalidArgumentError, match="prune \\+ protect must be below 1"):
+        array.encode(_weights(10), bins=8, protect=0.5, prune=0.5)
+
+
+@pytest.mark.parametrize("domain", [None, "factored", "cubic"])
+def test_a_frame_fits_its_levels_in_a_domain_given(domain):
+    # QuantConfig takes None (the role's default) and "factored" (a file's stage): a frame
+    # has neither a role nor that stage
+    with pytest.raises(errors.InvalidArgumentError, match="domain must be"):
+        array.encode(_weights(10), bins=8, domain=domain)
+
+
+@pytest.mark.parametrize("domain", [None, "factored"])
+def test_encode_config_refuses_a_config_without_a_fitted_domain(domain):
+    with pytest.raises(errors.InvalidArgumentError, match="domain must be"):
+        array.encode_config(_weights(10), QuantConfig(bins=8, domain=domain))
+
+
+def test_quant_config_gives_the_frames_settings_and_encode_config_their_bytes():
+    x = _weights(5000)
+    config = array.quant_config(16, "signed_log", 0.01, 0.1, 0.05, 3)
+    assert config == QuantConfig(bins=16, domain="signed_log", protect=0.01, prune=0.1,
+                                 max_rel_l2=0.05, seed=3)
+    assert array.encode_config(x, config) == array.encode(
+        x, bins=16, domain="signed_log", protect=0.01, prune=0.1, max_rel_l2=0.05, seed=3)
+    assert array.quant_config(None) is None
+    assert array.encode_config(x, None) == array.encode(x)

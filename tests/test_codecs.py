@@ -11,7 +11,9 @@ import inshrink
 from inshrink import errors
 from inshrink.io import frame as array
 from inshrink.codecs import delta
-from inshrink.encode import quantize
+from inshrink.encode.fit import fit
+from inshrink.encode.quantizer import QuantEncoder
+from inshrink.encode.sketch import Sketch
 from inshrink.codecs.chain import Pipeline, for_new_tensor
 from inshrink.codecs.entropy import Entropy
 from inshrink.codecs.factored import Factored
@@ -22,10 +24,10 @@ from inshrink.dtypes import by_name, of_numpy
 F32 = by_name("F32")
 
 
-def fitted(x: np.ndarray, bins: int = 8) -> quantize.QuantEncoder:
-    sketch = quantize.Sketch.for_dtype(F32, 0.005, bins)
+def fitted(x: np.ndarray, bins: int = 8) -> QuantEncoder:
+    sketch = Sketch.for_dtype(F32, 0.005, bins)
     sketch.add(x)
-    return quantize.fit(sketch, F32, bins=bins, domain="linear", protect=0.01)
+    return fit(sketch, F32, bins=bins, domain="linear", protect=0.01)
 
 
 def stages() -> list:

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "inshrink"
 # (layer, module prefixes), bottom up; modules of one layer may import each other (no cycles),
 # a layer's separate groups (a tuple of tuples) may not import each other
 LAYERS = [
-    ("base", (("inshrink.errors", "inshrink.dtypes", "inshrink.strict_json",
+    ("base", (("inshrink.errors", "inshrink.dtypes", "inshrink.strict_json", "inshrink.zstd_frame",
                "inshrink.progress", "inshrink._lazy", "inshrink._moved"),)),
     ("files", (("inshrink.atomic", "inshrink.digest"),)),
     ("kernels", (("inshrink.kernels",),)),

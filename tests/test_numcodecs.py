@@ -165,3 +165,22 @@ def test_a_zarr_v2_array_takes_them_as_compressor(tmp_path):
             assert back.tobytes() == x.tobytes()
         else:
             assert np.linalg.norm(back - x) / np.linalg.norm(x) < 0.05
+
+
+def test_quant_settings_are_validated_once_without_encoding(monkeypatch):
+    def no_encode(*args, **kwargs):
+        raise AssertionError("the constructor encoded an array")
+    monkeypatch.setattr(array, "encode_config", no_encode)
+    monkeypatch.setattr(array, "encode", no_encode)
+    codec = InshrinkQuant(bins=8, max_rel_l2=0.05)
+    assert "_config" not in codec.get_config()
+    for kwargs in ({"max_rel_l2": 0}, {"protect": False}, {"bins": 8.0}):
+        with pytest.raises(errors.InvalidArgumentError):
+            InshrinkQuant(**kwargs)
+
+
+def test_numpy_scalar_quant_settings_write_what_python_numbers_write():
+    x = (np.random.default_rng(1).standard_normal(3000) * 0.02).astype("<f4")
+    codec = InshrinkQuant(bins=np.int32(12), protect=np.float64(0.001), seed=np.int64(2))
+    assert codec.get_config() == InshrinkQuant(bins=12, protect=0.001, seed=2).get_config()
+    assert codec.encode(x) == InshrinkQuant(bins=12, protect=0.001, seed=2).encode(x)

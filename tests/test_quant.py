@@ -11,6 +11,8 @@ from hypothesis.extra import numpy as hnp
 import inshrink
 from inshrink import errors
 from inshrink.errors import InvalidArgumentError
+from inshrink.encode import fit as fitting
+from inshrink.encode import quantizer, sketch as sketching
 from inshrink.encode.policy import Policy, QuantConfig, role_of
 
 
@@ -400,22 +402,20 @@ def _thresholds_over_every_bucket(sketch, config):
        prune=st.sampled_from([0.0, 0.1, 0.5, 0.7]),
        protect=st.sampled_from([0.0, 0.0005, 0.01, 0.29]))
 def test_thresholds_match_the_every_bucket_definition(values, prune, protect):
-    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
-    sketch = quantize.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
+    sketch = sketching.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
     sketch.add(np.ascontiguousarray(values))
     config = QuantConfig(bins=16, prune=prune, protect=protect)
-    assert (quantize._thresholds(sketch, prune, protect)
+    assert (fitting._thresholds(sketch, prune, protect)
             == _thresholds_over_every_bucket(sketch, config))
 
 
 def test_overrides_of_the_wrong_length_are_refused_before_the_kernel():
-    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
-    sketch = quantize.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
+    sketch = sketching.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
     sketch.add(x)
-    encoder = quantize.fit(sketch, BY_NAME["F32"], bins=16, domain="linear", protect=0.01)
+    encoder = fitting.fit(sketch, BY_NAME["F32"], bins=16, domain="linear", protect=0.01)
     with pytest.raises(InvalidArgumentError, match="3 overrides"):
         encoder.quantize(x.view(np.uint8), np.zeros(3, np.int8))
     chunk, stats = encoder.quantize(x.view(np.uint8), np.zeros(1000, np.int8))
@@ -423,11 +423,10 @@ def test_overrides_of_the_wrong_length_are_refused_before_the_kernel():
 
 
 def test_the_sketch_fit_scans_only_the_occupied_buckets_and_agrees_with_every_bucket():
-    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     x = np.random.default_rng(1).lognormal(-8, 2, 5000).astype(np.float32)
     x[::3] *= -1
-    sketch = quantize.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
+    sketch = sketching.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
     sketch.add(x)
     first, stop = sketch.occupied
     used = np.flatnonzero(sketch.pos + sketch.neg)
@@ -442,18 +441,17 @@ def test_the_sketch_fit_scans_only_the_occupied_buckets_and_agrees_with_every_bu
 def test_every_way_of_ranking_a_chunk_gives_the_codes_of_assign_codes(domain, prune, work):
     """Short chunks are searched in numpy, long float32 ones take the rank table, long
     float64 ones are counted: all three agree with the reference kernels."""
-    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     dtype = BY_NAME["F64" if work == np.float64 else "F32"]
     rng = np.random.default_rng(5)
-    x = (rng.standard_normal(3 * quantize._RANK_TABLE_MIN) * 0.02).astype(work)
+    x = (rng.standard_normal(3 * quantizer._RANK_TABLE_MIN) * 0.02).astype(work)
     if domain == "log":
         x = x * x
-    sketch = quantize.Sketch.for_dtype(dtype, QuantConfig().alpha, 16)
+    sketch = sketching.Sketch.for_dtype(dtype, QuantConfig().alpha, 16)
     sketch.add(x)
-    encoder = quantize.fit(sketch, dtype, bins=16, domain=domain, prune=prune, protect=0.001)
+    encoder = fitting.fit(sketch, dtype, bins=16, domain=domain, prune=prune, protect=0.001)
     x[:8] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e30, *encoder.boundaries[:2]]
-    for n in (100, quantize._RANK_TABLE_MIN - 1, x.size):
+    for n in (100, quantizer._RANK_TABLE_MIN - 1, x.size):
         chunk = x[:n]
         codes, positions, stats = encoder._encode(chunk, None)
         assigned = encoder.assign(chunk)
@@ -508,25 +506,24 @@ def test_short_chunks_ranked_by_the_kernel_are_quantized_as_by_numpys_search(mon
                                                                              work, bins):
     # once a process has ranked enough short chunks with numpy, rank_chunk ranks them: the
     # same codes (escaped ones included: NaN, inf, protected, forced), escapes and error
-    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     dtype = BY_NAME["F32" if work is np.float32 else "F64"]
     rng = np.random.default_rng(bins)
     x = (rng.standard_normal(3000) * 1e-3).astype(work)
     x[[5, 17, 400]] = [np.nan, np.inf, -np.inf]
     x[[6, 7, 8]] = [0.0, -0.0, x.max() * 10]
-    sketch = quantize.Sketch.for_dtype(dtype, QuantConfig().alpha, bins)
+    sketch = sketching.Sketch.for_dtype(dtype, QuantConfig().alpha, bins)
     sketch.add(x)
     raw = x.view(np.uint8)
     force = rng.integers(0, 3, x.size).astype(np.int8)
     for domain in ("linear", "signed_log"):
-        encoder = quantize.fit(sketch, dtype, bins=bins, domain=domain, protect=0.001,
+        encoder = fitting.fit(sketch, dtype, bins=bins, domain=domain, protect=0.001,
                                prune=0.01)
         for n in (1, 255, 3000):
             for f in (None, force[:n]):
                 results = []
                 for due in (False, True):
-                    monkeypatch.setattr(quantize, "_rank_kernel_due", lambda due=due: due)
+                    monkeypatch.setattr(quantizer, "_rank_kernel_due", lambda due=due: due)
                     chunk, stats = encoder.quantize(raw[:n * x.itemsize], f)
                     results.append((chunk.codes.tobytes(), chunk.positions.tobytes(),
                                     chunk.values.tobytes(), stats))
@@ -534,10 +531,9 @@ def test_short_chunks_ranked_by_the_kernel_are_quantized_as_by_numpys_search(mon
 
 
 def test_short_chunks_are_ranked_by_the_kernel_once_a_process_has_ranked_enough(monkeypatch):
-    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     calls = []
-    real = quantize.kernels.rank_chunk
+    real = quantizer.kernels.rank_chunk
 
     class Spy:
         ready = False  # as if not compiled
@@ -545,14 +541,14 @@ def test_short_chunks_are_ranked_by_the_kernel_once_a_process_has_ranked_enough(
         def __call__(self, *args):
             calls.append(len(args[0]))
             return real(*args)
-    monkeypatch.setattr(quantize.kernels, "rank_chunk", Spy())
-    monkeypatch.setattr(quantize, "_SEARCHES_BEFORE_KERNEL", 3)
-    monkeypatch.setattr(quantize, "_searches_so_far", 0)
+    monkeypatch.setattr(quantizer.kernels, "rank_chunk", Spy())
+    monkeypatch.setattr(quantizer, "_SEARCHES_BEFORE_KERNEL", 3)
+    monkeypatch.setattr(quantizer, "_searches_so_far", 0)
     x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
-    sketch = quantize.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
+    sketch = sketching.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
     sketch.add(x)
-    encoder = quantize.fit(sketch, BY_NAME["F32"], bins=16, domain="linear")
-    wide = quantize.fit(sketch, BY_NAME["F32"], bins=64, domain="linear")
+    encoder = fitting.fit(sketch, BY_NAME["F32"], bins=16, domain="linear")
+    wide = fitting.fit(sketch, BY_NAME["F32"], bins=64, domain="linear")
     codes = [encoder.quantize(x.view(np.uint8))[0].codes for _ in range(5)]
     assert calls == [1000, 1000]
     assert all(np.array_equal(c, codes[0]) for c in codes)
@@ -561,19 +557,18 @@ def test_short_chunks_are_ranked_by_the_kernel_once_a_process_has_ranked_enough(
 
 
 def test_fits_use_the_kernel_once_a_process_has_fitted_enough_tensors(monkeypatch):
-    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     calls = []
     for name in ("_fit_kernel", "_fit_reference"):
-        real = getattr(quantize, name)
-        monkeypatch.setattr(quantize, name, lambda *a, _real=real, _name=name, **k:
+        real = getattr(fitting, name)
+        monkeypatch.setattr(fitting, name, lambda *a, _real=real, _name=name, **k:
                             calls.append(_name) or _real(*a, **k))
-    monkeypatch.setattr(quantize.kernels.fit_points, "_compiled", None)  # as if not compiled
-    monkeypatch.setattr(quantize, "_FITS_BEFORE_KERNEL", 3)
-    monkeypatch.setattr(quantize, "_fits_so_far", 0)
-    sketch = quantize.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
+    monkeypatch.setattr(quantizer.kernels.fit_points, "_compiled", None)  # as if not compiled
+    monkeypatch.setattr(fitting, "_FITS_BEFORE_KERNEL", 3)
+    monkeypatch.setattr(fitting, "_fits_so_far", 0)
+    sketch = sketching.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)
     sketch.add(np.random.default_rng(0).standard_normal(1000).astype(np.float32))
-    fitted = [quantize.fit(sketch, BY_NAME["F32"], bins=16, domain="linear") for _ in range(5)]
+    fitted = [fitting.fit(sketch, BY_NAME["F32"], bins=16, domain="linear") for _ in range(5)]
     assert calls == ["_fit_reference"] * 3 + ["_fit_kernel"] * 2
     assert len({e.stage.levels.tobytes() for e in fitted}) == 1
 
@@ -582,38 +577,36 @@ def test_fits_use_the_kernel_once_a_process_has_fitted_enough_tensors(monkeypatc
 @pytest.mark.parametrize("bins", [1, 16, 64, 1024])
 def test_bucket_centers_from_the_table_are_computed_ones(name, bins):
     """Small sketches look their bucket centers up in a table made once: the same values."""
-    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     dtype = BY_NAME[name]
-    sketch = quantize.Sketch.for_dtype(dtype, QuantConfig().alpha, bins)
-    work = quantize.work_dtype(dtype)
+    sketch = sketching.Sketch.for_dtype(dtype, QuantConfig().alpha, bins)
+    work = sketching.work_dtype(dtype)
     tiny = np.finfo(work).smallest_subnormal
     sketch.add(np.array([tiny, 1e-30, 0.5, -3.0, 1e30, -np.finfo(work).max], work))
     index = sketch.buckets.index
     assert index.size >= 5
     np.testing.assert_array_equal(sketch.buckets.centers,
-                                  quantize._bucket_centers(sketch.work, sketch.shift, index))
+                                  sketching.bucket_centers(sketch.work, sketch.shift, index))
 
 
 def test_a_released_sketch_gives_its_zeroed_counts_to_the_next_one():
-    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     rng = np.random.default_rng(2)
-    first = quantize.Sketch.for_dtype(BY_NAME["F32"], 0.005, 16)
+    first = sketching.Sketch.for_dtype(BY_NAME["F32"], 0.005, 16)
     first.add(rng.standard_normal(5000).astype(np.float32) * np.float32(1e3))
     counts = first.counts
     first.release()
     x = rng.standard_normal(3000).astype(np.float32) * np.float32(1e-5)
-    second = quantize.Sketch.for_dtype(BY_NAME["F32"], 0.005, 16)
+    second = sketching.Sketch.for_dtype(BY_NAME["F32"], 0.005, 16)
     assert second.counts is counts
     second.add(x)
-    fresh = quantize.Sketch(second.work, second.shift, np.zeros_like(counts), np.zeros(3),
+    fresh = sketching.Sketch(second.work, second.shift, np.zeros_like(counts), np.zeros(3),
                             np.array([counts.shape[1], -1]))
     fresh.add(x)
     np.testing.assert_array_equal(second.counts, fresh.counts)
     np.testing.assert_array_equal(second.span, fresh.span)
     # a sketch of another size does not take them
-    assert quantize.Sketch.for_dtype(BY_NAME["F32"], 0.005, 64).counts.shape != counts.shape
+    assert sketching.Sketch.for_dtype(BY_NAME["F32"], 0.005, 64).counts.shape != counts.shape
 
 
 @given(values=hnp.arrays(np.float32, st.integers(0, 400),
@@ -625,14 +618,13 @@ def test_a_released_sketch_gives_its_zeroed_counts_to_the_next_one():
        dtype=st.sampled_from(["F32", "BF16"]), zero_level=st.booleans())
 def test_the_fit_kernel_gives_the_levels_of_the_numpy_fit(values, bins, domain, prune, protect,
                                                           dtype, zero_level):
-    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
-    sketch = quantize.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, max(bins, 1))
+    sketch = sketching.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, max(bins, 1))
     sketch.add(np.ascontiguousarray(values))
     args = dict(bins=bins, domain=domain, prune=prune, protect=protect, seed=7,
                 zero_level=zero_level)
-    got = quantize._fit_kernel(sketch, BY_NAME[dtype], sigma=0.2, **args)
-    want = quantize._fit_reference(sketch, BY_NAME[dtype], sigma=0.2, **args)
+    got = fitting._fit_kernel(sketch, BY_NAME[dtype], sigma=0.2, **args)
+    want = fitting._fit_reference(sketch, BY_NAME[dtype], sigma=0.2, **args)
     assert got.stage.levels.tobytes() == want.stage.levels.tobytes()
     assert got.boundaries.tobytes() == want.boundaries.tobytes()
     assert (got.protect_at, got.prune_below) == (want.protect_at, want.prune_below)
@@ -642,14 +634,13 @@ def test_the_fit_kernel_gives_the_levels_of_the_numpy_fit(values, bins, domain, 
 def test_chunks_quantized_on_one_thread_keep_their_own_escapes(name):
     # the kernel's position and scratch arrays (and a bfloat16 chunk's float32 values) are
     # reused per thread: what a chunk returns must not change when the next one is quantized
-    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     dtype = BY_NAME[name]
     rng = np.random.default_rng(3)
     a, b = (rng.standard_normal(5000).astype(dtype.numpy) for _ in range(2))
-    sketch = quantize.Sketch.for_dtype(dtype, QuantConfig().alpha, 16)
+    sketch = sketching.Sketch.for_dtype(dtype, QuantConfig().alpha, 16)
     sketch.add(a.astype(np.float32))
-    encoder = quantize.fit(sketch, dtype, bins=16, domain="linear", protect=0.01)
+    encoder = fitting.fit(sketch, dtype, bins=16, domain="linear", protect=0.01)
     first, stats = encoder.quantize(a.view(np.uint8))
     assert stats == encoder.measure(a.astype(np.float32))
     kept = first.positions.copy(), first.codes.copy(), first.values.copy()
@@ -668,7 +659,6 @@ def test_the_levels_and_boundaries_of_few_centroids_made_on_a_list_are_numpys(mo
     # values, every dtype, domain and zero-level setting)
     from types import SimpleNamespace
 
-    from inshrink.encode import quantize
     from inshrink.dtypes import BY_NAME
     rng = np.random.default_rng(7)
     specials = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-310, -1e-310, 1e300, -1e300, 1e-45,
@@ -690,9 +680,9 @@ def test_the_levels_and_boundaries_of_few_centroids_made_on_a_list_are_numpys(mo
                     sketch = SimpleNamespace(zeros=zeros)
                     made = []
                     for few in (64, -1):  # on a list, then numpy's passes
-                        monkeypatch.setattr(quantize, "_FEW_BOUNDARIES", few)
+                        monkeypatch.setattr(fitting, "_FEW_LEVELS", few)
                         with np.errstate(all="ignore"):
-                            e = quantize._encoder(sketch, dtype, centroids, 4, domain, 0.0,
+                            e = fitting._encoder(sketch, dtype, centroids, 4, domain, 0.0,
                                                   1.0, False)
                         made.append((e.stage.levels.dtype, e.stage.levels.tobytes(),
                                      e.stage.bits, e.boundaries.dtype, e.boundaries.shape,

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from inshrink.encode import quantize
-from inshrink.encode.quantize import rank_table
+from inshrink.encode import quantizer
+from inshrink.encode.quantizer import rank_table
 from inshrink.kernels import quant
 
 FLOAT_TYPES = [np.float32, np.float64]
@@ -649,8 +649,8 @@ def test_rank_table_of_few_boundaries_is_the_numpy_one(boundaries, unsorted):
     b = np.array(boundaries, np.float64)
     if not unsorted:
         b = np.sort(b)
-    small, probes = quantize._small_rank_table(b)
-    want, want_probes = quantize._numpy_rank_table(b)
+    small, probes = quantizer._small_rank_table(b)
+    want, want_probes = quantizer._numpy_rank_table(b)
     assert small.dtype == want.dtype == np.uint16 and probes == want_probes
     np.testing.assert_array_equal(small, want)
 

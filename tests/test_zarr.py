@@ -213,3 +213,23 @@ def test_sharded_arrays_keep_inshrink_as_the_inner_serializer(tmp_path):
     assert codecs[0]["configuration"]["codecs"][0]["name"] == "inshrink"
     assert b[...].tobytes() == x.tobytes()
     assert np.array_equal(b[40:50, 3:9], x[40:50, 3:9])  # one inner chunk read
+
+
+def test_each_codec_makes_its_numcodecs_codec_once(tmp_path, monkeypatch):
+    import inshrink.numcodecs as ink_numcodecs
+    made = []
+    init = ink_numcodecs.InshrinkQuant.__init__
+
+    def counting_init(self, *args, **kwargs):
+        made.append(1)
+        init(self, *args, **kwargs)
+    monkeypatch.setattr(ink_numcodecs.InshrinkQuant, "__init__", counting_init)
+    codec = InkQuantCodec(bins=8, max_rel_l2=0.05)
+    assert made == [1]
+    x = _weights((64, 10))
+    back = _write(tmp_path / "a.zarr", x, codec, chunks=(8, 10))[...]  # 8 chunks
+    assert back.shape == x.shape
+    # zarr may rebuild the codec from the array's metadata, never once per chunk
+    assert len(made) < 8, made
+    with pytest.raises(errors.InvalidArgumentError):
+        InkQuantCodec(max_rel_l2=0)

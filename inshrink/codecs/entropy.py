@@ -13,13 +13,12 @@ from typing import Any, ClassVar
 import numpy as np
 import zstandard
 
-from ..container import layout
 from ..errors import CorruptError, InvalidArgumentError, UnknownCodecError
+from ..zstd_frame import MAX_ZSTD_WINDOW, zstd_decompress_frame, zstd_frame_parameters
 
 ZSTD = "zstd"
 RAW = "raw"
 CODINGS = (ZSTD, RAW)
-MAX_ZSTD_WINDOW = layout.MAX_ZSTD_WINDOW  # spec "Limits": Window_Size of a zstd frame
 
 # Byte planes of weights are near-random bytes with a skewed histogram: almost all of zstd's
 # gain comes from Huffman-coded literals. A small hash table and the longest minimum match keep
@@ -127,7 +126,7 @@ def decode(coding: str, payload: bytes, size: int) -> bytes:
     if coding != ZSTD:  # the index validator rejects other values; kept as a guard
         raise UnknownCodecError(f"[I-13] unknown chunk coding {coding!r}")
     try:
-        params = layout.zstd_frame_parameters(payload)
+        params = zstd_frame_parameters(payload)
     except zstandard.ZstdError as exc:
         raise CorruptError(f"[D-2] bad zstd frame header: {exc}") from None
     if params.dict_id or params.window_size > MAX_ZSTD_WINDOW:
@@ -137,7 +136,7 @@ def decode(coding: str, payload: bytes, size: int) -> bytes:
         raise CorruptError(f"[D-3] zstd frame declares {params.content_size} bytes, index "
                            f"says {size}")
     try:
-        out = layout.zstd_decompress_frame(_decompressor(), payload, size)
+        out = zstd_decompress_frame(_decompressor(), payload, size)
     except zstandard.ZstdError as exc:
         raise CorruptError(f"[D-4] corrupt zstd frame: {exc}") from None
     if len(out) != size:

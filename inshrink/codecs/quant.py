@@ -4,7 +4,8 @@ A quantized chunk is one code per element, an index into the stage's table of le
 level values in the tensor's dtype), plus the *escaped* elements (protected or non-finite)
 whose exact values are stored aside. Decoding is a table lookup on the dtype's raw bit
 patterns, so the decoder needs no float arithmetic and reproduces the level table bit for bit.
-Choosing the levels and the codes is the encoder's job (:mod:`inshrink.codecs.quantize`).
+Choosing the levels and the codes is the encoder's job (:mod:`inshrink.encode.fit`,
+:mod:`inshrink.encode.quantizer`).
 
 Streams per chunk: 0 = one code per element, bit-packed at ``bits`` (see :func:`pack_codes`),
 an escaped element carrying its nearest level's code; 1 = the escaped elements' positions in

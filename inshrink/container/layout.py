@@ -9,7 +9,6 @@ import struct
 import zlib
 
 import numpy as np
-import zstandard
 
 try:  # ISA-L's CRC-32: the same values as zlib's, 5-10x faster (docs/decisions.md)
     from isal.isal_zlib import crc32 as _crc32
@@ -18,6 +17,8 @@ except ImportError:  # an interpreter or platform without a wheel of isal
 
 from ..errors import (ChecksumError, CorruptError, TruncatedError, UnsupportedFeatureError,
                       UnsupportedVersionError)
+from ..zstd_frame import (MAX_ZSTD_WINDOW, ZSTD_MAGIC,  # noqa: F401 (the index reads frames)
+                          zstd_decompress_frame, zstd_frame_parameters)
 
 MAGIC = b"\x89INK\r\n\x1a\n"
 VERSION_MAJOR = 1
@@ -44,7 +45,6 @@ MAX_NDIM = 32
 MAX_TENSOR_BYTES = 1 << 48
 MAX_CHUNK_BYTES = 64 << 20
 MAX_METADATA_ENTRIES = 65_536
-MAX_ZSTD_WINDOW = 1 << 27   # Window_Size of any zstd frame (chunks and the index)
 # What the index may cost to parse grows with the file, not with what a small file declares
 # (spec section 15): a compressed index may expand to at most INDEX_EXPANSION times the file
 # size (at least FREE_INDEX_BYTES), and every tensor beyond FREE_TENSORS needs RECORD_SPAN
@@ -53,35 +53,6 @@ INDEX_EXPANSION = 4
 FREE_INDEX_BYTES = 1 << 20
 FREE_TENSORS = 1024
 RECORD_SPAN = ALIGNMENT
-
-
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-
-
-def zstd_frame_parameters(payload) -> zstandard.FrameParameters:
-    """The header of the zstd frame ``payload`` starts with; ``zstandard.ZstdError`` if it
-    does not start with one (a skippable frame holds no data: it is not one)."""
-    if bytes(payload[:4]) != ZSTD_MAGIC:
-        raise zstandard.ZstdError("no zstd frame magic number")
-    return zstandard.get_frame_parameters(payload)
-
-
-def zstd_decompress_frame(decompressor: zstandard.ZstdDecompressor, payload,
-                          size: int) -> bytes:
-    """``payload`` decompressed, exactly one zstd frame declaring ``size`` bytes with no byte
-    after it; ``zstandard.ZstdError`` otherwise (the output may still differ from ``size``:
-    the caller checks)."""
-    if size:
-        return decompressor.decompress(payload, max_output_size=size, allow_extra_data=False)
-    # decompress() returns b"" for a frame declaring 0 bytes without reading on: its blocks,
-    # its checksum and the bytes after it would go unchecked
-    stream = decompressor.decompressobj()
-    out = stream.decompress(payload)
-    if not stream.eof:
-        raise zstandard.ZstdError("the frame is incomplete")
-    if stream.unused_data:
-        raise zstandard.ZstdError(f"{len(stream.unused_data)} bytes follow the frame")
-    return out
 
 
 def file_size(index_offset: int, index_length: int) -> int:

@@ -17,7 +17,8 @@ from ..dtypes import python_number
 from ..errors import InvalidArgumentError
 from .roles import LOSSY_DTYPES, ROLES, SMALL_MOMENT, SMALL_TENSOR, role_of
 
-DOMAINS = ("linear", "log", "signed_log", "factored")
+FITTED_DOMAINS = ("linear", "log", "signed_log")  # where k-means fits levels
+DOMAINS = (*FITTED_DOMAINS, "factored")
 PRUNE_METRICS = ("magnitude", "sensitivity")
 MAX_BINS = 65_000  # levels + zero + escape must fit 16-bit codes
 
@@ -71,13 +72,15 @@ class QuantConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        # the one validation of quantization settings: Policy's configs, the array frame
+        # and the numcodecs / zarr codecs all take theirs from here
         for name in ("bins", "seed", "protect", "prune", "max_rel_l2", "sigma", "alpha"):
             object.__setattr__(self, name, python_number(getattr(self, name)))
         if type(self.bins) is not int or not 0 <= self.bins <= MAX_BINS:
             raise InvalidArgumentError(f"bins must be an integer in [0, {MAX_BINS}]")
         for name in ("prune", "protect"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0 <= value < 1:
+            if not _is_number(value) or not 0 <= value < 1:
                 raise InvalidArgumentError(f"{name} must be a fraction in [0, 1), got {value!r}")
         if self.prune + self.protect >= 1:
             raise InvalidArgumentError("prune + protect must be below 1")
@@ -85,18 +88,24 @@ class QuantConfig:
             raise InvalidArgumentError(f"prune_metric must be one of {PRUNE_METRICS}")
         if self.domain is not None and self.domain not in DOMAINS:
             raise InvalidArgumentError(f"domain must be one of {DOMAINS} or None")
-        if self.max_rel_l2 is not None and not (isinstance(self.max_rel_l2, (int, float))
-                                                and not isinstance(self.max_rel_l2, bool)
+        # a bound of 0 is refused: only lossless storage meets it, which needs no bins
+        if self.max_rel_l2 is not None and not (_is_number(self.max_rel_l2)
                                                 and 0 < self.max_rel_l2 < math.inf):
             raise InvalidArgumentError("max_rel_l2 must be a positive number")
         if self.max_rel_l2 is not None and self.domain == "factored":
             raise InvalidArgumentError("a factored tensor has no bins to meet max_rel_l2 with")
-        if not isinstance(self.sigma, (int, float)) or not 0 <= self.sigma <= 1:
+        if not _is_number(self.sigma) or not 0 <= self.sigma <= 1:
             raise InvalidArgumentError("sigma must be in [0, 1]")
-        if not isinstance(self.alpha, (int, float)) or not 1e-4 <= self.alpha <= 0.1:
+        if not _is_number(self.alpha) or not 1e-4 <= self.alpha <= 0.1:
             raise InvalidArgumentError("alpha must be in [1e-4, 0.1]")
         if type(self.seed) is not int or self.seed < 0:  # (numpy's generators take no other)
             raise InvalidArgumentError("seed must be a non-negative integer")
+
+
+def _is_number(value: object) -> bool:
+    """An int or a float, not a bool: settings are plain numbers (reports and manifests write
+    them as JSON), and a bool is no fraction or bound."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 DEFAULT_DOMAIN = {"weight": "linear", "embedding": "linear", "exp_avg": "signed_log",

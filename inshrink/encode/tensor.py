@@ -22,15 +22,16 @@ import numpy as np
 
 from .. import dtypes
 from ..codecs import factored
-from . import quantize
 from ..codecs.chain import Encoded, Pipeline, for_new_tensor
 from ..codecs.entropy import Entropy
 from ..codecs.lossless import ByteGroup
-from .quantize import ChunkStats, QuantEncoder
 from ..container import layout
 from ..container.index import TensorEntry
 from ..errors import InvalidArgumentError
+from .fit import fewest_bins, fit
 from .policy import QuantConfig
+from .quantizer import ChunkStats, QuantEncoder
+from .sketch import Sketch, work_dtype
 
 Read = Callable[[int, int], Any]
 
@@ -234,7 +235,7 @@ def prepare_factored(entry: TensorEntry, read: Read, role: str, config: QuantCon
 
 def _chunks(entry: TensorEntry, read: Read):
     """(start, stop, values in the work dtype) for every chunk of a tensor."""
-    itemsize, work = entry.dtype.itemsize, quantize.work_dtype(entry.dtype)
+    itemsize, work = entry.dtype.itemsize, work_dtype(entry.dtype)
     for c in range(entry.chunk_count):
         start, stop = entry.chunk_range(c)
         raw = np.frombuffer(read(start * itemsize, stop * itemsize), np.uint8)
@@ -290,7 +291,7 @@ def prepare(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
     order (default: adds them in order here)."""
     if force is None:
         force = overrides(importance, config, entry.numel)
-    sketch = quantize.Sketch.for_dtype(entry.dtype, config.alpha, config.bins)
+    sketch = Sketch.for_dtype(entry.dtype, config.alpha, config.bins)
     if sketch_pass is not None:  # the Writer's, which spreads the chunks over its threads
         sketch_pass(entry, read, sketch)
     else:
@@ -303,33 +304,33 @@ def prepare(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
 
 
 def _fit(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
-         sketch: quantize.Sketch, force: np.ndarray | None,
+         sketch: Sketch, force: np.ndarray | None,
          entropy: Entropy | None) -> LossyTensor | None:
     """:func:`prepare`'s fit of a tensor's quantizer from its sketch."""
     by_sensitivity = config.prune_metric == "sensitivity"
-    bound = config.max_rel_l2
-    for bins in (quantize.bin_candidates(config.bins) if bound else [config.bins]):
-        encoder = quantize.fit(sketch, entry.dtype, bins=bins, domain=config.domain,
-                               prune=0.0 if by_sensitivity else config.prune,
-                               protect=config.protect, sigma=config.sigma, seed=config.seed,
-                               zero_level=by_sensitivity and config.prune > 0)
-        # (a small tensor's whole fit costs a few replace() calls)
-        tensor = LossyTensor(role, config if bins == config.bins else replace(config, bins=bins),
-                             encoder, sketch.sumsq, force,
-                             pipeline=Pipeline(encoder.stage, entropy=Entropy() if entropy is None else entropy))
-        if bound is None:
-            return tensor
-        if encoder.estimate_rel_l2(sketch) > 1.5 * bound:
-            continue  # clearly too coarse; skip the exact pass
-        if _measure(entry, read, tensor).rel_l2(sketch.sumsq) <= bound:
-            return tensor
-    return None
+
+    def fit_bins(bins: int) -> QuantEncoder:
+        return fit(sketch, entry.dtype, bins=bins, domain=config.domain,
+                   prune=0.0 if by_sensitivity else config.prune, protect=config.protect,
+                   sigma=config.sigma, seed=config.seed,
+                   zero_level=by_sensitivity and config.prune > 0)
+
+    found = fewest_bins(sketch, config.bins, config.max_rel_l2, fit_bins,
+                        lambda encoder: _measure(entry, read, encoder, force))
+    if found is None:
+        return None
+    bins, encoder = found
+    # (a small tensor's whole fit costs a few replace() calls)
+    return LossyTensor(role, config if bins == config.bins else replace(config, bins=bins),
+                       encoder, sketch.sumsq, force,
+                       pipeline=Pipeline(encoder.stage,
+                                         entropy=Entropy() if entropy is None else entropy))
 
 
-def _measure(entry: TensorEntry, read: Read, tensor: LossyTensor) -> ChunkStats:
+def _measure(entry: TensorEntry, read: Read, encoder: QuantEncoder,
+             force: np.ndarray | None) -> ChunkStats:
     """The exact error of a fitted quantizer over the whole tensor."""
     total = ChunkStats()
     for start, stop, _, x in _chunks(entry, read):
-        force = None if tensor.force is None else tensor.force[start:stop]
-        total.merge(tensor.encoder.measure(x, force))
+        total.merge(encoder.measure(x, None if force is None else force[start:stop]))
     return total

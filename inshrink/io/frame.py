@@ -24,18 +24,21 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 import struct
 from typing import Any
 
 import numpy as np
 
 from .. import dtypes, strict_json
-from ..errors import (CorruptError, InvalidArgumentError, LimitExceededError, UnknownCodecError, UnsupportedVersionError)
 from ..codecs.chain import Pipeline, for_new_tensor
 from ..codecs.entropy import CODINGS, Entropy
 from ..codecs.quant import DTYPES as QUANT_DTYPES
-from ..encode.quantize import ChunkStats, Sketch, bin_candidates, fit, work_dtype
+from ..encode.fit import fewest_bins, fit
+from ..encode.policy import FITTED_DOMAINS, QuantConfig
+from ..encode.quantizer import ChunkStats, QuantEncoder
+from ..encode.sketch import Sketch, work_dtype
+from ..errors import (CorruptError, InvalidArgumentError, LimitExceededError, UnknownCodecError,
+                      UnsupportedVersionError)
 
 MAGIC = b"INKA\x01"
 VERSION = 1
@@ -49,7 +52,6 @@ MAX_ARRAY_BYTES = 1 << 48  # as a tensor of an .ink file
 DEFAULT_CHUNK_BYTES = 4 << 20
 DEFAULT_MAX_NBYTES = 1 << 32
 MEMBERS = {"dtype", "shape", "chunk_elements", "codec", "chunks"}
-DOMAINS = ("linear", "log", "signed_log")
 
 
 def encode(array: Any, *, level: int | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
@@ -70,17 +72,64 @@ def encode(array: Any, *, level: int | None = None, chunk_bytes: int = DEFAULT_C
         lossless.
     domain, protect, prune, seed
         How levels are fitted, as in :class:`inshrink.QuantConfig` (``protect`` and
-        ``prune`` are fractions of the elements, stored exactly and set to zero).
+        ``prune`` are fractions of the elements, stored exactly and set to zero); ``domain``
+        is ``"linear"``, ``"log"`` or ``"signed_log"``.
     max_rel_l2 : float, optional
-        With ``bins``: the largest relative L2 error accepted. Bin counts are tried fewest
-        first up to ``bins``; when none meets the bound the array is stored losslessly.
+        With ``bins``: the largest relative L2 error accepted, a positive number. Bin counts
+        are tried fewest first up to ``bins``; when none meets the bound the array is stored
+        losslessly.
 
     Returns
     -------
     bytes
         What :func:`decode` turns back into the array (bit for bit when lossless). A
         quantized frame carries its measured error (:func:`report`).
+
+    Raises
+    ------
+    InvalidArgumentError
+        Settings :func:`quant_config` refuses (those :class:`inshrink.QuantConfig` refuses
+        among them), a bad ``chunk_bytes``, or ``bins`` for an array of another dtype.
     """
+    return encode_config(array, quant_config(bins, domain, protect, prune, max_rel_l2, seed),
+                         level=level, chunk_bytes=chunk_bytes)
+
+
+def quant_config(bins: int | None, domain: str = "linear", protect: float = 0.0,
+                 prune: float = 0.0, max_rel_l2: float | None = None,
+                 seed: int = 0) -> QuantConfig | None:
+    """The quantization settings of :func:`encode` as a :class:`~inshrink.QuantConfig`,
+    validated by it; ``None`` without ``bins`` (lossless).
+
+    Raises
+    ------
+    InvalidArgumentError
+        A setting :class:`~inshrink.QuantConfig` refuses, ``max_rel_l2`` without ``bins``,
+        or a domain that fits no levels (``None``, ``"factored"``).
+    """
+    if bins is None:
+        if max_rel_l2 is not None:
+            raise InvalidArgumentError("max_rel_l2 needs bins")
+        return None
+    _check_fitted(domain)
+    return QuantConfig(bins=bins, domain=domain, protect=protect, prune=prune,
+                       max_rel_l2=max_rel_l2, seed=seed)
+
+
+def _check_fitted(domain: Any) -> None:
+    """A frame's levels are fitted in a domain given: no role resolves ``None``, and the
+    factored stage belongs to files."""
+    if domain not in FITTED_DOMAINS:
+        raise InvalidArgumentError("domain must be 'linear', 'log' or 'signed_log'")
+
+
+def encode_config(array: Any, config: QuantConfig | None, *, level: int | None = None,
+                  chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> bytes:
+    """:func:`encode` with its quantization settings made once (:func:`quant_config`):
+    ``config`` quantizes the array (its ``bins``, ``domain``, ``protect``, ``prune``,
+    ``max_rel_l2``, ``seed``, ``sigma`` and ``alpha``), ``None`` stores it losslessly."""
+    if config is not None:
+        _check_fitted(config.domain)
     arr = dtypes.as_numpy(array)
     dtype = dtypes.of_numpy(arr.dtype)
     if type(chunk_bytes) is not int or not dtype.itemsize <= chunk_bytes <= MAX_CHUNK_BYTES:
@@ -88,18 +137,13 @@ def encode(array: Any, *, level: int | None = None, chunk_bytes: int = DEFAULT_C
                                    f"{MAX_CHUNK_BYTES}]")
     if arr.ndim > MAX_NDIM:
         raise InvalidArgumentError(f"arrays have at most {MAX_NDIM} dimensions")
-    if max_rel_l2 is not None and (bins is None or not _is_number(max_rel_l2)
-                                   or not 0 <= max_rel_l2 < math.inf):
-        raise InvalidArgumentError("max_rel_l2 needs bins and must be a finite number >= 0")
     raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
     per_chunk = chunk_bytes // dtype.itemsize
     ranges = [(start, min(start + per_chunk, arr.size))
               for start in range(0, arr.size, per_chunk)]
     entropy = Entropy(level)
     report = None
-    fitted = None
-    if bins is not None:
-        fitted = _quantizer(arr, dtype, ranges, bins, domain, protect, prune, max_rel_l2, seed)
+    fitted = None if config is None else _quantizer(arr, dtype, ranges, config)
     if fitted is None:
         pipeline = for_new_tensor(dtype, entropy)
         chunks = [pipeline.encode(raw[a * dtype.itemsize:b * dtype.itemsize])
@@ -113,7 +157,7 @@ def encode(array: Any, *, level: int | None = None, chunk_bytes: int = DEFAULT_C
             chunk, chunk_stats = encoder.quantize(raw[a * dtype.itemsize:b * dtype.itemsize])
             stats.merge(chunk_stats)
             chunks.append(pipeline.encode(chunk))
-        report = {"domain": domain, "bins": used, "levels": len(encoder.stage.levels),
+        report = {"domain": config.domain, "bins": used, "levels": len(encoder.stage.levels),
                   **stats.report(sumsq)}
     header = {"dtype": dtype.name, "shape": list(arr.shape), "chunk_elements": per_chunk,
               "codec": pipeline.chain(),
@@ -126,47 +170,36 @@ def encode(array: Any, *, level: int | None = None, chunk_bytes: int = DEFAULT_C
                      *(bytes(payload) for chunk in chunks for _, payload, _ in chunk)])
 
 
-def _quantizer(arr: np.ndarray, dtype: dtypes.DType, ranges: list, bins: int, domain: str,
-               protect: float, prune: float, max_rel_l2: float | None, seed: int):
-    """(fitted encoder, sum of squares, bins used), or None: nothing meets ``max_rel_l2``
-    (or the array is empty)."""
+def _quantizer(arr: np.ndarray, dtype: dtypes.DType, ranges: list, config: QuantConfig
+               ) -> tuple[QuantEncoder, float, int] | None:
+    """(fitted encoder, sum of squares, bins used), or None: nothing meets
+    ``config.max_rel_l2`` (or the array is empty)."""
     if dtype.name not in QUANT_DTYPES:
         raise InvalidArgumentError(f"only {', '.join(QUANT_DTYPES)} arrays can be quantized, "
                                    f"not {dtype.name}")
-    if type(bins) is not int or not 0 <= bins <= 65_000:
-        raise InvalidArgumentError("bins must be an integer in [0, 65000]")
-    if domain not in DOMAINS:
-        raise InvalidArgumentError("domain must be 'linear', 'log' or 'signed_log'")
-    if not (_is_number(protect) and _is_number(prune)
-            and 0 <= protect < 1 and 0 <= prune < 1 and protect + prune < 1):
-        raise InvalidArgumentError("protect and prune must be fractions summing below 1")
-    if type(seed) is not int or seed < 0:  # (numpy's generators take no other)
-        raise InvalidArgumentError("seed must be a non-negative integer")
     if arr.size == 0:
         return None
-    sketch = Sketch.for_dtype(dtype, 0.005, bins)
+    sketch = Sketch.for_dtype(dtype, config.alpha, config.bins)
     flat = arr.reshape(-1)
     work = [np.ascontiguousarray(flat[a:b].astype(work_dtype(dtype))) for a, b in ranges]
     for x in work:
         sketch.add(x)
-    for tried in (bin_candidates(bins) if max_rel_l2 is not None else [bins]):
-        encoder = fit(sketch, dtype, bins=tried, domain=domain, prune=prune, protect=protect,
-                      seed=seed)
-        if max_rel_l2 is None:
-            return encoder, sketch.sumsq, tried
-        if encoder.estimate_rel_l2(sketch) > 1.5 * max_rel_l2:
-            continue  # clearly too coarse: skip the exact pass
+
+    def fit_bins(bins: int) -> QuantEncoder:
+        return fit(sketch, dtype, bins=bins, domain=config.domain, prune=config.prune,
+                   protect=config.protect, sigma=config.sigma, seed=config.seed)
+
+    def exact_error(encoder: QuantEncoder) -> ChunkStats:
         total = ChunkStats()
         for x in work:
-            total.merge(encoder.error(x))
-        if total.rel_l2(sketch.sumsq) <= max_rel_l2:
-            return encoder, sketch.sumsq, tried
-    return None
+            total.merge(encoder.measure(x))
+        return total
 
-
-def _is_number(x: Any) -> bool:
-    """A real number, not a bool (an argument's comparisons would otherwise raise TypeError)."""
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+    found = fewest_bins(sketch, config.bins, config.max_rel_l2, fit_bins, exact_error)
+    if found is None:
+        return None
+    bins, encoder = found
+    return encoder, sketch.sumsq, bins
 
 
 def _fail(rule: str, msg: str, error: type = CorruptError):

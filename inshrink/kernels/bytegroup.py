@@ -15,7 +15,7 @@ read-only and writable inputs share it.
 from __future__ import annotations
 
 import numpy as np
-from . import kernel
+from .jit import kernel
 
 _IN = "Array(uint8, 1, 'C', readonly=True)"  # a plane that is only read
 

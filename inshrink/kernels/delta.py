@@ -25,7 +25,7 @@ Callers guarantee, for each kernel:
 from __future__ import annotations
 
 import numpy as np
-from . import kernel
+from .jit import kernel
 
 
 @kernel

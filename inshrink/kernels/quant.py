@@ -67,7 +67,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from . import kernel
+from .jit import kernel
 
 _ZERO = np.uint64(0)
 _ONE = np.uint64(1)
