@@ -56,7 +56,6 @@ for directory in sys.argv[2:]:
             series = inshrink.Series(series_dir, policy=preset, threads=threads)
             for step, (name, tensors) in enumerate(checkpoints):
                 series.save(step, tensors)
-            series.close()
             for path in sorted(glob.glob(os.path.join(series_dir, "*.ink"))):
                 label = f"series {os.path.basename(directory)} {preset} threads={threads}"
                 result[f"{label} {os.path.basename(path)}"] = digest(path)
@@ -80,7 +79,9 @@ def digests(tree: Path, directories: list[str], work: Path) -> dict[str, str]:
     work.mkdir(parents=True)
     env = dict(os.environ, PYTHONPATH=str(tree))
     done = subprocess.run([sys.executable, "-c", WORKER, str(work), *directories],
-                          cwd=str(work), env=env, check=True, capture_output=True, text=True)
+                          cwd=str(work), env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"the worker failed in {tree}:\n{done.stderr}")
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     if os.path.realpath(answer["tree"]) != os.path.realpath(tree):  # an installed copy won
         raise SystemExit(f"the worker imported inshrink from {answer['tree']}, not {tree}")
