@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from test_cli import run
+from kit import run_cli as run
 
 
 @pytest.fixture()

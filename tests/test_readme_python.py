@@ -3,7 +3,7 @@ written, one after the other, in a fresh directory."""
 import os
 import re
 
-from test_cli import ROOT
+from kit import ROOT
 
 
 def _blocks(section: str) -> list[str]:
