@@ -358,6 +358,14 @@ def one_line_error(r: subprocess.CompletedProcess, code: int) -> str:
 
 # -- checkpoint series ----------------------------------------------------------------------------
 
+def assert_same_tensors(a: dict, b: dict, *, in_order: bool = True) -> None:
+    """Two dicts of arrays hold the same names (``in_order``: in the same order), dtypes and
+    bytes."""
+    assert (list(a) == list(b)) if in_order else (sorted(a) == sorted(b))
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes(), k
+
+
 def series_state(step: int, size: int = 4096) -> dict:
     """The state a series test saves at ``step``: ``model.w`` (``size`` F32 values, rows of
     64, seeded by the step) and ``step``."""

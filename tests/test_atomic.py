@@ -13,8 +13,8 @@ import pytest
 import inshrink
 from inshrink import atomic
 from inshrink.atomic import AtomicFile, hidden_prefix
+from kit import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"),
                                     reason="needs /dev/full (Linux) to simulate a full disk")
 
@@ -221,6 +221,12 @@ def test_a_special_file_or_a_directory_is_not_replaced(tmp_path):
 
 # --- forked children, staging names, links into /proc ----------------------------------------
 
+def _written_by(script: str, path):
+    """``path`` once ``python -c script path`` has run (in a fresh interpreter: it forks)."""
+    subprocess.run([sys.executable, "-c", script, str(path)], cwd=ROOT, check=True, timeout=60)
+    return path
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_exiting_normally_adds_nothing_to_its_parents_file(tmp_path):
     """A child of os.fork that ends with a normal interpreter exit frees its copy of an open
@@ -239,9 +245,7 @@ def test_a_forked_child_exiting_normally_adds_nothing_to_its_parents_file(tmp_pa
         out.file.write(b"B" * 100)
         out.commit()
     """)
-    path = tmp_path / "out.bin"
-    subprocess.run([sys.executable, "-c", script, str(path)], cwd=ROOT, check=True,
-                   timeout=60)
+    path = _written_by(script, tmp_path / "out.bin")
     assert path.read_bytes() == b"A" * 100 + b"B" * 100
     assert os.listdir(tmp_path) == ["out.bin"]
 
@@ -264,9 +268,7 @@ def test_a_forked_child_can_still_take_over_and_commit_the_file(tmp_path):
         out.file.write(b"B" * 100)
         out.commit()
     """)
-    path = tmp_path / "out.bin"
-    subprocess.run([sys.executable, "-c", script, str(path)], cwd=ROOT, check=True,
-                   timeout=60)
+    path = _written_by(script, tmp_path / "out.bin")
     assert path.read_bytes() == b"A" * 100 + b"B" * 100
 
 
