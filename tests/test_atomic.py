@@ -4,6 +4,7 @@ import os
 import stat
 import subprocess
 import sys
+import textwrap
 import uuid
 
 import numpy as np
@@ -11,9 +12,9 @@ import pytest
 
 import inshrink
 from inshrink import atomic
-from inshrink.atomic import AtomicFile
+from inshrink.atomic import AtomicFile, hidden_prefix
+from kit import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"),
                                     reason="needs /dev/full (Linux) to simulate a full disk")
 
@@ -216,3 +217,80 @@ def test_a_special_file_or_a_directory_is_not_replaced(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path / "target.ink")  # a link is replaced, as before
     inshrink.save(tmp_path / "link", state)
     assert np.array_equal(inshrink.load(tmp_path / "link")["w"], state["w"])
+
+
+# --- forked children, staging names, links into /proc ----------------------------------------
+
+def _written_by(script: str, path):
+    """``path`` once ``python -c script path`` has run (in a fresh interpreter: it forks)."""
+    subprocess.run([sys.executable, "-c", script, str(path)], cwd=ROOT, check=True, timeout=60)
+    return path
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_exiting_normally_adds_nothing_to_its_parents_file(tmp_path):
+    """A child of os.fork that ends with a normal interpreter exit frees its copy of an open
+    AtomicFile, whose buffer is then flushed: through the shared file description it was
+    written into the parent's temporary file a second time (the finalizer's pid check alone
+    did not stop that)."""
+    script = textwrap.dedent("""
+        import os, sys
+        from inshrink.atomic import AtomicFile
+        out = AtomicFile(sys.argv[1])
+        out.file.write(b"A" * 100)  # buffered, not yet written
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)  # the interpreter's own exit: the child's objects are freed
+        os.waitpid(pid, 0)
+        out.file.write(b"B" * 100)
+        out.commit()
+    """)
+    path = _written_by(script, tmp_path / "out.bin")
+    assert path.read_bytes() == b"A" * 100 + b"B" * 100
+    assert os.listdir(tmp_path) == ["out.bin"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_can_still_take_over_and_commit_the_file(tmp_path):
+    """The child only stops writing into the shared file when it drops its copy (or exits):
+    one that goes on writing and commits, its parent leaving without finalizing, still
+    produces the whole file."""
+    script = textwrap.dedent("""
+        import os, sys
+        from inshrink.atomic import AtomicFile
+        out = AtomicFile(sys.argv[1])
+        out.file.write(b"A" * 100)
+        out.file.flush()
+        pid = os.fork()
+        if pid:
+            os.waitpid(pid, 0)
+            os._exit(0)  # the parent leaves the file to the child
+        out.file.write(b"B" * 100)
+        out.commit()
+    """)
+    path = _written_by(script, tmp_path / "out.bin")
+    assert path.read_bytes() == b"A" * 100 + b"B" * 100
+
+
+def test_a_hidden_temporary_is_named_after_a_directory_given_with_its_slash():
+    """``-o out/`` for a directory: the staging directory was named ``..<random>`` (the
+    name after the slash is empty) instead of ``.out.<random>`` as before."""
+    assert hidden_prefix("out/", room=8) == ".out."
+    assert hidden_prefix("a/b/") == ".b."
+    assert hidden_prefix("a/b.ink") == ".b.ink."
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_the_library_refuses_a_link_into_proc_as_the_command_line_does(tmp_path):
+    """The command line refused -o /dev/stdout (a link to /proc/self/fd/1), but
+    inshrink.save renamed its file over such a link, replacing it."""
+    link = tmp_path / "stdout"
+    os.symlink("/proc/self/fd/1", link)
+    with pytest.raises(inshrink.errors.InvalidArgumentError, match="/proc"):
+        inshrink.save(link, {"x": np.zeros(3, np.float32)})
+    assert os.readlink(link) == "/proc/self/fd/1"
+    assert os.listdir(tmp_path) == ["stdout"]
+    target = tmp_path / "real.ink"  # a link to a regular file is still replaced, as before
+    os.symlink(target, tmp_path / "alias.ink")
+    inshrink.save(tmp_path / "alias.ink", {"x": np.zeros(3, np.float32)})
+    assert not os.path.islink(tmp_path / "alias.ink")

@@ -1,32 +1,13 @@
 """The command line, run as a user would: in a subprocess."""
 import json
 import os
-import subprocess
-import sys
 
-import ml_dtypes
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
-from helpers import random_bits
+from kit import run_cli as run
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run(*args, cwd):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "inshrink", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, env=env, timeout=300)
-
-
-@pytest.fixture()
-def model(tmp_path):
-    rng = np.random.default_rng(0)
-    save_file({"w": (rng.standard_normal((256, 64)) * 0.02).astype(ml_dtypes.bfloat16),
-               "b": random_bits(np.float32, (64,), 1)}, str(tmp_path / "m.safetensors"),
-              metadata={"format": "np"})
-    return tmp_path
+pytestmark = pytest.mark.model("bf16_weights_and_f32_bits")
 
 
 def test_compress_info_verify_decompress(model):

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 import inshrink
 from inshrink.dcp.storage import InkStorageWriter
-from test_cli import ROOT, run
+from kit import ROOT, run_cli as run
 from test_cli_json import FILE_KEYS, KEYS, TENSOR_KEYS
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from test_cli import run
+from kit import run_cli as run
 
 
 @pytest.fixture()
@@ -79,3 +79,30 @@ def test_links_out_of_the_directory_are_refused_unless_followed(pipeline, tmp_pa
     assert "linked.json is a link to" in r.stderr  # said, not silent
     assert (pipeline / "pipe-ink" / "linked.json").read_text() == '{"secret": 1}'
     assert not (pipeline / "pipe-ink" / "linked.json").is_symlink()
+
+
+# --- decompress of a compressed tree and of a series -----------------------------------------
+
+def test_decompress_of_a_tree_holding_another_programs_manifest_json(tmp_path):
+    """compress copies a model directory's other files, a manifest.json among them: the
+    directory it wrote was then refused by decompress as a checkpoint series (exit 2)."""
+    (tmp_path / "model").mkdir()
+    tensors = {"w": np.arange(12, dtype=np.float32).reshape(3, 4)}
+    save_file(tensors, str(tmp_path / "model" / "model.safetensors"))
+    (tmp_path / "model" / "manifest.json").write_text('{"files": ["model.safetensors"]}')
+    done = run("compress", "model", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    done = run("decompress", "model-ink", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "model-ink-safetensors"
+    assert (out / "model.safetensors").read_bytes() == \
+        (tmp_path / "model" / "model.safetensors").read_bytes()
+    assert (out / "manifest.json").read_text() == '{"files": ["model.safetensors"]}'
+
+
+def test_decompress_of_a_series_still_points_to_series_restore(tmp_path):
+    from inshrink.series.series import Series
+    series = Series(tmp_path / "ser")
+    series.save(1, {"w": np.zeros(4, np.float32)})
+    done = run("decompress", "ser", cwd=tmp_path)
+    assert done.returncode == 2 and "series restore" in done.stderr

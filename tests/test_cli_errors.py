@@ -11,25 +11,9 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from safetensors.numpy import save_file
 
 import inshrink
-from inshrink.container import layout
-from test_cli import ROOT, run
-
-
-@pytest.fixture()
-def model(tmp_path):
-    rng = np.random.default_rng(0)
-    save_file({"layer.weight": rng.standard_normal((128, 64)).astype(np.float32)},
-              str(tmp_path / "m.safetensors"))
-    return tmp_path
-
-
-def one_line_error(r, code: int) -> str:
-    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
-    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    return r.stderr
+from kit import ROOT, edit_index as with_index, one_line_error, run_cli as run
 
 
 def test_files_of_other_formats_say_what_they_are(model):
@@ -111,18 +95,6 @@ def test_a_full_disk_names_the_users_path_not_a_temporary(model):
     assert os.path.join("tree-ink", "m.ink") in err and ".tmp" not in err, err
     assert ".tree-ink" not in err
     assert sorted(os.listdir(model)) == ["m.ink", "tree"]  # no debris
-
-
-def with_index(path, edit) -> None:
-    """Rewrite the (plain JSON) index of an .ink file with ``edit(doc)`` applied."""
-    data = bytearray(path.read_bytes())
-    offset, length, _ = layout.parse_tail(bytes(data[-layout.TAIL_SIZE:]))
-    doc = json.loads(data[offset + layout.RECORD_HEADER_SIZE:
-                          offset + layout.RECORD_HEADER_SIZE + length])
-    edit(doc)
-    payload = json.dumps(doc).encode()
-    path.write_bytes(bytes(data[:offset]) + layout.pack_record_header(layout.KIND_INDEX, payload)
-                     + payload + layout.pack_tail(offset, payload))
 
 
 @pytest.mark.parametrize("search", ['{"chosen": 5}', "[" * 100_000, '"text"', "{bad json",

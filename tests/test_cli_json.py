@@ -7,7 +7,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import inshrink
-from test_cli import run
+from kit import run_cli as run
 
 KEYS = {"command", "ok", "inputs", "outputs", "bytes_in", "bytes_out", "tensor_bytes", "ratio",
         "lossy", "lossy_tensors", "max_rel_l2_error", "unmeasured_tensors", "seconds", "files",

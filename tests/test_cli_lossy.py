@@ -4,15 +4,9 @@ import pytest
 from safetensors.numpy import save_file
 
 from inshrink.encode.policy import PRESETS
-from test_cli import run
+from kit import run_cli as run
 
-
-@pytest.fixture()
-def model(tmp_path):
-    rng = np.random.default_rng(0)
-    save_file({"layer.weight": (rng.standard_normal((128, 64)) * 0.02).astype(np.float32),
-               "layer.bias": np.zeros(64, np.float32)}, str(tmp_path / "orig.safetensors"))
-    return tmp_path
+pytestmark = pytest.mark.model("trained_like")
 
 
 def test_lossy_summaries_say_lossy_with_the_error(model):

@@ -7,31 +7,20 @@ import sys
 
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
 import inshrink
-import test_cli_errors
-from test_cli import ROOT
+import kit
+from kit import ROOT
 
 
 def run(*args, cwd, timeout=60):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "inshrink", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, env=env, timeout=timeout)
-
-
-@pytest.fixture()
-def model(tmp_path):
-    rng = np.random.default_rng(0)
-    save_file({"layer.weight": rng.standard_normal((128, 64)).astype(np.float32)},
-              str(tmp_path / "m.safetensors"))
-    return tmp_path
+    return kit.run_cli(*args, cwd=cwd, timeout=timeout)
 
 
 def one_line_error(r, code: int) -> str:
-    """:func:`test_cli_errors.one_line_error`, and no success message on stdout."""
+    """:func:`kit.one_line_error`, and no success message on stdout."""
     assert r.stdout == "", r.stdout
-    return test_cli_errors.one_line_error(r, code)
+    return kit.one_line_error(r, code)
 
 
 def test_an_output_that_is_the_input_through_a_link_is_refused(model):

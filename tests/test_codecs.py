@@ -11,23 +11,15 @@ import inshrink
 from inshrink import errors
 from inshrink.io import frame as array
 from inshrink.codecs import delta
-from inshrink.encode.fit import fit
-from inshrink.encode.quantizer import QuantEncoder
-from inshrink.encode.sketch import Sketch
 from inshrink.codecs.chain import Pipeline, for_new_tensor
 from inshrink.codecs.entropy import Entropy
 from inshrink.codecs.factored import Factored
 from inshrink.codecs.lossless import ByteGroup
 from inshrink.codecs.quant import Quant
 from inshrink.dtypes import by_name, of_numpy
+from kit import fit_quantizer
 
 F32 = by_name("F32")
-
-
-def fitted(x: np.ndarray, bins: int = 8) -> QuantEncoder:
-    sketch = Sketch.for_dtype(F32, 0.005, bins)
-    sketch.add(x)
-    return fit(sketch, F32, bins=bins, domain="linear", protect=0.01)
 
 
 def stages() -> list:
@@ -85,7 +77,7 @@ def test_xor_delta_round_trips_against_its_reference(data, seed):
 def test_quant_and_code_delta_round_trip_in_memory():
     rng = np.random.default_rng(1)
     x = rng.standard_normal(1000).astype(np.float32)
-    encoder = fitted(x)
+    encoder, _ = fit_quantizer(x, 8, protect=0.01)
     chunk, stats = encoder.quantize(x.view(np.uint8))
     assert stats.count == x.size and chunk.positions.size == stats.protected
     plain = Pipeline(encoder.stage)

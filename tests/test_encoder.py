@@ -107,3 +107,16 @@ def test_a_chunk_that_fails_on_a_pool_thread_leaves_no_file(tmp_path):
     with pytest.raises(errors.InvalidArgumentError, match="cannot be finished"):
         w.close()
     assert list(tmp_path.iterdir()) == []
+
+
+# --- importance scores ------------------------------------------------------------------------
+
+def test_importance_scores_of_a_numpy_dtype_inshrink_does_not_store():
+    """Scores are converted to float64: since they went through as_numpy (as a tensor to
+    store is), a float128 array was refused ('unsupported dtype float128')."""
+    from inshrink.encode.tensor import overrides
+    scores = np.linspace(0, 1, 64, dtype=np.longdouble)
+    config = QuantConfig(bins=16, prune=0.25, prune_metric="sensitivity")
+    assert overrides(scores, config, 64) is not None
+    with pytest.raises(inshrink.errors.InvalidArgumentError):  # still: not numbers
+        overrides(np.array([None] * 64, dtype=object), config, 64)

@@ -19,6 +19,7 @@ from inshrink.errors import InshrinkError
 F32 = dtypes.BY_NAME["F32"]
 CODEC = [{"id": "bytegroup", "word": 4, "rotate": True}]
 DATA_END = 1 << 20
+pytestmark = pytest.mark.usefixtures("index_short_way")  # parse() takes its short way here
 
 
 def _entry(name: str, numel: int, chunk_elements: int, at: list[int], streams: int = 4,
@@ -45,13 +46,6 @@ def _text(**extra) -> bytes:
                                                   report={"role": "small", "x": 0.5}),
                _entry("c", 3, 8, at)]
     return Index(tensors, {"k": "v"}, **extra).to_bytes()
-
-
-@pytest.fixture(autouse=True)
-def _short_way_for_any_size(monkeypatch):
-    """parse() takes the short way for indexes of any length here (by default only from
-    CANONICAL_MIN_BYTES on)."""
-    monkeypatch.setattr(index, "CANONICAL_MIN_BYTES", 0)
 
 
 def test_a_short_index_goes_to_the_general_parser(monkeypatch):

@@ -4,9 +4,7 @@ record at a time do, and report the failure the spec's check order names first (
 with one thread or several."""
 from __future__ import annotations
 
-import json
 import os
-import sys
 import threading
 import zlib
 from unittest import mock
@@ -21,9 +19,9 @@ import inshrink
 from inshrink.io import tensorfile
 from inshrink.container import layout
 from inshrink.errors import ChecksumError, CorruptError, TruncatedError
+from kit import edit_index
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fuzz"))
-import ink_repair  # noqa: E402
+pytestmark = pytest.mark.usefixtures("index_short_way")  # both ways must check alike
 
 
 @given(st.lists(st.tuples(st.integers(0, 2**63), st.integers(0, 0xFFFFFFFF)), max_size=20),
@@ -36,14 +34,6 @@ def test_record_headers_equal_record_header_row_by_row(rows, kind):
     for row, (length, crc) in zip(headers, rows):
         assert bytes(row) == layout.record_header(kind, length, crc)
         assert int.from_bytes(bytes(row[28:]), "little") == zlib.crc32(bytes(row[:28]))
-
-
-@pytest.fixture(autouse=True)
-def _short_way_for_any_size(monkeypatch):
-    """Indexes in the writer's form take the parser's short way here whatever their length
-    (by default only from index.CANONICAL_MIN_BYTES on): both ways must check alike."""
-    from inshrink.container import index
-    monkeypatch.setattr(index, "CANONICAL_MIN_BYTES", 0)
 
 
 def _file(path: Path) -> list:
@@ -190,17 +180,6 @@ def test_a_load_makes_no_tracked_objects_per_chunk(tmp_path, monkeypatch, thread
     assert counts[1] - counts[0] < 100  # 400 chunks
 
 
-def _with_index(path: Path, edit, compact: bool = False) -> None:
-    """Edit the index; ``compact``: written in the writer's form (no spaces), which the
-    parser reads its short way (``index._parse_canonical``) when nothing else is wrong."""
-    data = path.read_bytes()
-    offset, doc = ink_repair.read_index(data)
-    edit(doc)
-    text = (json.dumps(doc, separators=(",", ":"), ensure_ascii=False) if compact
-            else json.dumps(doc))
-    path.write_bytes(ink_repair.replace_index(data, offset, text.encode()))
-
-
 @pytest.mark.parametrize("compact", [False, True])
 def test_index_rules_follow_the_tensor_order(tmp_path, compact):
     """Chunk entries are checked for the whole file at once, but a bad chunk entry of the
@@ -211,7 +190,7 @@ def test_index_rules_follow_the_tensor_order(tmp_path, compact):
     def edit(doc):
         doc["tensors"][0]["streams"][1][1][0] += 1    # an unaligned offset
         doc["tensors"][1]["name"] = ""
-    _with_index(path, edit, compact)
+    edit_index(path, edit, compact)
     with pytest.raises(CorruptError, match=r"\[I-13\]"):
         inshrink.open(path)
 
@@ -226,7 +205,7 @@ def test_each_bad_chunk_field_is_refused(tmp_path, field, value, rule, compact):
 
     def edit(doc):
         doc["tensors"][1]["streams"][3][2][field] = value
-    _with_index(path, edit, compact)
+    edit_index(path, edit, compact)
     with pytest.raises(inshrink.InshrinkError, match=rf"\[{rule}\]"):
         inshrink.open(path)
 
@@ -238,7 +217,7 @@ def test_overlapping_records_are_refused(tmp_path, compact):
 
     def edit(doc):
         doc["tensors"][1]["streams"][0][1][0] = doc["tensors"][0]["streams"][2][0][0]
-    _with_index(path, edit, compact)
+    edit_index(path, edit, compact)
     with pytest.raises(CorruptError, match=r"\[I-15\]"):
         inshrink.open(path)
 
@@ -252,7 +231,7 @@ def test_a_chain_shared_by_tensors_is_validated_with_its_types(tmp_path, compact
 
     def edit(doc):
         doc["tensors"][1]["codec"][0]["rotate"] = 1
-    _with_index(path, edit, compact)
+    edit_index(path, edit, compact)
     with pytest.raises(CorruptError, match=r"\[C-3\] .*rotate"):
         inshrink.open(path)
 
@@ -271,7 +250,7 @@ def test_tensors_sharing_a_chain_are_each_checked_against_it(tmp_path, monkeypat
             del doc["tensors"][1]["streams"][3]
         else:
             doc["tensors"][1]["streams"][stream][2][3] += 1  # a plane size off by one
-    _with_index(path, edit, compact=True)
+    edit_index(path, edit, compact=True)
     monkeypatch.setattr(index, "_parse_general", mock.Mock(side_effect=AssertionError))
     with pytest.raises(CorruptError, match=rf"\[{rule}\] tensor 'b'"):
         inshrink.open(path)

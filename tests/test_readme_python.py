@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
-from test_cli import ROOT, run
+from kit import ROOT, run_cli as run
 
 
 def page_blocks(page: str, kind: str = "python") -> list[str]:

@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments  # noqa: E402
 
-from test_cli import ROOT  # noqa: E402
+from kit import ROOT  # noqa: E402
 from test_readme_python import readme_examples, run_commands  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")

@@ -14,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import inshrink
 from inshrink import errors
 from inshrink.series.series import Series
+from kit import assert_same_tensors as assert_same
 
 
 def trajectory(n, seed=0):
@@ -26,12 +27,6 @@ def trajectory(n, seed=0):
         states.append({"model.w": w.copy(), "optimizer.state.0.step": np.array(i, np.int64),
                        "model.b": np.full(8, i, np.float16)})
     return states
-
-
-def assert_same(a, b):
-    assert list(a) == list(b)
-    for k in a:
-        assert a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes(), k
 
 
 def test_twenty_checkpoints_restore_exactly_with_keyframes(tmp_path):

@@ -5,27 +5,17 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 from inshrink import errors
 from inshrink.series.series import Series
+from kit import ROOT, TESTS, assert_restores, series_state as state
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-STATE = """
-import numpy as np
-def state(step, size=4096):
-    rng = np.random.default_rng(step)
-    return {"model.w": rng.standard_normal((size // 64, 64)).astype(np.float32),
-            "step": np.array(step, np.int64)}
-"""
-exec(STATE)  # the same states in the test and in the workers
-
-WORKER = STATE + """
+WORKER = """
 import json, sys, time
 from inshrink import errors
 from inshrink.series import Series
+from kit import series_state as state  # the same states in the test and in the workers
 series = Series(sys.argv[1], keyframe_every=3, threads=1)
 print("ready", flush=True)
 for line in sys.stdin:  # "save STEP [SIZE]": one JSON result line; "pause SECONDS"
@@ -51,7 +41,7 @@ class Worker:
     def __init__(self, directory):
         self.proc = subprocess.Popen([sys.executable, "-c", WORKER, str(directory)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env=dict(os.environ, PYTHONPATH=ROOT))
+                                     env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + TESTS))
         assert self.proc.stdout.readline().strip() == "ready"
 
     def send(self, *commands):
@@ -68,16 +58,6 @@ class Worker:
 
 def kind(result):
     return result.split(":")[0]
-
-
-def assert_restores(series, steps, sizes=None):
-    assert series.steps() == sorted(steps)
-    assert series.verify() == []
-    for step in steps:
-        expected = state(step, *([sizes[step]] if sizes and step in sizes else []))
-        got = series.load(step)
-        assert sorted(got) == sorted(expected)
-        assert all(got[k].tobytes() == expected[k].tobytes() for k in expected), step
 
 
 def test_interleaved_steps_from_two_processes_lose_nothing(tmp_path):

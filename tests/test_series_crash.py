@@ -8,33 +8,19 @@ import signal
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from inshrink import atomic
 from inshrink.series.series import Series
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def state(step):
-    rng = np.random.default_rng(step)
-    return {"model.w": rng.standard_normal((64, 64)).astype(np.float32),
-            "step": np.array(step, np.int64)}
-
-
-def assert_restores(series, steps):
-    assert series.steps() == steps
-    assert series.verify() == []
-    for step in steps:
-        assert series.load(step)["model.w"].tobytes() == state(step)["model.w"].tobytes()
+from kit import ROOT, TESTS, assert_restores, series_state as state
 
 
 def killed_at(code):
     """Run ``code`` in a fresh interpreter until it prints "stopped" (at the named point),
     then SIGKILL it: a crash exactly there."""
-    proc = subprocess.Popen([sys.executable, "-c", f"import sys; sys.path.insert(0, {ROOT!r})\n"
-                             + code], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c",
+                             f"import sys; sys.path[:0] = [{ROOT!r}, {TESTS!r}]\n" + code],
+                            stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "stopped"
     finally:
@@ -45,18 +31,14 @@ def killed_at(code):
 STOP = """
 import time
 import numpy as np
-from inshrink import series as series_module
+from inshrink.series import series as series_module
 from inshrink.container import writer
 from inshrink.series import Series
+from kit import series_state as state
 
 def stop(*args, **kwargs):
     print("stopped", flush=True)
     time.sleep(60)
-
-def state(step):
-    rng = np.random.default_rng(step)
-    return {"model.w": rng.standard_normal((64, 64)).astype(np.float32),
-            "step": np.array(step, np.int64)}
 """
 
 

@@ -5,25 +5,11 @@ import signal
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from inshrink import atomic
 from inshrink.series.series import Series
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def state(step, size=4096):
-    rng = np.random.default_rng(step)
-    return {"model.w": rng.standard_normal((size // 64, 64)).astype(np.float32),
-            "step": np.array(step, np.int64)}
-
-
-def assert_restores(series, steps):
-    assert series.steps() == steps
-    for step in steps:
-        assert series.load(step)["model.w"].tobytes() == state(step)["model.w"].tobytes()
+from kit import ROOT, assert_restores, series_state as state
 
 
 DEBRIS = [".step_000000000002.ink.9kf6u6k2.tmp", ".step_000000000001.d.ink.a_b0c1d2.tmp",

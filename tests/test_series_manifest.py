@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from inshrink import errors
 from inshrink.series import series as series_module
 from inshrink.series.series import Series
+from kit import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DELTA, WHOLE = "step_000000000000.d.ink", "step_000000000001.ink"
 
 

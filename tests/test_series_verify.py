@@ -1,4 +1,5 @@
 """Series.verify agrees with Series.load: a healthy series of any domain verifies clean."""
+import functools
 import os
 import subprocess
 import sys
@@ -9,8 +10,7 @@ import pytest
 import inshrink
 from inshrink.search import Search, SearchSpace
 from inshrink.series.series import Series
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from kit import ROOT, assert_same_tensors
 
 
 def drifting(n, seed=0):
@@ -47,10 +47,7 @@ POLICIES = {
 }
 
 
-def assert_same(a, b):
-    assert sorted(a) == sorted(b)
-    for k in a:
-        assert a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes(), k
+assert_same = functools.partial(assert_same_tensors, in_order=False)
 
 
 @pytest.mark.parametrize("domain", sorted(POLICIES))

@@ -17,7 +17,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config,  # no
 
 import inshrink.transformers as ink
 from inshrink.errors import InvalidArgumentError  # noqa: E402
-from test_cli import ROOT  # noqa: E402
+from kit import ROOT  # noqa: E402
 
 torch.set_num_threads(1)
 TOKENS = torch.tensor([[1, 5, 9, 42, 7, 3]])
