@@ -46,6 +46,8 @@ Loading takes no lock.
 
 The format of ``series.json`` and of the step directories is specified in spec/FORMAT.md,
 section 25; every check of the manifest and of a step names its rule there (``[M-5] ...``).
+The rules shared with :class:`inshrink.Series` (keyframe rule, manifest fields, links, lock)
+are in :mod:`inshrink.series` (``keyframes``, ``manifest``, ``links``, ``directory``).
 
 This module imports torch; ``import inshrink`` does not import it.
 

@@ -20,13 +20,15 @@ from ..errors import BaseMismatchError, InshrinkError
 from ..io.tensorfile import File
 
 L = TypeVar("L")
+"""A link of a chain: what the caller decodes as one file (a checkpoint, a rank's file)."""
+L_in = TypeVar("L_in", contravariant=True)
 
 
-class DecodeLink(Protocol[L]):
+class DecodeLink(Protocol[L_in]):
     """Decode ``link`` against what ``previous`` (None for a keyframe) decoded to, checked
     first; returns the decoded tensors, the exact ones and the codes (see :func:`decode_link`)."""
 
-    def __call__(self, link: L, previous: L | None, exact: dict[str, np.ndarray],
+    def __call__(self, link: L_in, previous: L_in | None, exact: dict[str, np.ndarray],
                  codes: dict[str, np.ndarray], *, whole: bool, with_codes: bool
                  ) -> tuple[dict, dict, dict]: ...
 

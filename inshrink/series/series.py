@@ -18,6 +18,9 @@ A series has one writer at a time: saving, deleting and retaining hold an exclus
 lock (``flock``) on ``.lock`` in the directory and re-read the manifest under it, so a second
 process writing at the same moment gets a :class:`SeriesLockedError` at once instead of
 waiting (a save may take minutes) or silently dropping the other's steps.
+
+The rules this series shares with the DCP series (:class:`inshrink.dcp.InkSeries`) are in
+:mod:`.keyframes`, :mod:`.manifest`, :mod:`.links` and :mod:`.directory`.
 """
 from __future__ import annotations
 
