@@ -4,6 +4,8 @@ The root derives from :class:`ValueError` so existing ``except ValueError`` clau
 """
 from __future__ import annotations
 
+import os
+
 
 class InshrinkError(ValueError):
     """Root of every error raised by inshrink."""
@@ -58,3 +60,17 @@ class TensorNotFoundError(InshrinkError, KeyError):
 
 class IncompleteCheckpointError(TruncatedError):
     """A multi-file checkpoint lacks the commit marker written last: its save did not finish."""
+
+
+def with_path(exc: InshrinkError, path: str | os.PathLike) -> InshrinkError:
+    """``exc`` with its message prefixed by ``path`` unless it names it already (a reader's
+    error says what is wrong; which file is wrong is the caller's to say)."""
+    path = os.fspath(path)
+    if path in str(exc):
+        return exc
+    try:
+        named = type(exc)(f"{path}: {exc}")
+    except TypeError:  # a subclass with another signature
+        named = InshrinkError(f"{path}: {exc}")
+    named.__cause__ = exc.__cause__
+    return named

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from . import dtypes
 from .atomic import AtomicFile, current_umask, fsync_directory, hidden_prefix, named_error
 from .container import layout
-from .errors import CorruptError, InshrinkError, InvalidArgumentError, LimitExceededError
+from .errors import (CorruptError, InshrinkError, InvalidArgumentError, LimitExceededError,
+                     with_path)
 from .encode.policy import Policy
 from .io.tensorfile import File, Progress, TensorInfo, Writer
 
@@ -330,20 +331,6 @@ class FileReport:
     @property
     def copied(self) -> bool:
         return self.tensors is None
-
-
-def with_path(exc: InshrinkError, path: str | os.PathLike) -> InshrinkError:
-    """``exc`` with its message prefixed by ``path`` unless it names it already (a reader's
-    error says what is wrong; which file is wrong is the caller's to say)."""
-    path = os.fspath(path)
-    if path in str(exc):
-        return exc
-    try:
-        named = type(exc)(f"{path}: {exc}")
-    except TypeError:  # a subclass with another signature
-        named = InshrinkError(f"{path}: {exc}")
-    named.__cause__ = exc.__cause__
-    return named
 
 
 def _raise(exc: OSError) -> None:

@@ -31,8 +31,8 @@ def killed_at(code):
 STOP = """
 import time
 import numpy as np
-from inshrink.series import series as series_module
 from inshrink.container import writer
+from inshrink.series import series as series_module
 from inshrink.series import Series
 from kit import series_state as state
 
@@ -72,7 +72,7 @@ def test_a_kill_while_retain_removes_files(tmp_path):
     for step in range(3):
         series.save(step, state(step))
     killed_at(STOP + f"""
-series_module._remove = stop  # the manifest no longer lists steps 0 and 1; files not removed
+series_module.remove = stop  # the manifest no longer lists steps 0 and 1; files not removed
 Series({str(path)!r}).retain(1)
 """)
     assert "step_000000000000.d.ink" in os.listdir(path)

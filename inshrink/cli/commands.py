@@ -449,7 +449,7 @@ def _tensor_json(info) -> dict:
 
 def _ink_details(path: str) -> dict:
     """What the index of an .ink file says (opens the index only); errors name ``path``."""
-    from ..safetensors import with_path
+    from ..errors import with_path
     from ..errors import InshrinkError
     from ..io.tensorfile import File
     try:
@@ -712,7 +712,7 @@ def _standalone_infos(path: str) -> list:
     """The tensors of an .ink file that decodes on its own (opens the index only). A delta
     file of a series decodes only against its base: the error points to the command that
     reads it."""
-    from ..safetensors import with_path
+    from ..errors import with_path
     from ..errors import InshrinkError
     from ..io.tensorfile import File
     try:

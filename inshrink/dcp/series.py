@@ -46,6 +46,8 @@ Loading takes no lock.
 
 The format of ``series.json`` and of the step directories is specified in spec/FORMAT.md,
 section 25; every check of the manifest and of a step names its rule there (``[M-5] ...``).
+The rules shared with :class:`inshrink.Series` (keyframe rule, manifest fields, links, lock)
+are in :mod:`inshrink.series` (``keyframes``, ``manifest``, ``links``, ``directory``).
 
 This module imports torch; ``import inshrink`` does not import it.
 
@@ -61,7 +63,6 @@ import json
 import os
 import re
 import reprlib
-import shutil
 import threading
 import uuid
 import weakref
@@ -74,7 +75,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from .. import digest as _digest
-from ..atomic import release_write_lock, take_write_lock, write_file
+from ..atomic import release_write_lock
 from .calls import done, named
 from .consolidation import RankFiles, checked_output, consolidate_to
 from .inspect import describe_metadata
@@ -86,8 +87,13 @@ from .. import strict_json
 from ..encode.policy import Policy
 from ..encode.policy import resolve as resolve_policy
 from ..io.rebase import Decoded, write_delta
-from ..series.series import LOCK, MAX_MANIFEST_BYTES, MAX_STEP, decode_link, file_sha256
 from ..io.tensorfile import File, TensorInfo, resolve_threads
+from ..series.directory import remove, take_lock
+from ..series.keyframes import previous_becomes_delta
+from ..series.links import decode_each_link, decode_link, file_sha256, replay
+from ..series.manifest import (MAX_MANIFEST_BYTES, SHA256, check_after, check_new_step,
+                               file_problem, find_entry, has_exactly, read_manifest,
+                               step_problem, write_manifest)
 
 __all__ = ["InkSeries", "InkSeriesWriter", "InkSeriesReader", "Step", "RankFile", "MANIFEST",
            "decode_manifest"]
@@ -97,7 +103,6 @@ FORMAT = "inshrink-dcp-series"
 VERSION = 1
 _STEP_DIR = re.compile(r"\Astep_[0-9]{12}\Z", re.ASCII)
 _DELTA_FILE = re.compile(r"\Arank[0-9]{5}-[0-9a-f]{12}\.d\.ink\Z", re.ASCII)
-_SHA256 = re.compile(r"\A[0-9a-f]{64}\Z", re.ASCII)
 _TEMPORARY = re.compile(r"\A\.(series\.json|rank[0-9]{5}-[0-9a-f]{12}(\.d)?\.ink)\..*\.tmp\Z",
                         re.ASCII)
 _RESULT_FQN = "__inshrink_series__"
@@ -184,18 +189,15 @@ def parse_manifest(doc: Any, path: str = MANIFEST) -> list[Step]:
                            "checkpoints a list")
     steps: list[Step] = []
     for i, e in enumerate(doc["checkpoints"]):
-        if type(e) is not dict or set(e) != {"step", "world_size", "layout", "base", "files"}:
+        if not has_exactly(e, {"step", "world_size", "layout", "base", "files"}):
             _fail("M-5", path, f"checkpoint {i} must have exactly the keys base, files, layout, "
                                f"step, world_size")
         step, world, layout, base = e["step"], e["world_size"], e["layout"], e["base"]
-        if type(step) is not int or not 0 <= step <= MAX_STEP:
-            _fail("M-6", path, f"checkpoint {i}: step must be an integer in [0, {MAX_STEP}]")
-        if steps and step <= steps[-1].step:
-            _fail("M-6", path, f"checkpoint {i}: steps must increase ({step} after "
-                               f"{steps[-1].step})")
+        if (why := step_problem(i, step, steps)) is not None:
+            _fail("M-6", path, why)
         if type(world) is not int or world < 1:
             _fail("M-7", path, f"step {step}: world_size must be a positive integer")
-        if type(layout) is not str or not _SHA256.match(layout):
+        if type(layout) is not str or not SHA256.match(layout):
             _fail("M-8", path, f"step {step}: layout must be 64 lowercase hexadecimal digits")
         if base is not None and (type(base) is not int or base <= step):
             _fail("M-9", path, f"step {step}: base must be null or a later step")
@@ -203,7 +205,7 @@ def parse_manifest(doc: Any, path: str = MANIFEST) -> list[Step]:
             _fail("M-10", path, f"step {step}: files must be a list")
         files: list[RankFile] = []
         for f in e["files"]:
-            if type(f) is not dict or set(f) != {"rank", "name", "file", "sha256", "bytes"}:
+            if not has_exactly(f, {"rank", "name", "file", "sha256", "bytes"}):
                 _fail("M-10", path, f"step {step}: a file must have exactly the keys bytes, "
                                     f"file, name, rank, sha256")
             rank, name = f["rank"], f["name"]
@@ -218,11 +220,8 @@ def parse_manifest(doc: Any, path: str = MANIFEST) -> list[Step]:
             expected = name if base is None else delta_name(name)
             if f["file"] != expected:
                 _fail("M-13", path, f"step {step}: rank {rank}'s file must be {expected!r}")
-            if type(f["sha256"]) is not str or not _SHA256.match(f["sha256"]):
-                _fail("M-14", path, f"step {step}: sha256 must be 64 lowercase hexadecimal "
-                                    f"digits")
-            if type(f["bytes"]) is not int or f["bytes"] < 0:
-                _fail("M-14", path, f"step {step}: bytes must be a non-negative integer")
+            if (why := file_problem(step, f["sha256"], f["bytes"])) is not None:
+                _fail("M-14", path, why)
             files.append(RankFile(rank, name, expected, f["sha256"], f["bytes"]))
         steps.append(Step(step, world, layout, base, tuple(files)))
     by_step = {s.step: s for s in steps}
@@ -368,9 +367,8 @@ class InkSeries:
             if self._lock_fd is not None:
                 return
             os.makedirs(self.directory, exist_ok=True)
-            fd = take_write_lock(self._path(LOCK), self.directory,
-                                 "holds this DCP series; it takes one writer at a time "
-                                 "(close() the other InkSeries, or end its job)")
+            fd = take_lock(self.directory, "holds this DCP series; it takes one writer at a "
+                                           "time (close() the other InkSeries, or end its job)")
             if fd is None:  # no flock on this platform
                 return
             self._lock_fd = fd
@@ -402,17 +400,11 @@ class InkSeries:
     def checkpoints(self) -> list[Step]:
         """The committed steps, oldest first ([] for a new series)."""
         path = self._path(MANIFEST)
-        try:
-            with open(path, "rb") as f:
-                raw = f.read(MAX_MANIFEST_BYTES + 1)
-        except FileNotFoundError:
-            return []
-        return decode_manifest(raw, path)
+        raw = read_manifest(path)
+        return [] if raw is None else decode_manifest(raw, path)
 
     def _write_manifest(self, steps: list[Step]) -> None:
-        doc = {"format": FORMAT, "version": VERSION,
-               "checkpoints": [dataclasses.asdict(s) for s in steps]}
-        write_file(self._path(MANIFEST), json.dumps(doc, indent=1).encode())
+        write_manifest(self._path(MANIFEST), FORMAT, VERSION, steps)
 
     def steps(self) -> list[int]:
         """The committed steps, ascending."""
@@ -430,21 +422,15 @@ class InkSeries:
             if not steps:
                 raise InvalidArgumentError(f"the series {self.directory} is empty")
             return steps[-1]
-        if type(step) is not int:
-            raise InvalidArgumentError(f"step must be an integer, got {reprlib.repr(step)}")
-        for s in steps:
-            if s.step == step:
-                return s
-        raise InvalidArgumentError(f"step {step} is not in the series {self.directory}")
+        return find_entry(steps, step, self.directory)
 
     # -- saving and loading ----------------------------------------------------------------
 
     def writer(self, step: int) -> "InkSeriesWriter":
         """A storage writer that adds ``step`` (after every committed step) to the series:
         ``dcp.save(state, storage_writer=series.writer(step))``."""
-        if type(step) is not int or not 0 <= step <= MAX_STEP:
-            raise InvalidArgumentError(f"step must be an integer in [0, {MAX_STEP}]")
-        _check_after(self.checkpoints(), step, self.directory)
+        check_new_step(step)
+        check_after(self.checkpoints(), step, f"the series {self.directory}")
         return InkSeriesWriter(self, step)
 
     def reader(self, step: int | None = None) -> "InkSeriesReader":
@@ -472,25 +458,18 @@ class InkSeries:
     def decode(self, step: int, rank: int) -> dict:
         """Decode ``rank``'s file of ``step`` through its chain, checking every file against
         the manifest and every delta against its base; tensors by stored name."""
-        exact: dict = {}
-        codes: dict = {}
-        previous = None
-        chain = self.chain(step, rank)
-        for entry, file in chain:
-            last = entry is chain[-1][0]
-            state, exact, codes = self._decode_link(entry, file, previous, exact, codes,
-                                                    whole=last, with_codes=not last)
-            previous = os.path.join(entry.dir, file.file)
-        return state
+        return replay(self.chain(step, rank), self._decode_link, codes_of_last=False)[0]
 
-    def _decode_link(self, entry: Step, file: RankFile, previous: str | None, exact: dict,
-                     codes: dict, *, whole: bool, with_codes: bool) -> tuple[dict, dict, dict]:
+    def _decode_link(self, link: tuple[Step, RankFile], previous: tuple[Step, RankFile] | None,
+                     exact: dict, codes: dict, *, whole: bool, with_codes: bool
+                     ) -> tuple[dict, dict, dict]:
         """One file of a chain, checked against the manifest, decoded against what the file
-        before it (``previous``) decoded to (:func:`inshrink.series.decode_link`)."""
-        path = self._path(entry.dir, file.file)
-        self._check_file(path, file)
-        return named(path, lambda: decode_link(path, exact, codes, previous, whole=whole,
-                                               with_codes=with_codes, threads=self.threads))
+        before it (``previous``) decoded to (:func:`inshrink.series.links.decode_link`)."""
+        path = self._path(link[0].dir, link[1].file)
+        self._check_file(path, link[1])
+        base = None if previous is None else os.path.join(previous[0].dir, previous[1].file)
+        return named(path, lambda: decode_link(path, exact, codes, base, whole=whole,
+                                                with_codes=with_codes, threads=self.threads))
 
     def _check_file(self, path: str, file: RankFile) -> None:
         if not os.path.isfile(path):
@@ -541,23 +520,14 @@ class InkSeries:
         for entry in steps:
             after.setdefault(entry.base, []).append(entry)
         for rank in sorted({f.rank for entry in steps for f in entry.files}):
-            todo = [(e, None, {}, {}) for e in after.get(None, []) if e.file_of(rank)]
-            reached = set()
-            while todo:
-                entry, previous, exact, codes = todo.pop()
-                file = entry.file_of(rank)
-                try:
-                    _, exact, codes = self._decode_link(entry, file, previous, exact, codes,
-                                                        whole=True, with_codes=True)
-                except (InshrinkError, OSError) as exc:
-                    problems.append(f"step {entry.step}: {exc}")
-                    continue
-                reached.add(entry.step)
-                todo += [(e, os.path.join(entry.dir, file.file), exact, codes)
-                         for e in after.get(entry.step, []) if e.file_of(rank)]
+            def links(base: int | None) -> list[tuple[Step, RankFile]]:
+                return [(e, e.file_of(rank)) for e in after.get(base, []) if e.file_of(rank)]
+            found, tried = decode_each_link(links(None), lambda link: links(link[0].step),
+                                            self._decode_link, lambda link: link[0].step)
+            problems += found
+            reached = {entry.step for entry, _ in tried}
             for entry in steps:  # not tried: what its base needs failed (reported above)
-                tried = entry.base is None or entry.base in reached
-                if entry.file_of(rank) and not tried:
+                if entry.file_of(rank) and entry.step not in reached:
                     problems.append(f"step {entry.step}: rank {rank}'s file cannot be restored: "
                                     f"its base step {entry.base} does not decode")
         for name in self._debris(steps):
@@ -618,12 +588,6 @@ class _SeriesFiles(RankFiles):
         self.arrays, self.rank = {}, None
 
 
-def _check_after(steps: list[Step], step: int, directory: str) -> None:
-    if steps and step <= steps[-1].step:
-        raise InvalidArgumentError(f"step {step} is not after the latest step "
-                                   f"{steps[-1].step} of the series {directory}")
-
-
 def _check_metadata_files(metadata: Metadata, entry: Step, path: str) -> None:
     """The step's ``.metadata`` names exactly the rank files the manifest lists for it."""
     named = {e["file"] for e in metadata.storage_data.values()}
@@ -633,17 +597,6 @@ def _check_metadata_files(metadata: Metadata, entry: Step, path: str) -> None:
         raise CorruptError(f"[M-17] {os.path.join(path, odd)}: {METADATA_FILE} and the series "
                            f"manifest disagree on the step's rank files (one names it, the "
                            f"other does not)")
-
-
-def _remove(path: str) -> None:
-    """Best effort: what is left is only debris, which the next save removes."""
-    try:
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        else:
-            os.unlink(path)
-    except OSError:
-        pass
 
 
 class InkSeriesWriter(InkStorageWriter):
@@ -685,14 +638,12 @@ class InkSeriesWriter(InkStorageWriter):
     def _plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         plans = super().prepare_global_plan(plans)
         steps = self.series.checkpoints()
-        _check_after(steps, self.step, self.series.directory)
+        check_after(steps, self.step, f"the series {self.series.directory}")
         layout = _layout(plans)
-        previous = steps[-1] if steps else None
-        if previous is not None and not (
-                previous.keyframe and previous.world_size == len(plans)
-                and previous.layout == layout
-                and _deltas_before(steps) + 2 <= self.series.keyframe_every):
-            previous = None  # another sharding, or the chain is long enough: a keyframe
+        same_sharding = bool(steps) and (steps[-1].world_size, steps[-1].layout) == (
+            len(plans), layout)
+        previous = steps[-1] if previous_becomes_delta(
+            steps, self.series.keyframe_every, compatible=same_sharding) else None
         self._pending = (layout, previous)
         tasks = []
         for rank, plan in enumerate(plans):
@@ -769,7 +720,7 @@ class InkSeriesWriter(InkStorageWriter):
         layout, previous = self._pending
         super().finish(metadata, kept)  # the step's .metadata: all its rank files are in place
         steps = self.series.checkpoints()
-        _check_after(steps, self.step, self.series.directory)
+        check_after(steps, self.step, f"the series {self.series.directory}")
         replaced = []
         if previous is not None:
             if not steps or steps[-1] != previous:
@@ -785,18 +736,7 @@ class InkSeriesWriter(InkStorageWriter):
             steps = steps[-self.series.keep:]  # a base is always newer: older ones can go
         self.series._write_manifest(steps)
         for name in replaced + self.series._debris(steps):  # only now: nothing lists them
-            _remove(self.series._path(name))
-
-
-def _deltas_before(steps: list[Step]) -> int:
-    """Deltas right before the newest step: the files a restore of the oldest of them decodes
-    before reaching it."""
-    count = 0
-    for s in reversed(steps[:-1]):
-        if s.keyframe:
-            break
-        count += 1
-    return count
+            remove(self.series._path(name))
 
 
 class InkSeriesReader(InkStorageReader):

@@ -14,8 +14,7 @@ import os
 from typing import Any, Callable
 
 from ..atomic import AtomicFile
-from ..safetensors import with_path
-from ..errors import InshrinkError, InvalidArgumentError
+from ..errors import InshrinkError, InvalidArgumentError, with_path
 from .series import MANIFEST, SEARCH_KEY, Series
 from ..io.tensorfile import File
 

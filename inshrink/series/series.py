@@ -18,32 +18,43 @@ A series has one writer at a time: saving, deleting and retaining hold an exclus
 lock (``flock``) on ``.lock`` in the directory and re-read the manifest under it, so a second
 process writing at the same moment gets a :class:`SeriesLockedError` at once instead of
 waiting (a save may take minutes) or silently dropping the other's steps.
+
+The rules this series shares with the DCP series (:class:`inshrink.dcp.InkSeries`) are in
+:mod:`.keyframes`, :mod:`.manifest`, :mod:`.links` and :mod:`.directory`.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import reprlib
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from .. import digest as _digest
-from ..atomic import release_write_lock, take_write_lock, write_file
+from ..atomic import release_write_lock
 from ..dtypes import as_numpy
-from ..errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError, SeriesLockedError)
 from ..encode.policy import Policy, resolve
+from ..errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError,
+                      SeriesLockedError)
 from ..io.rebase import Decoded, write_delta
-from ..search import Choice, Search, SearchResult
 from ..io.tensorfile import File, TensorInfo, Writer, resolve_threads
+from ..search.choose import Search, SearchResult
+from ..search.space import Choice
+from .directory import LOCK, remove, take_lock
+from .keyframes import previous_becomes_delta
+from .links import decode_digest, decode_each_link, decode_link, file_sha256, replay
+from .manifest import (MAX_MANIFEST_BYTES, MAX_STEP, check_after, check_new_step, file_problem,
+                       find_entry, has_exactly, read_manifest, step_problem, write_manifest)
+
+__all__ = ["Series", "Checkpoint", "MANIFEST", "LOCK", "SEARCH_KEY", "SERIES_FORMAT",
+           "SERIES_VERSION", "RETAIN_BYTES", "MAX_MANIFEST_BYTES", "MAX_STEP", "checkpoint_file",
+           "decode_manifest", "parse_manifest", "decode_digest", "decode_link", "file_sha256"]
 
 MANIFEST = "manifest.json"
-LOCK = ".lock"
-"""The file a writer of the series holds an exclusive ``flock`` on."""
 SEARCH_KEY = "inshrink.search"
 """Metadata key of the configuration search report (JSON) of a checkpoint."""
 SERIES_FORMAT = "inshrink-series"
@@ -54,12 +65,7 @@ and lossless tensors) in memory up to this many bytes; the rest is decoded back 
 one tensor at a time when the delta is written. A save holds at most twice this (what was
 kept of the previous checkpoint and the new one's codes) besides one tensor being decoded:
 within the largest tensor + 256 MB whatever the checkpoint's size."""
-MAX_MANIFEST_BYTES = 64 << 20
-"""A larger manifest.json is refused as corrupt (some 300,000 checkpoints)."""
-MAX_STEP = 10 ** 12 - 1
-"""The largest step: file names hold it in 12 digits."""
 _ENTRY_KEYS = frozenset(("step", "file", "keyframe", "base", "sha256", "bytes"))
-_SHA256 = re.compile(r"\A[0-9a-f]{64}\Z", re.ASCII)
 # ASCII digits and \A...\Z: "$" would accept a trailing newline, "\d" any Unicode digit
 _FILE = re.compile(r"\Astep_[0-9]{12}(\.d)?\.ink\Z", re.ASCII)
 # AtomicFile's temporaries of the series' own files: "." + name + "." + mkstemp's 8 characters
@@ -79,6 +85,19 @@ class Checkpoint:
     bytes: int
 
 
+def decode_manifest(raw: bytes, path: str = MANIFEST) -> list[Checkpoint]:
+    """The checkpoints of the bytes of a ``manifest.json`` (spec section 23); CorruptError
+    naming ``path`` for anything that is not a valid manifest."""
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise CorruptError(f"{path}: series manifest larger than {MAX_MANIFEST_BYTES} bytes")
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
+        raise CorruptError(f"{path}: invalid series manifest "
+                           f"({reprlib.repr(str(exc))})") from None
+    return parse_manifest(doc, path)
+
+
 def parse_manifest(doc: Any, path: str = MANIFEST) -> list[Checkpoint]:
     """The checkpoints of a decoded ``manifest.json`` document, every field checked for its
     exact type and value (spec section 23); CorruptError naming ``path`` otherwise."""
@@ -95,16 +114,13 @@ def parse_manifest(doc: Any, path: str = MANIFEST) -> list[Checkpoint]:
         raise bad("'checkpoints' must be a list")
     entries: list[Checkpoint] = []
     for i, e in enumerate(checkpoints):
-        if type(e) is not dict or set(e) != _ENTRY_KEYS:
+        if not has_exactly(e, _ENTRY_KEYS):
             raise bad(f"checkpoint {i} must be an object with exactly the keys "
                       f"{sorted(_ENTRY_KEYS)}")
         step, keyframe, base, sha256, size = (e[k] for k in ("step", "keyframe", "base",
                                                              "sha256", "bytes"))
-        if type(step) is not int or not 0 <= step <= MAX_STEP:
-            raise bad(f"checkpoint {i}: step must be an integer in [0, {MAX_STEP}]")
-        if entries and step <= entries[-1].step:
-            raise bad(f"checkpoint {i}: steps must increase ({step} after "
-                      f"{entries[-1].step})")
+        if (why := step_problem(i, step, entries)) is not None:
+            raise bad(why)
         if type(keyframe) is not bool:
             raise bad(f"step {step}: keyframe must be true or false")
         if keyframe != (base is None) or not (base is None or type(base) is str):
@@ -112,10 +128,8 @@ def parse_manifest(doc: Any, path: str = MANIFEST) -> list[Checkpoint]:
         expected = checkpoint_file(step, delta=not keyframe)
         if e["file"] != expected:
             raise bad(f"step {step}: file must be {expected!r}, not {reprlib.repr(e['file'])}")
-        if type(sha256) is not str or not _SHA256.match(sha256):
-            raise bad(f"step {step}: sha256 must be 64 lowercase hexadecimal digits")
-        if type(size) is not int or size < 0:
-            raise bad(f"step {step}: bytes must be a non-negative integer")
+        if (why := file_problem(step, sha256, size)) is not None:
+            raise bad(why)
         entries.append(Checkpoint(step, expected, keyframe, base, sha256, size))
     by_file = {e.file: e for e in entries}
     reaches_keyframe: set[str] = set()
@@ -137,51 +151,6 @@ def parse_manifest(doc: Any, path: str = MANIFEST) -> list[Checkpoint]:
 def checkpoint_file(step: int, delta: bool = False) -> str:
     """The file name of ``step`` in a series: whole (keyframe) or delta."""
     return f"step_{step:012d}{'.d' if delta else ''}.ink"
-
-
-def decode_digest(exact: Mapping[str, np.ndarray], codes: Mapping[str, np.ndarray],
-                  version: int = _digest.LATEST) -> str:
-    """SHA-256 of what a delta decodes against: the exact bytes of a checkpoint's lossless
-    tensors and the codes of its quantized ones (spec section 23.1), by definition
-    ``version`` (see :mod:`inshrink.digest`). It does not change when the checkpoint's own
-    file is rewritten as a delta, unlike the file's bytes."""
-    return _digest.decode_digest(exact, codes, version)
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    block = bytearray(1 << 20)  # one buffer for the whole file
-    view = memoryview(block)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(block):
-            digest.update(view[:n])
-    return digest.hexdigest()
-
-
-def decode_link(path: str, exact: dict[str, np.ndarray], codes: dict[str, np.ndarray],
-                previous: str | None, *, whole: bool, with_codes: bool = True,
-                threads: int | None = None) -> tuple[dict, dict, dict]:
-    """Decode one file of a chain against what the file before it (named ``previous``, None
-    for a keyframe) decoded to: its exact tensors and codes. Checks the file's base digest
-    first (BaseMismatchError naming ``path``).
-
-    Returns the decoded tensors (every one if ``whole``, else only the exact ones), the exact
-    (lossless) ones, which with the codes of the quantized ones are what the next link refers
-    to and digests, and those codes (unless ``with_codes`` is false)."""
-    with File(path, threads=threads, base=exact, base_codes=codes) as f:
-        expected = None if previous is None else decode_digest(
-            exact, codes, _digest.version_of(f.base))
-        if (f.base and f.base["sha256"]) != expected:
-            raise BaseMismatchError(
-                f"{path}: made against a base with digest "
-                f"{f.base and f.base['sha256']}, but {previous} decodes to {expected}")
-        lossy = [i.name for i in f.infos() if not i.lossless]
-        decoded = f.load() if whole else f.load(
-            names=[n for n in f.keys() if n not in lossy])
-        new_codes = {i.name: f.codes(i.name) for i in f.infos()
-                     if i.quantized} if with_codes else {}
-    new_exact = {n: a for n, a in decoded.items() if n not in lossy}
-    return decoded, new_exact, new_codes
 
 
 class Series:
@@ -261,7 +230,7 @@ class Series:
             self._checkpoints = self._read_manifest()
             if fd is not None:
                 for name in self._debris():
-                    _remove(self._path(name))
+                    remove(self._path(name))
             yield
         finally:
             if fd is not None:
@@ -280,8 +249,8 @@ class Series:
 
     def _lock(self) -> int | None:
         """Take the exclusive lock without waiting; SeriesLockedError if someone holds it."""
-        return take_write_lock(self._path(LOCK), self.directory,
-                               "is saving into this series; a series takes one writer at a time")
+        return take_lock(self.directory,
+                         "is saving into this series; a series takes one writer at a time")
 
     # -- manifest --------------------------------------------------------------------------
 
@@ -292,27 +261,13 @@ class Series:
         """The manifest's entries ([] if there is none); CorruptError for anything that is
         not a valid manifest (spec section 23)."""
         path = self._path(MANIFEST)
-        if not os.path.exists(path):
-            return []
-        if not os.path.isfile(path):
+        if os.path.exists(path) and not os.path.isfile(path):
             raise CorruptError(f"{path}: the series manifest is not a file")
-        with open(path, "rb") as f:
-            # read(MAX + 1) would allocate that much for a manifest of a few kilobytes
-            size = min(os.fstat(f.fileno()).st_size, MAX_MANIFEST_BYTES)
-            raw = f.read(size + 1)
-        if len(raw) > MAX_MANIFEST_BYTES:
-            raise CorruptError(f"{path}: series manifest larger than {MAX_MANIFEST_BYTES} bytes")
-        try:
-            doc = json.loads(raw.decode("utf-8"))
-        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
-            raise CorruptError(f"{path}: invalid series manifest "
-                               f"({reprlib.repr(str(exc))})") from None
-        return parse_manifest(doc, path)
+        raw = read_manifest(path)
+        return [] if raw is None else decode_manifest(raw, path)
 
     def _write_manifest(self, entries: list[Checkpoint]) -> None:
-        doc = {"format": SERIES_FORMAT, "version": SERIES_VERSION,
-               "checkpoints": [asdict(e) for e in entries]}
-        write_file(self._path(MANIFEST), json.dumps(doc, indent=1).encode())
+        write_manifest(self._path(MANIFEST), SERIES_FORMAT, SERIES_VERSION, entries)
         self._checkpoints = entries
 
     # -- queries ---------------------------------------------------------------------------
@@ -329,12 +284,7 @@ class Series:
         return list(self._checkpoints)
 
     def _entry(self, step: int) -> Checkpoint:
-        if type(step) is not int:  # not bool either: True would be step 1
-            raise InvalidArgumentError(f"step must be an integer, got {reprlib.repr(step)}")
-        for e in self._checkpoints:
-            if e.step == step:
-                return e
-        raise InvalidArgumentError(f"step {step} is not in the series {self.directory}")
+        return find_entry(self._checkpoints, step, self.directory)
 
     def chain(self, step: int) -> list[Checkpoint]:
         """The checkpoints a restore of ``step`` reads: its keyframe first, ``step`` last."""
@@ -368,8 +318,7 @@ class Series:
         :class:`inshrink.errors.SeriesLockedError` if another writer holds it. On any failure
         the series is unchanged and no file of this save is left behind.
         """
-        if type(step) is not int or not 0 <= step <= MAX_STEP:
-            raise InvalidArgumentError(f"step must be an integer in [0, {MAX_STEP}]")
+        check_new_step(step)
         if not isinstance(tensors, Mapping):
             raise InvalidArgumentError("tensors must be a mapping of names to arrays")
         for what, value in (("metadata", metadata), ("importance", importance),
@@ -395,8 +344,7 @@ class Series:
                 exact = {i.name: arrays[i.name] for i in report if i.lossless}
                 entries = list(self._checkpoints)
                 replaced = None
-                if entries and entries[-1].keyframe and self._deltas_before(entries) + 2 <= \
-                        self.keyframe_every:
+                if previous_becomes_delta(entries, self.keyframe_every):
                     replaced = entries[-1]
                     rewritten = self._rewrite_as_delta(replaced, newest, exact, codes, written)
                     entries = [replace(e, base=rewritten.file) if e.base == replaced.file
@@ -406,7 +354,7 @@ class Series:
                 self._discard(written)
                 raise
             if replaced is not None:  # only now: the manifest no longer names it
-                _remove(self._path(replaced.file))
+                remove(self._path(replaced.file))
             self._retain(newest, exact, codes)
         return report
 
@@ -427,9 +375,7 @@ class Series:
         self._previous, self._previous_codes, self._previous_entry = retained, codes, newest
 
     def _check_step(self, step: int) -> None:
-        if self._checkpoints and step <= self._checkpoints[-1].step:
-            raise InvalidArgumentError(f"step {step} is not after the latest step "
-                                       f"{self._checkpoints[-1].step} of {self.directory}")
+        check_after(self._checkpoints, step, self.directory)
 
     def _write_checkpoint(self, step: int, arrays: dict[str, np.ndarray],
                           metadata: dict[str, str], importance: dict[str, Any],
@@ -464,7 +410,7 @@ class Series:
             return  # leave them: the next writer's clean-up removes orphans
         for name in names:
             if name not in listed:
-                _remove(self._path(name))
+                remove(self._path(name))
 
     def _search(self) -> Search:
         """The search, continuing from the latest checkpoint's choice after a restart."""
@@ -487,16 +433,6 @@ class Series:
         except (ValueError, AttributeError, InvalidArgumentError) as exc:
             raise CorruptError(f"{self.directory}: the search report of step {step} is "
                                f"unreadable: {exc}") from None
-
-    def _deltas_before(self, entries: list[Checkpoint]) -> int:
-        """Deltas right before the last entry: the files a restore of the oldest of them
-        replays before reaching it."""
-        count = 0
-        for e in reversed(entries[:-1]):
-            if e.keyframe:
-                break
-            count += 1
-        return count
 
     def _rewrite_as_delta(self, entry: Checkpoint, base: Checkpoint, base_exact: dict,
                           base_codes: dict | None, written: list[str]) -> Checkpoint:
@@ -556,29 +492,13 @@ class Series:
     def _replay(self, step: int, codes_of_last: bool = True) -> tuple[dict, dict]:
         """Decode the chain of ``step``: its tensors and (unless ``codes_of_last`` is false)
         the codes of its quantized ones."""
-        state: dict[str, np.ndarray] = {}
-        exact: dict[str, np.ndarray] = {}
-        codes: dict[str, np.ndarray] = {}
-        previous = None
-        chain = self.chain(step)
-        for entry in chain:
-            last = entry is chain[-1]
-            state, exact, codes = self._decode_link(entry, previous, exact, codes, whole=last,
-                                                    with_codes=codes_of_last or not last)
-            previous = entry
-        return state, codes
+        return replay(self.chain(step), self._decode_link, codes_of_last=codes_of_last)
 
     def _decode_link(self, entry: Checkpoint, previous: Checkpoint | None,
                      exact: dict[str, np.ndarray], codes: dict[str, np.ndarray], *,
                      whole: bool, with_codes: bool = True) -> tuple[dict, dict, dict]:
         """Decode one link of a chain against what the link before it decoded to (its exact
-        tensors and codes). Returns the decoded tensors (every one if ``whole``, else only
-        the exact ones), the exact (lossless) ones, which with the codes of the quantized
-        ones are what the next link refers to and digests, and those codes. Checks the file's
-        hash and its base's digest first.
-
-        Lossy tensors that are not quantized (e.g. factored) are never part of a base: save
-        digests only exact tensors and codes, so load and verify must too."""
+        tensors and codes), the file's hash checked first (:func:`.links.decode_link`)."""
         self._check_file(entry)
         return decode_link(self._path(entry.file), exact, codes,
                            None if previous is None else previous.file, whole=whole,
@@ -612,7 +532,7 @@ class Series:
         removed = [e for e in self._checkpoints if e not in survivors]
         self._write_manifest(survivors)  # first the manifest, then the files
         for e in removed:
-            _remove(self._path(e.file))
+            remove(self._path(e.file))
         return [e.step for e in removed]
 
     def retain(self, last: int) -> list[int]:
@@ -626,21 +546,13 @@ class Series:
         """Check every file against the manifest and its own checksums, and every delta
         against its base, decoding each link once (keyframe first); return the problems,
         including files an interrupted save left (see :class:`Series`, Notes)."""
-        problems: list[str] = []
         after: dict[str | None, list[Checkpoint]] = {}
         for e in self._checkpoints:
             after.setdefault(e.base, []).append(e)
-        reached: set[int] = set()
-        todo = [(e, None, {}, {}) for e in after.get(None, [])]
-        while todo:
-            entry, previous, exact, codes = todo.pop()
-            reached.add(entry.step)
-            try:  # whole: every tensor is decoded (and so checked), as a restore would
-                _, exact, codes = self._decode_link(entry, previous, exact, codes, whole=True)
-            except (InshrinkError, OSError) as exc:
-                problems.append(f"step {entry.step}: {exc}")
-                continue  # what depends on it is reported below as unreachable
-            todo.extend((e, entry, exact, codes) for e in after.get(entry.file, []))
+        problems, tried = decode_each_link(
+            after.get(None, []), lambda e: after.get(e.file, []), self._decode_link,
+            lambda e: e.step)
+        reached = {e.step for e in tried}
         for e in self._checkpoints:
             if e.step not in reached:
                 problems.append(f"step {e.step}: cannot be restored: its base {e.base} "
@@ -651,11 +563,3 @@ class Series:
                             f"(or opening the series) removes it")
         return problems
 
-
-def _remove(path: str) -> None:
-    """Unlink a file the manifest no longer names; one left behind is only an orphan, which
-    the next writer removes, so a failure here does not fail what already succeeded."""
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
