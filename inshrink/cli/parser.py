@@ -12,6 +12,7 @@ import importlib
 import math
 import sys
 import time
+from typing import Callable
 
 from ..encode.policy import MAX_BINS, PRESETS, SMALL_MOMENT, SMALL_TENSOR
 from .output import LARGE_ERROR, clean
@@ -30,34 +31,29 @@ class _Parser(argparse.ArgumentParser):
 
 # -- argument types: bad values exit 2 with the flag's name ---------------------------------
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
+def _number(kind: Callable[[str], float], accepts: Callable[[float], bool], what: str
+            ) -> Callable[[str], float]:
+    """The argument type of a number that ``kind`` (int or float) reads and ``accepts``
+    takes; anything else is refused as not ``what``."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not accepts(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _step(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
-    return value
-
-
-def _bins(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_BINS:  # 0 levels exist for optimizer moments, not for a model
-        raise argparse.ArgumentTypeError(f"must be an integer in [1, {MAX_BINS}], got {text!r}")
-    return value
+_positive_int = _number(int, lambda n: n >= 1, "a positive integer")
+_step = _number(int, lambda n: n >= 0, "a non-negative integer")
+# 0 levels exist for optimizer moments, not for a model
+_bins = _number(int, lambda n: 1 <= n <= MAX_BINS, f"an integer in [1, {MAX_BINS}]")
+_fraction = _number(float, lambda x: 0 <= x < 1, "a fraction in [0, 1)")
+_positive_float = _number(float, lambda x: 0 < x < math.inf, "a positive number")
 
 
 def _level(text: str) -> int:
@@ -74,30 +70,10 @@ def _level(text: str) -> int:
     return value
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1), got {text!r}")
-    return value
-
-
 def _path(text: str) -> str:
     if not text:  # e.g. an unset shell variable: never fall back to the default name
         raise argparse.ArgumentTypeError("must not be empty")
     return text
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
 
 
 # -- the parser ------------------------------------------------------------------------------
