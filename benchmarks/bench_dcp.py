@@ -43,7 +43,7 @@ METHODS = ("fs", "fs+zstd", "ink", "ink-balanced")
 
 def writer(method: str, path: str):
     import torch.distributed.checkpoint as dcp
-    from inshrink.dcp.storage import InkStorageWriter
+    from inshrink.dcp.writer import InkStorageWriter
     if method == "fs":
         return dcp.FileSystemWriter(path)
     if method == "fs+zstd":
@@ -55,7 +55,7 @@ def writer(method: str, path: str):
 
 def reader(method: str, path: str):
     import torch.distributed.checkpoint as dcp
-    from inshrink.dcp.storage import InkStorageReader
+    from inshrink.dcp.reader import InkStorageReader
     if method.startswith("fs"):
         return dcp.FileSystemReader(path)
     return InkStorageReader(path, threads=1)

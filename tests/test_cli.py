@@ -86,6 +86,20 @@ def test_help_and_version(tmp_path):
     assert run("frobnicate", cwd=tmp_path).returncode == 2
 
 
+
+def test_help_imports_no_command_module_and_no_torch(tmp_path):
+    # a command's module is imported when that command runs; the DCP names need no torch
+    code = ("import sys\nfrom inshrink.cli import main\nimport inshrink.dcp.names\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m in {'torch', 'inshrink.cli.transfer', "
+            "'inshrink.cli.inspect', 'inshrink.cli.dcp', 'inshrink.cli.series'}), "
+            "file=sys.stderr)")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 0 and "consolidate" in r.stdout, r.stderr
+    assert r.stderr.strip() == "[]", r.stderr
+
 def test_info_shows_the_search_choice(tmp_path):
     import inshrink
     rng = np.random.default_rng(0)

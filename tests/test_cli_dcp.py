@@ -12,7 +12,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 
 import inshrink
-from inshrink.dcp.storage import InkStorageWriter
+from inshrink.dcp.writer import InkStorageWriter
 from kit import ROOT, run_cli as run
 from test_cli_json import FILE_KEYS, KEYS, TENSOR_KEYS
 
@@ -164,6 +164,29 @@ def test_two_ranks_info_and_consolidate(tmp_path):
     assert torch.equal(load_file(tmp_path / "m.safetensors")["model.layer.weight"],
                        state()["model"]["layer.weight"])
 
+
+
+def test_the_names_the_commands_recognise_are_those_a_save_writes(work):
+    from inshrink.dcp import names
+    written = sorted(os.listdir(work / "ck"))
+    assert written[0] == names.METADATA and len(written) == 2
+    rank = written[1]
+    assert names.is_rank_file(rank) and names.is_rank_name(rank) and names.rank_of(rank) == 0
+    assert names.rank_file_name(0, rank[10:22]) == rank
+    delta = names.delta_name(rank)
+    assert names.is_delta_file(delta) and not names.is_rank_file(delta)
+    assert names.rank_of(delta) == 0 and names.is_rank_name(delta)
+    for temporary in (f".{rank}.k2x9a7qz.tmp", f".{delta}.k2x9a7qz.tmp"):
+        assert names.is_series_temporary(temporary) and names.is_rank_name(temporary)
+    assert names.is_rank_temporary(f".{rank}.k2x9a7qz.tmp")
+    assert not names.is_rank_temporary(f".{delta}.k2x9a7qz.tmp")
+    assert names.is_series_temporary(f".{names.SERIES_MANIFEST}.k2x9a7qz.tmp")
+    assert names.step_of(names.step_dir(42)) == 42 and names.is_step_dir("step_000000000042")
+    # whole names only, ASCII digits only, and no answer for what is not a string
+    for other in ("x" + rank, rank + "x", rank.replace("0", "\u0660"), "step_42",
+                  "step_000000000042/", None, 7, b"step_000000000042"):
+        assert not (names.is_rank_file(other) or names.is_rank_name(other)
+                    or names.is_step_dir(other)) and names.rank_of(other) is None
 
 def test_help_does_not_import_torch(tmp_path):
     code = ("import sys\nfrom inshrink.cli import main\ntry:\n    main(['--help'])\n"

@@ -152,7 +152,7 @@ def test_errors_in_a_file_name_it_even_inside_a_directory(tmp_path):
 
 @given(st.text())
 def test_clean_text_is_printable_and_leaves_printable_text_alone(text):
-    from inshrink.cli.commands import _clean
-    cleaned = _clean(text)
+    from inshrink.cli.output import clean
+    cleaned = clean(text)
     assert cleaned.isprintable()
     assert (cleaned == text) == text.isprintable()

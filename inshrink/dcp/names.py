@@ -1,0 +1,101 @@
+"""The names of the files of a sharded checkpoint and of a series of them, in one place.
+
+Standard library only, never torch: the command line recognises these directories by their
+names before it decides to import torch. Every test matches a whole name (never a prefix),
+with ASCII digits only, and is false for anything that is not a ``str`` (names read from
+a manifest or from DCP's metadata may be of any type).
+
+A checkpoint directory holds ``.metadata`` (the commit marker) and one file per rank and
+save, ``rank<5 digits>-<12 hex: the save id>.ink``; in a series, the steps are directories
+``step_<12 digits>`` beside ``series.json``, and a rank file of an older step is rewritten as
+a delta, ``rank<5 digits>-<12 hex>.d.ink``. Each is written as a hidden temporary beside it,
+``.<name>.<random>.tmp``, and renamed into place.
+"""
+from __future__ import annotations
+
+import re
+
+__all__ = ["METADATA", "SERIES_MANIFEST", "STEP_DIR_SHAPE", "rank_file_name", "delta_name",
+           "step_dir", "is_rank_file", "is_delta_file", "is_rank_temporary",
+           "is_series_temporary", "is_rank_name", "rank_of", "step_of", "is_step_dir"]
+
+METADATA = ".metadata"
+"""The commit marker: DCP's metadata, written once every rank's file is in place."""
+
+SERIES_MANIFEST = "series.json"
+"""The manifest of a series of sharded checkpoints, beside its step directories."""
+
+STEP_DIR_SHAPE = "step_<12 digits>"
+"""How a step directory is named, for messages."""
+
+_RANK = r"rank([0-9]{5})-[0-9a-f]{12}"
+_RANK_FILE = re.compile(_RANK + r"\.ink")
+_DELTA_FILE = re.compile(_RANK + r"\.d\.ink")
+_ANY_RANK_FILE = re.compile(_RANK + r"(?:\.d)?\.ink")
+# a hidden temporary: "." + the name + "." + mkstemp's random part + ".tmp"
+_RANK_TEMPORARY = re.compile(r"\." + _RANK + r"\.ink\..*\.tmp")
+_ANY_RANK_TEMPORARY = re.compile(r"\." + _RANK + r"(?:\.d)?\.ink\..*\.tmp")
+_SERIES_TEMPORARY = re.compile(r"\.(?:series\.json|" + _RANK + r"(?:\.d)?\.ink)\..*\.tmp")
+_STEP_DIR = re.compile(r"step_([0-9]{12})")
+
+
+def rank_file_name(rank: int, save_id: str) -> str:
+    """The file name of ``rank``'s file of the save ``save_id`` (12 hex digits)."""
+    return f"rank{rank:05d}-{save_id}.ink"
+
+
+def delta_name(name: str) -> str:
+    """The name of the rank file ``name`` once rewritten as a delta (``.ink`` -> ``.d.ink``)."""
+    return name[:-len(".ink")] + ".d.ink"
+
+
+def step_dir(step: int) -> str:
+    """The directory name of ``step``: ``step_`` and the step in 12 digits."""
+    return f"step_{step:012d}"
+
+
+def _full(pattern: re.Pattern, name: object) -> re.Match | None:
+    return pattern.fullmatch(name) if isinstance(name, str) else None
+
+
+def is_rank_file(name: object) -> bool:
+    """Whether ``name`` is a committed rank file: ``rank<5 digits>-<12 hex>.ink``."""
+    return _full(_RANK_FILE, name) is not None
+
+
+def is_delta_file(name: object) -> bool:
+    """Whether ``name`` is a rank file rewritten as a delta: ``rank<5 digits>-<12 hex>.d.ink``."""
+    return _full(_DELTA_FILE, name) is not None
+
+
+def is_rank_temporary(name: object) -> bool:
+    """Whether ``name`` is the temporary of a rank file (not of a delta) that a save left."""
+    return _full(_RANK_TEMPORARY, name) is not None
+
+
+def is_series_temporary(name: object) -> bool:
+    """Whether ``name`` is the temporary of a series' manifest, a rank file or a delta."""
+    return _full(_SERIES_TEMPORARY, name) is not None
+
+
+def is_rank_name(name: object) -> bool:
+    """Whether ``name`` is any name a rank's file has: whole or delta, committed or still a
+    temporary (a directory with one is a checkpoint, complete or not)."""
+    return _full(_ANY_RANK_FILE, name) is not None or _full(_ANY_RANK_TEMPORARY, name) is not None
+
+
+def rank_of(name: object) -> int | None:
+    """The rank that the rank file or delta file ``name`` belongs to; None for another name."""
+    match = _full(_ANY_RANK_FILE, name)
+    return None if match is None else int(match.group(1))
+
+
+def step_of(name: object) -> int | None:
+    """The step of the step directory ``name``; None for another name."""
+    match = _full(_STEP_DIR, name)
+    return None if match is None else int(match.group(1))
+
+
+def is_step_dir(name: object) -> bool:
+    """Whether ``name`` is a step directory's name: ``step_<12 digits>``."""
+    return step_of(name) is not None
