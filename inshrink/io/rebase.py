@@ -22,7 +22,8 @@ from ..container.index import TensorEntry
 from ..container.reader import ContainerReader
 from ..container.writer import ContainerWriter
 from ..errors import InvalidArgumentError
-from .tensorfile import File, file_minor, pipeline_for
+from .file import File, pipeline_for
+from .writer import file_minor
 
 
 def write_delta(src: str | os.PathLike, dst: str | os.PathLike, *,
