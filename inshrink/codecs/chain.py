@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -144,42 +144,55 @@ class Pipeline:
 _ENTROPY = Entropy()
 
 
-def validated_pipeline(codec: list[dict], dtype: DType, name: str, numel: int,
-                       chunk_elements: int, streams: int,
-                       chunk_sizes: Iterable[list[int]], has_base: bool = True,
-                       known: dict | None = None) -> Pipeline:
+class StoredTensor(Protocol):
+    """What the chain checks read of a tensor as a file's index stores it
+    (:class:`inshrink.container.index.TensorEntry` is one)."""
+
+    name: str
+    dtype: DType
+    codec: list[dict]
+    chunk_elements: int
+    # per stream, its chunks in order, each a (offset, length, crc, size, coding) record
+    streams: Sequence[Sequence[tuple]]
+
+    @property
+    def numel(self) -> int: ...
+
+
+def pipeline_for(entry: StoredTensor, has_base: bool = True,
+                 known: dict | None = None) -> Pipeline:
     """Validate a stored tensor's chain and stream sizes; return its pipeline.
 
-    Rules C-1 ... C-5 of spec section 16, in their order. ``streams``: how many streams the
-    tensor stores; ``chunk_sizes``: for each of its chunks in order (``numel`` elements in
-    chunks of ``chunk_elements``), the decoded sizes of its streams; ``has_base``: whether
-    the file names a base (a delta chain is invalid otherwise). ``known``: pipelines of
-    chains already validated (a dict this fills in), so that the tensors of a file that
-    share a chain validate it once.
+    ``has_base``: whether the file names a base (a delta chain is invalid otherwise).
+    Rules C-1 ... C-5 of spec section 16, in their order. ``known``: pipelines of chains
+    already validated (a dict this fills in), so that the tensors of a file that share a
+    chain validate it once.
     """
     pipeline = None
     if known is not None:  # first by the chain's list: tensors of a parsed index share it
-        same = known.get((id(codec), dtype.name, has_base))
-        if same is not None and same[0] is codec:
-            pipeline, needed = same[1], same[2]
+        same = known.get((id(entry.codec), entry.dtype.name, has_base))
+        if same is not None and same[0] is entry.codec:
+            pipeline, streams = same[1], same[2]
     if pipeline is None:
-        key = _chain_key(codec, dtype, has_base) if known is not None else None
+        key = _chain_key(entry.codec, entry.dtype, has_base) if known is not None else None
         pipeline = known.get(key) if key is not None else None
         if pipeline is None:
-            pipeline = Pipeline.from_chain(codec, dtype, has_base, name)
+            pipeline = Pipeline.from_chain(entry.codec, entry.dtype, has_base, entry.name)
             if key is not None:
                 known[key] = pipeline
-        needed = pipeline.streams  # (a frozen pipeline's: kept with it, two calls less)
+        streams = pipeline.streams  # (a frozen pipeline's: kept with it, two calls less)
         if known is not None:
-            known[(id(codec), dtype.name, has_base)] = (codec, pipeline, needed)
-    if streams != needed:
-        raise CorruptError(f"[C-4] tensor {name!r}: {streams} streams, its codec needs "
-                           f"{needed}")
-    itemsize = dtype.itemsize
-    for c, sizes in enumerate(chunk_sizes):
-        n = min(chunk_elements, numel - c * chunk_elements)  # the chunk's elements
-        if not pipeline.sizes_ok(n, sizes, itemsize):
-            raise CorruptError(f"[C-5] tensor {name!r}: chunk {c} sizes do not match "
+            known[(id(entry.codec), entry.dtype.name, has_base)] = (entry.codec, pipeline,
+                                                                    streams)
+    if len(entry.streams) != streams:
+        raise CorruptError(f"[C-4] tensor {entry.name!r}: {len(entry.streams)} streams, its "
+                           f"codec needs {streams}")
+    itemsize, per_chunk, numel = entry.dtype.itemsize, entry.chunk_elements, entry.numel
+    for c in range(-(-numel // per_chunk)):  # the chunk count
+        n = min(per_chunk, numel - c * per_chunk)  # the elements of chunk c
+        # (a record's decoded size, by position: records are plain tuples)
+        if not pipeline.sizes_ok(n, [stream[c][3] for stream in entry.streams], itemsize):
+            raise CorruptError(f"[C-5] tensor {entry.name!r}: chunk {c} sizes do not match "
                                f"its element range")
     return pipeline
 

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from ..codecs import delta as deltas
-from ..codecs.chain import Pipeline, validated_pipeline
+from ..codecs.chain import Pipeline, pipeline_for
 from ..codecs.entropy import decode as entropy_decode
 from ..codecs.quant import Quant
 from ..container import layout
@@ -28,21 +28,6 @@ from .threads import executor, in_order, share
 # switches per load, against 55-61 ms with one; a 64 KiB chunk's zstd alone takes about as
 # long as its Python).
 _SHARED_CHUNK_BYTES = 64 << 10
-
-
-def pipeline_for(entry: TensorEntry, has_base: bool = True,
-                 known: dict | None = None) -> Pipeline:
-    """Validate a tensor entry's chain and stream sizes; return its pipeline
-    (:func:`inshrink.codecs.chain.validated_pipeline` of the entry: rules C-1 ... C-5).
-
-    ``has_base``: whether the file names a base; ``known``: pipelines of chains already
-    validated (a dict this fills in).
-    """
-    streams = entry.streams  # a chunk entry: (offset, length, crc, size, coding)
-    return validated_pipeline(entry.codec, entry.dtype, entry.name, entry.numel,
-                              entry.chunk_elements, len(streams),
-                              ([chunk[3] for chunk in chunks] for chunks in zip(*streams)),
-                              has_base, known)
 
 
 class File:
