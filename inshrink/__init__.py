@@ -13,7 +13,9 @@ from .errors import (BaseMismatchError, ChecksumError, CorruptError, InshrinkErr
 from .encode.policy import PRESETS, Policy, QuantConfig
 from .search import Choice, Search, SearchResult, SearchSpace
 from .series.series import Series
-from .io.tensorfile import File, TensorInfo, Writer
+from .io.file import File
+from .io.info import TensorInfo
+from .io.writer import Writer
 
 __version__ = "0.1.0"
 

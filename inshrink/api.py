@@ -9,7 +9,10 @@ import numpy as np
 
 from .errors import InvalidArgumentError
 from .encode.policy import Policy
-from .io.tensorfile import File, Progress, TensorInfo, Writer
+from .io.arguments import Progress
+from .io.file import File
+from .io.info import TensorInfo
+from .io.writer import Writer
 
 
 def save(path: str | os.PathLike, tensors: Mapping[str, Any],

@@ -1,4 +1,5 @@
-"""Deprecated: moved to :mod:`inshrink.io.tensorfile` (see CHANGELOG.md)."""
+"""Deprecated: moved to :mod:`inshrink.io.writer`, :mod:`inshrink.io.file` and beside them."""
 from ._moved import moved
 
-__getattr__ = moved("inshrink.tensorfile", "inshrink.io.tensorfile")
+__getattr__ = moved("inshrink.tensorfile", "inshrink.io.writer", "inshrink.io.file",
+                    "inshrink.io.info", "inshrink.io.arguments", "inshrink.io.threads")

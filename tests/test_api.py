@@ -237,13 +237,15 @@ def test_writer_keeps_a_small_file_with_many_empty_tensors_readable(tmp_path):
         assert f.format_version == "1.0"  # no zindex
 
 
-def test_writer_checks_the_base_reference(tmp_path):
+def test_a_delta_rewrite_checks_the_base_reference(tmp_path):
+    from inshrink.io.rebase import write_delta
     base = {"x": np.zeros(3, np.float32)}
+    inshrink.save(tmp_path / "whole.ink", {"x": np.ones(3, np.float32)})
     with pytest.raises(errors.InvalidArgumentError, match="I-5a"):
-        with inshrink.Writer(tmp_path / "x.ink", base=base,
-                             base_file={"file": "b.ink", "sha256": "not hex"}) as w:
-            w.add("x", np.ones(3, np.float32))
-    assert os.listdir(tmp_path) == []
+        write_delta(tmp_path / "whole.ink", tmp_path / "x.ink", src_codes={},
+                    base_exact=base, base_codes={},
+                    base_file={"file": "b.ink", "sha256": "not hex"})
+    assert os.listdir(tmp_path) == ["whole.ink"]
 
 
 def test_presets_cannot_be_replaced_or_added():

@@ -92,7 +92,7 @@ def sample(workdir) -> Sample:
     # Keep every dtype's byte planes (the writer may store tiny tensors as one plane): the
     # mutations below should reach many records and plane layouts.
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(inshrink.io.tensorfile, "TINY_TENSOR_BYTES", 0)
+        mp.setattr(inshrink.io.writer, "TINY_TENSOR_BYTES", 0)
         with inshrink.Writer(path, metadata, chunk_bytes=64, threads=1) as writer:
             for name, array in tensors.items():
                 writer.add(name, array)

@@ -7,19 +7,20 @@ import numpy as np
 import pytest
 
 import inshrink
-from inshrink.io import tensorfile
+from inshrink.io import file as tensor_file
+from inshrink.io import threads as tensor_threads
 
 
 def _slow_after_first_chunk(monkeypatch) -> None:
     """Chunks after the first take a while to decode, so that they are still in flight
     when the first one reaches the sink."""
-    decode = tensorfile.File._decode_chunk
+    decode = tensor_file.File._decode_chunk
 
     def slow(self, entry, c, *args, **kwargs):
         if c:
             threading.Event().wait(0.05)
         return decode(self, entry, c, *args, **kwargs)
-    monkeypatch.setattr(tensorfile.File, "_decode_chunk", slow)
+    monkeypatch.setattr(tensor_file.File, "_decode_chunk", slow)
 
 
 @pytest.mark.parametrize("threads", [2, 3])
@@ -53,12 +54,12 @@ def test_close_after_a_load_does_not_wait_for_the_idle_threads(tmp_path, monkeyp
         writer.add("a", np.linspace(0, 1, 1 << 16, dtype=np.float32))  # 4 chunks
         writer.add("b", np.linspace(1, 2, 1 << 16, dtype=np.float32))
     waits = []
-    shutdown = tensorfile.ThreadPoolExecutor.shutdown
+    shutdown = tensor_threads.ThreadPoolExecutor.shutdown
 
     def record(self, wait=True, **kwargs):
         waits.append(wait)
         return shutdown(self, wait=wait, **kwargs)
-    monkeypatch.setattr(tensorfile.ThreadPoolExecutor, "shutdown", record)
+    monkeypatch.setattr(tensor_threads.ThreadPoolExecutor, "shutdown", record)
     with inshrink.File(path, threads=2) as f:
         f.load()
         f.read_into("a", lambda start, chunk: None)
@@ -130,13 +131,13 @@ def test_close_from_another_thread_during_a_load_lets_it_finish(tmp_path, monkey
     path = tmp_path / "x.ink"
     x = _written(path, chunks=6)
     started, closed = threading.Event(), threading.Event()
-    decode = tensorfile.File._decode_chunk
+    decode = tensor_file.File._decode_chunk
 
     def held(self, entry, c, *args, **kwargs):
         started.set()
         assert closed.wait(10)
         return decode(self, entry, c, *args, **kwargs)
-    monkeypatch.setattr(tensorfile.File, "_decode_chunk", held)
+    monkeypatch.setattr(tensor_file.File, "_decode_chunk", held)
     f = inshrink.File(path, threads=threads)
     closer = threading.Thread(target=lambda: (started.wait(10), f.close(), closed.set()))
     closer.start()

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import inshrink
-from inshrink.io import tensorfile
+from inshrink.io import file as tensor_file
 from inshrink.container import layout
 from inshrink.errors import ChecksumError, CorruptError, TruncatedError
 from kit import edit_index
@@ -56,7 +56,7 @@ def test_a_bad_payload_before_a_bad_header_is_reported_first(tmp_path, monkeypat
     """The headers are compared for the whole load at once; a failure there must still report
     the first failing check in the spec's order: here the payload checksum (R-5) of tensor
     a's chunk 0, before the record header (R-1) of tensor b's last chunk."""
-    monkeypatch.setattr(tensorfile, "_SHARED_CHUNK_BYTES", 0)  # share even tiny chunks
+    monkeypatch.setattr(tensor_file, "_SHARED_CHUNK_BYTES", 0)  # share even tiny chunks
     path = tmp_path / "x.ink"
     streams = _file(path)
     first = streams[0][0][0]                   # tensor a, stream 0, chunk 0
@@ -71,7 +71,7 @@ def test_a_bad_payload_before_a_bad_header_is_reported_first(tmp_path, monkeypat
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_first_failing_chunk_in_order_is_reported(tmp_path, monkeypatch, threads):
-    monkeypatch.setattr(tensorfile, "_SHARED_CHUNK_BYTES", 0)  # share even tiny chunks
+    monkeypatch.setattr(tensor_file, "_SHARED_CHUNK_BYTES", 0)  # share even tiny chunks
     path = tmp_path / "x.ink"
     streams = _file(path)
     for tensor in (1, 0):
@@ -120,7 +120,7 @@ def test_the_calling_thread_decodes_the_smallest_chunks_the_pool_the_largest(tmp
     with inshrink.File(path, threads=2) as f:
         out = f.load()
     sizes = sorted(a.nbytes for a in state.values())
-    small = [size for size in sizes if size < tensorfile._SHARED_CHUNK_BYTES]
+    small = [size for size in sizes if size < tensor_file._SHARED_CHUNK_BYTES]
     assert 0 < len(small) < len(sizes)
     mine = seen.pop(threading.get_ident())
     assert mine[:len(small)] == small
@@ -257,7 +257,7 @@ def test_tensors_sharing_a_chain_are_each_checked_against_it(tmp_path, monkeypat
 
 
 def test_two_thread_load_reports_progress_on_the_calling_thread(tmp_path, monkeypatch):
-    monkeypatch.setattr(tensorfile, "_SHARED_CHUNK_BYTES", 0)  # share even tiny chunks
+    monkeypatch.setattr(tensor_file, "_SHARED_CHUNK_BYTES", 0)  # share even tiny chunks
     path = tmp_path / "x.ink"
     state = {f"t{i}": np.linspace(-i, i, 5000 + 77 * i, dtype=np.float32) for i in range(9)}
     inshrink.save(path, state, threads=1)
@@ -316,7 +316,7 @@ def test_loads_with_any_thread_count_return_what_was_saved(tmp_path_factory, spe
         for name, array in state.items():
             writer.add(name, array)
     for threads in (1, 2, 3):
-        with mock.patch.object(tensorfile, "_SHARED_CHUNK_BYTES", 0):  # share tiny chunks
+        with mock.patch.object(tensor_file, "_SHARED_CHUNK_BYTES", 0):  # share tiny chunks
             out = inshrink.load(path, threads=threads)
         assert list(out) == list(state)
         for name, array in state.items():
@@ -331,7 +331,7 @@ def test_no_job_of_a_file_runs_once_read_into_has_raised(tmp_path, monkeypatch):
     with inshrink.Writer(path, chunk_bytes=256, threads=1) as writer:
         writer.add("a", np.linspace(-1, 1, 4096, dtype=np.float32))  # 64 chunks
     running = []
-    decode = tensorfile.File._decode_chunk
+    decode = tensor_file.File._decode_chunk
 
     def slow(self, *args, **kwargs):
         running.append(1)
@@ -340,7 +340,7 @@ def test_no_job_of_a_file_runs_once_read_into_has_raised(tmp_path, monkeypatch):
             return decode(self, *args, **kwargs)
         finally:
             running.pop()
-    monkeypatch.setattr(tensorfile.File, "_decode_chunk", slow)
+    monkeypatch.setattr(tensor_file.File, "_decode_chunk", slow)
 
     def sink(start, chunk):
         raise RuntimeError("stop")

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import inshrink
+from inshrink.io.rebase import write_delta
 from helpers import ALL_DTYPES, assert_bit_exact, random_bits, wait_for_child
 
 
@@ -254,7 +255,7 @@ def test_property_tiny_tensor_layout_is_never_larger(tmp_path_factory, arr):
     tensors = {"x": arr, "y": np.ascontiguousarray(np.flip(arr))}
     inshrink.save(d / "chosen.ink", tensors)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(inshrink.io.tensorfile, "TINY_TENSOR_BYTES", 0)
+        mp.setattr(inshrink.io.writer, "TINY_TENSOR_BYTES", 0)
         inshrink.save(d / "planes.ink", tensors)
     assert (d / "chosen.ink").stat().st_size <= (d / "planes.ink").stat().st_size
     back = inshrink.load(d / "chosen.ink")
@@ -323,9 +324,9 @@ def test_delta_file_reads_without_its_base_where_no_tensor_needs_it(tmp_path):
     path = tmp_path / "d.ink"
     other = {"w": np.random.default_rng(0).standard_normal(64).astype(np.float32),
              "n": np.arange(5, dtype=np.int32)}
-    with inshrink.Writer(path, threads=1, base=base, base_file=reference) as w:
-        for name, value in other.items():
-            w.add(name, value)
+    inshrink.save(tmp_path / "whole.ink", other, threads=1)
+    write_delta(tmp_path / "whole.ink", path, src_codes={}, base_exact=base, base_codes={},
+                base_file=reference)
     with inshrink.open(path) as f:
         assert f.base == reference and f.format_version == "1.5"
         assert not any(i.codec.startswith(("xor", "codedelta")) for i in f.infos())
@@ -401,7 +402,7 @@ def test_a_second_save_fills_the_same_plane_buffers(tmp_path, monkeypatch):
 
     from inshrink.codecs import lossless
     pool = lossless.PlanePool(keep_bytes=8 << 20)
-    monkeypatch.setattr("inshrink.io.tensorfile.PLANES", pool)
+    monkeypatch.setattr("inshrink.io.writer.PLANES", pool)
     allocated = []  # sizes of the buffers lossless.py allocates
 
     def empty(shape, dtype=float):

@@ -357,46 +357,16 @@ def test_delta_files_verify_on_their_own(tmp_path):
             f.verify()
 
 
-def test_writer_with_a_base_writes_what_the_series_rewrite_writes(tmp_path):
-    """One delta implementation: Writer(base=...) is the whole file rewritten by
-    rebase.write_delta, byte for byte, with the code delta and the XOR where they gain."""
+def test_a_delta_rewrite_rejects_base_codes_of_another_type(tmp_path):
     from inshrink.io.rebase import write_delta
-    policy = inshrink.Policy(overrides={"model.w": inshrink.QuantConfig(bins=16)})
-    old, new = trajectory(2)
-    old["model.x"] = new["model.x"] = np.arange(64, dtype=np.float32)
-    with inshrink.Writer(tmp_path / "old.ink", policy=policy, keep_codes=True) as w:
-        for name, value in old.items():
-            w.add(name, value)
-    base_codes = w.codes
-    base_file = {"file": "old.ink", "sha256": "0" * 64}
-    with inshrink.Writer(tmp_path / "whole.ink", policy=policy, keep_codes=True) as w:
-        for name, value in new.items():
-            w.add(name, value)
-    exact = {k: v for k, v in new.items() if k != "model.w"}
-    write_delta(tmp_path / "whole.ink", tmp_path / "rewritten.ink", src_exact=exact,
-                src_codes=w.codes, base_exact=old, base_codes=base_codes,
-                base_file=base_file)
-    with inshrink.Writer(tmp_path / "delta.ink", policy=policy, base=old,
-                         base_codes=base_codes, base_file=base_file) as w:
-        for name, value in new.items():
-            w.add(name, value)
-        infos = w.close()
-    assert (tmp_path / "delta.ink").read_bytes() == (tmp_path / "rewritten.ink").read_bytes()
-    codecs = {i.name: i.codec for i in infos}
-    assert codecs["model.w"].startswith("codedelta+quant")
-    assert codecs["model.x"].startswith("xor+bytegroup")
-    assert sorted(os.listdir(tmp_path)) == ["delta.ink", "old.ink", "rewritten.ink",
-                                            "whole.ink"]
-
-
-def test_writer_rejects_base_codes_of_another_type(tmp_path):
     policy = inshrink.Policy.uniform(inshrink.QuantConfig(bins=8))
     w = trajectory(1)[0]["model.w"]
+    with inshrink.Writer(tmp_path / "whole.ink", policy=policy, keep_codes=True) as writer:
+        writer.add("model.w", w)
     with pytest.raises(errors.InvalidArgumentError, match="uint16"):
-        with inshrink.Writer(tmp_path / "x.ink", policy=policy,
-                             base_codes={"model.w": np.zeros(w.size, np.int64)},
-                             base_file={"file": "b.ink", "sha256": "0" * 64}) as writer:
-            writer.add("model.w", w)
+        write_delta(tmp_path / "whole.ink", tmp_path / "x.ink", src_codes=writer.codes,
+                    base_exact={}, base_codes={"model.w": np.zeros(w.size, np.int64)},
+                    base_file={"file": "b.ink", "sha256": "0" * 64})
     assert not (tmp_path / "x.ink").exists()
 
 

@@ -21,7 +21,7 @@ FILE_ERRORS = {name for name in dir(errors)
 # Raise sites of file errors that are not checks of their own: the index parser's ``_fail``,
 # whose callers (scanned) pass the rule, and File.read's allocation of a tensor the system has
 # no memory for (section 17 lists it under LimitExceededError).
-NOT_RULES = {("index.py", "_fail"), ("tensorfile.py", "_allocate")}
+NOT_RULES = {("index.py", "_fail"), ("file.py", "_allocate")}
 
 
 def _section(number: int) -> str:
@@ -37,11 +37,11 @@ def spec_rules() -> list[str]:
 
 
 def _reader_sources() -> list[Path]:
-    # codecs/array.py reads array frames: its checks are the rules of section 24;
-    # dcp_series.py reads DCP series manifests and steps: section 25
+    # io/frame.py reads array frames: its checks are the rules of section 24;
+    # dcp/series.py reads DCP series manifests and steps: section 25
     codecs = list((PACKAGE / "codecs").glob("*.py"))
-    return sorted([*(PACKAGE / "container").glob("*.py"), *codecs,
-                   PACKAGE / "tensorfile.py", PACKAGE / "digest.py", PACKAGE / "dcp_series.py"])
+    return sorted([*(PACKAGE / "container").glob("*.py"), *codecs, *(PACKAGE / "io").glob("*.py"),
+                   PACKAGE / "digest.py", PACKAGE / "dcp" / "series.py"])
 
 
 def _text_of(node: ast.AST) -> str:
@@ -85,7 +85,7 @@ def test_the_scan_finds_the_reader_checks():
     sites = raise_sites()
     assert len(sites) > 60
     assert ("index.py", "_parse_chunk") in {(f, fn) for f, fn, _, _ in sites}
-    assert ("dcp_series.py", "parse_manifest", "M-16") in {(f, fn, r) for f, fn, _, r in sites}
+    assert ("series.py", "parse_manifest", "M-16") in {(f, fn, r) for f, fn, _, r in sites}
     assert {"CorruptError", "LimitExceededError", "BaseMismatchError"} <= FILE_ERRORS
 
 

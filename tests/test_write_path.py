@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import inshrink
-from inshrink.io.tensorfile import Writer
+from inshrink.io.writer import Writer
 
 from inshrink.codecs import entropy
 from inshrink.container import layout

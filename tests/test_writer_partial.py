@@ -11,7 +11,6 @@ import pytest
 
 import inshrink
 from inshrink import dtypes
-from inshrink.io import tensorfile
 from inshrink.errors import InvalidArgumentError
 
 F32 = dtypes.BY_NAME["F32"]

@@ -121,7 +121,7 @@ def test_a_second_save_of_tensors_of_several_sizes_allocates_no_plane_buffer(
 
     from inshrink.codecs import lossless
     pool = lossless.PlanePool(keep_bytes=8 << 20)
-    monkeypatch.setattr("inshrink.io.tensorfile.PLANES", pool)
+    monkeypatch.setattr("inshrink.io.writer.PLANES", pool)
     allocated = []
 
     def empty(shape, dtype=float):
@@ -210,7 +210,7 @@ def test_each_of_the_first_jobs_has_begun_before_the_calling_thread_goes_on(
         tmp_path, monkeypatch):
     # a new pool thread needs the GIL to take its job, which the calling thread would keep
     # while it adds the next tensors; jobs after the first `threads` are not waited for
-    monkeypatch.setattr("inshrink.io.tensorfile._BEGIN_WAIT_S", 10.0)  # a bound only
+    monkeypatch.setattr("inshrink.io.writer._BEGIN_WAIT_S", 10.0)  # a bound only
     release, began = threading.Event(), []
 
     def job(i):

@@ -1,4 +1,5 @@
-"""Codec chains: the pipeline that runs one, and the validation of one read from a file.
+"""Codec chains: the pipeline that runs one, and the validation of one read from a file
+(its stages, rules C-1 ... C-3a, and its streams against the tensor's elements, C-4 and C-5).
 
 Format 1.5 knows five chains, each an array stage, optionally preceded by a delta stage, and
 followed by the entropy stage on every stream: ``[bytegroup]`` (lossless), ``[quant]``
@@ -11,8 +12,9 @@ column factors).
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -140,6 +142,73 @@ class Pipeline:
 
 
 _ENTROPY = Entropy()
+
+
+class StoredTensor(Protocol):
+    """What the chain checks read of a tensor as a file's index stores it
+    (:class:`inshrink.container.index.TensorEntry` is one)."""
+
+    name: str
+    dtype: DType
+    codec: list[dict]
+    chunk_elements: int
+    # per stream, its chunks in order, each a (offset, length, crc, size, coding) record
+    streams: Sequence[Sequence[tuple]]
+
+    @property
+    def numel(self) -> int: ...
+
+
+def pipeline_for(entry: StoredTensor, has_base: bool = True,
+                 known: dict | None = None) -> Pipeline:
+    """Validate a stored tensor's chain and stream sizes; return its pipeline.
+
+    ``has_base``: whether the file names a base (a delta chain is invalid otherwise).
+    Rules C-1 ... C-5 of spec section 16, in their order. ``known``: pipelines of chains
+    already validated (a dict this fills in), so that the tensors of a file that share a
+    chain validate it once.
+    """
+    pipeline = None
+    if known is not None:  # first by the chain's list: tensors of a parsed index share it
+        same = known.get((id(entry.codec), entry.dtype.name, has_base))
+        if same is not None and same[0] is entry.codec:
+            pipeline, streams = same[1], same[2]
+    if pipeline is None:
+        key = _chain_key(entry.codec, entry.dtype, has_base) if known is not None else None
+        pipeline = known.get(key) if key is not None else None
+        if pipeline is None:
+            pipeline = Pipeline.from_chain(entry.codec, entry.dtype, has_base, entry.name)
+            if key is not None:
+                known[key] = pipeline
+        streams = pipeline.streams  # (a frozen pipeline's: kept with it, two calls less)
+        if known is not None:
+            known[(id(entry.codec), entry.dtype.name, has_base)] = (entry.codec, pipeline,
+                                                                    streams)
+    if len(entry.streams) != streams:
+        raise CorruptError(f"[C-4] tensor {entry.name!r}: {len(entry.streams)} streams, its "
+                           f"codec needs {streams}")
+    itemsize, per_chunk, numel = entry.dtype.itemsize, entry.chunk_elements, entry.numel
+    for c in range(-(-numel // per_chunk)):  # the chunk count
+        n = min(per_chunk, numel - c * per_chunk)  # the elements of chunk c
+        # (a record's decoded size, by position: records are plain tuples)
+        if not pipeline.sizes_ok(n, [stream[c][3] for stream in entry.streams], itemsize):
+            raise CorruptError(f"[C-5] tensor {entry.name!r}: chunk {c} sizes do not match "
+                               f"its element range")
+    return pipeline
+
+
+def _chain_key(codec: list[dict], dtype: DType, has_base: bool) -> tuple | None:
+    """What :meth:`Pipeline.from_chain` depends on, as a dict key; None for a chain with a
+    list or object value (rare, and not worth a key). The types are part of the key: JSON's
+    ``true`` and ``1`` are equal in Python but not to the validator."""
+    key = (dtype.name, has_base, tuple(map(len, codec)),  # a list of dicts (rule I-11)
+           tuple(itertools.chain.from_iterable(map(dict.items, codec))),
+           tuple(map(type, itertools.chain.from_iterable(map(dict.values, codec)))))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,1 +1,1 @@
-"""Files: the Writer pipeline and the File reader (:mod:`.tensorfile`), delta rewrites (:mod:`.rebase`), and one array in memory as an array frame (:mod:`.frame`)."""
+"""Files: the Writer pipeline (:mod:`.writer`) and the File reader (:mod:`.file`), delta rewrites (:mod:`.rebase`), and one array in memory as an array frame (:mod:`.frame`)."""

@@ -14,7 +14,7 @@ from typing import Iterator, Mapping
 import numpy as np
 
 from ..codecs import delta as deltas
-from ..codecs.chain import Pipeline
+from ..codecs.chain import Pipeline, pipeline_for
 from ..codecs.entropy import Entropy
 from ..codecs.lossless import ByteGroup
 from ..codecs.quant import Quant
@@ -22,7 +22,8 @@ from ..container.index import TensorEntry
 from ..container.reader import ContainerReader
 from ..container.writer import ContainerWriter
 from ..errors import InvalidArgumentError
-from .tensorfile import File, file_minor, pipeline_for
+from .file import File
+from .writer import file_minor
 
 
 def write_delta(src: str | os.PathLike, dst: str | os.PathLike, *,

@@ -37,7 +37,8 @@ import zstandard
 
 import inshrink
 from inshrink import dtypes
-from inshrink.io import tensorfile
+from inshrink.io import writer as tensor_writer
+from inshrink.io.rebase import write_delta
 from inshrink.codecs import lossless
 from inshrink.codecs.chain import Pipeline
 from inshrink.container import layout
@@ -282,12 +283,12 @@ def per_dtype_grouping():
     """Keep the byte grouping of section 10.5's table even for tiny tensors (the reference
     writer may store those as one plane): the vectors exist to exercise every plane layout,
     and the negative vectors patch particular planes."""
-    saved = tensorfile.TINY_TENSOR_BYTES
-    tensorfile.TINY_TENSOR_BYTES = 0
+    saved = tensor_writer.TINY_TENSOR_BYTES
+    tensor_writer.TINY_TENSOR_BYTES = 0
     try:
         yield
     finally:
-        tensorfile.TINY_TENSOR_BYTES = saved
+        tensor_writer.TINY_TENSOR_BYTES = saved
 
 
 def positive(name: str, covers: str, base: str | None = None):
@@ -526,6 +527,22 @@ def delta_tensors() -> tuple[Tensors, Tensors]:
     return base, nxt
 
 
+def write_as_delta(path: Path, tensors: Tensors, base_file: dict, *,
+                   base: Tensors | None = None, base_codes: dict | None = None,
+                   policy: Policy | None = None) -> None:
+    """Write ``tensors`` as a delta file against the base named by ``base_file`` (its exact
+    lossless tensors ``base``, the codes of its quantized ones ``base_codes``): a whole file
+    first, rewritten by :func:`inshrink.io.rebase.write_delta`, as :class:`inshrink.Series`
+    does."""
+    with tempfile.TemporaryDirectory() as tmp:
+        whole = Path(tmp) / "whole.ink"
+        with inshrink.Writer(whole, threads=1, policy=policy, keep_codes=True) as w:
+            for name, arr in tensors.items():
+                w.add(name, arr)
+        write_delta(whole, path, src_codes=w.codes, base_exact=base or {},
+                    base_codes=base_codes or {}, base_file=base_file)
+
+
 @positive("delta_base", "keyframe of a keyframe + delta pair (the base of vector delta)")
 def build_delta_base(path: Path) -> dict:
     base, _ = delta_tensors()
@@ -545,9 +562,7 @@ def build_delta(path: Path) -> dict:
         write_plain(base_path, base)
         # written by format 1.2: decode digest definition 1, no "digest" member
         base_file = {"file": "delta_base.ink", "sha256": decode_digest(base, {}, version=1)}
-    with inshrink.Writer(path, threads=1, base=base, base_file=base_file) as w:
-        for name, arr in nxt.items():
-            w.add(name, arr)
+    write_as_delta(path, nxt, base_file, base=base)
     return contents(nxt)
 
 
@@ -582,9 +597,8 @@ def build_qdelta(path: Path) -> dict:
         base_file = {"file": "qdelta_base.ink", "sha256": decode_digest({}, codes, version=1)}
         reference_codes: dict = {}
         quant_reference_decode(base_path, codes_out=reference_codes)
-    with inshrink.Writer(path, threads=1, policy=QDELTA_POLICY, base_codes=codes,
-                         base_file=base_file) as w:
-        w.add("layer.weight", nxt["layer.weight"])
+    write_as_delta(path, {"layer.weight": nxt["layer.weight"]}, base_file, base_codes=codes,
+                   policy=QDELTA_POLICY)
     return contents(quant_reference_decode(path, base_codes=reference_codes))
 
 
@@ -638,10 +652,7 @@ def build_digest2(path: Path) -> dict:
         decoded, codes = write_digest2_base(Path(tmp) / "digest2_base.ink")
     exact = {name: decoded[name] for name in decoded if name not in codes}
     base_file = base_reference("digest2_base.ink", exact, codes)
-    with inshrink.Writer(path, threads=1, policy=DIGEST2_POLICY, base=exact,
-                         base_codes=codes, base_file=base_file) as w:
-        for name, arr in nxt.items():
-            w.add(name, arr)
+    write_as_delta(path, nxt, base_file, base=exact, base_codes=codes, policy=DIGEST2_POLICY)
     doc = index_doc(path.read_bytes())
     chains = {t["name"]: [s["id"] for s in t["codec"]] for t in doc["tensors"]}
     assert chains["model.w"] == ["xor", "bytegroup"], chains
