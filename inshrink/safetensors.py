@@ -20,7 +20,10 @@ from .container import layout
 from .errors import (CorruptError, InshrinkError, InvalidArgumentError, LimitExceededError,
                      with_path)
 from .encode.policy import Policy
-from .io.tensorfile import File, Progress, TensorInfo, Writer
+from .io.arguments import Progress
+from .io.file import File
+from .io.info import TensorInfo
+from .io.writer import Writer
 
 MAX_SAFETENSORS_HEADER = 100 << 20
 SAFETENSORS_DTYPES = frozenset(dtypes.BY_NAME) - {"C128"}

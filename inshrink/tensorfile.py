@@ -2,4 +2,5 @@
 from ._moved import moved
 
 __getattr__ = moved("inshrink.tensorfile", "inshrink.io.writer", "inshrink.io.file",
-                    "inshrink.io.info", "inshrink.io.arguments", "inshrink.io.threads")
+                    "inshrink.io.info", "inshrink.io.arguments", "inshrink.io.threads",
+                    "inshrink.codecs.chain")

@@ -61,13 +61,13 @@ def fit_quantizer(x: np.ndarray, bins: int, *, domain: str | None = "linear",
                   protect: float = 0.0, prune: float = 0.0, alpha: float = 0.005):
     """``(encoder, sum of squares)``: the quantizer fitted to the whole of ``x`` (F64, F32,
     F16 or BF16) the way the writer fits a tensor's, from one sketch of it."""
-    from inshrink.encode import quantize
+    from inshrink.encode.fit import fit
+    from inshrink.encode.sketch import Sketch, work_dtype
 
     dtype = dtypes.of_numpy(x.dtype)
-    sketch = quantize.Sketch.for_dtype(dtype, alpha, bins)
-    sketch.add(np.ascontiguousarray(x.reshape(-1).astype(quantize.work_dtype(dtype))))
-    encoder = quantize.fit(sketch, dtype, bins=bins, domain=domain, prune=prune,
-                           protect=protect)
+    sketch = Sketch.for_dtype(dtype, alpha, bins)
+    sketch.add(np.ascontiguousarray(x.reshape(-1).astype(work_dtype(dtype))))
+    encoder = fit(sketch, dtype, bins=bins, domain=domain, prune=prune, protect=protect)
     return encoder, sketch.sumsq
 
 

@@ -311,7 +311,7 @@ def _rank_fails(rank, world, directory):
 def _rank_killed(rank, world, directory):
     import torch.distributed.checkpoint as dcp
 
-    from inshrink.io.tensorfile import Writer
+    from inshrink.io.writer import Writer
     model, optim, sched = _sharded(world, seed=0)
     _train(model, optim, sched, 1)
     state = _state(model, optim, sched, 1)

@@ -284,7 +284,7 @@ def test_the_previous_file_is_rewritten_one_tensor_at_a_time_into_the_same_bytes
     import inshrink.dcp.series as module
     from inshrink import digest
     from inshrink.io.rebase import write_delta
-    from inshrink.io.tensorfile import File
+    from inshrink.io.file import File
     gen = torch.Generator().manual_seed(0)
     series = InkSeries(tmp_path / "run", policy="balanced", threads=1)
     state = {"model": {f"w{i}": torch.randn(128, 1024, generator=gen) for i in range(8)},

@@ -12,7 +12,7 @@ import inshrink
 from inshrink import errors
 from inshrink.series.report import SEARCH_FIELDS, plot_series, search_summary, series_report
 from inshrink.series.series import SEARCH_KEY
-from inshrink.io.tensorfile import File
+from inshrink.io.file import File
 from kit import ROOT, run_cli as run
 from test_cli_json import FILE_KEYS, KEYS, SERIES_KEYS
 

@@ -146,13 +146,13 @@ def test_a_second_save_of_tensors_of_several_sizes_allocates_no_plane_buffer(
 def test_the_sketch_pass_of_a_many_chunk_tensor_runs_on_several_threads(tmp_path, monkeypatch):
     import time
 
-    from inshrink.encode import quantize
-    sketchers, add = set(), quantize.Sketch.add
+    from inshrink.encode.sketch import Sketch
+    sketchers, add = set(), Sketch.add
 
     def sketch_add(self, x):
         sketchers.add(threading.current_thread().name)
         return add(self, x)
-    monkeypatch.setattr(quantize.Sketch, "add", sketch_add)
+    monkeypatch.setattr(Sketch, "add", sketch_add)
     x = (np.random.default_rng(4).standard_normal((40, 1024)) * 0.02).astype(np.float32)
     raw = x.view(np.uint8).reshape(-1)
 

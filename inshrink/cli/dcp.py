@@ -48,7 +48,7 @@ def _details(path: str, threads: int | None = None, verify: bool = False):
     checked against each file's index (decoded in full with ``verify``)."""
     from ..dcp.inspect import describe, verify
     from ..dcp.metadata import read_metadata, read_metadata_file
-    from ..io.tensorfile import File
+    from ..io.file import File
     in_series = _series_step(path, threads)
     if in_series is not None:  # an older step's files are deltas: read through the series
         series, step = in_series

@@ -125,7 +125,7 @@ def cmd_verify(args, started: float) -> int:
 def _verify_file(path: str, args) -> dict:
     """verify's entry for one .ink file: every record decoded and checked."""
     from ..errors import InshrinkError
-    from ..io.tensorfile import File
+    from ..io.file import File
     from ..safetensors import check_ink
     try:
         check_ink(path)

@@ -99,7 +99,7 @@ def _tensor_json(info) -> dict:
 def ink_details(path: str) -> dict:
     """What the index of an .ink file says (opens the index only); errors name ``path``."""
     from ..errors import InshrinkError
-    from ..io.tensorfile import File
+    from ..io.file import File
     from ..errors import with_path
     try:
         with File(path, threads=1) as f:

@@ -159,7 +159,7 @@ def _standalone_infos(path: str) -> list:
     file of a series decodes only against its base: the error points to the command that
     reads it."""
     from ..errors import InshrinkError
-    from ..io.tensorfile import File
+    from ..io.file import File
     from ..errors import with_path
     try:
         with File(path, threads=1) as f:

@@ -13,7 +13,9 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, Metadat
 
 from ..errors import CorruptError, InvalidArgumentError
 from ..encode.policy import Policy
-from ..io.tensorfile import File, TensorInfo, Writer
+from ..io.file import File
+from ..io.info import TensorInfo
+from ..io.writer import Writer
 from .calls import checked_path, named
 from .metadata import BYTES_PREFIX, METADATA_FILE, read_metadata
 

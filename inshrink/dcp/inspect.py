@@ -9,7 +9,8 @@ from typing import Iterator, Mapping
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
 
 from ..errors import CorruptError
-from ..io.tensorfile import File, TensorInfo
+from ..io.file import File
+from ..io.info import TensorInfo
 from ..torch.convert import dtype_name
 from .calls import named
 from .metadata import METADATA_FILE, read_metadata

@@ -21,7 +21,8 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from ..errors import CorruptError, InvalidArgumentError
-from ..io.tensorfile import File, resolve_threads
+from ..io.arguments import resolve_threads
+from ..io.file import File
 from ..torch.convert import to_torch
 from .calls import checked_path, done, named
 from .inspect import describe

@@ -87,7 +87,9 @@ from .. import strict_json
 from ..encode.policy import Policy
 from ..encode.policy import resolve as resolve_policy
 from ..io.rebase import Decoded, write_delta
-from ..io.tensorfile import File, TensorInfo, resolve_threads
+from ..io.arguments import resolve_threads
+from ..io.file import File
+from ..io.info import TensorInfo
 from ..series.directory import remove, take_lock
 from ..series.keyframes import previous_becomes_delta
 from ..series.links import decode_each_link, decode_link, file_sha256, replay

@@ -40,7 +40,8 @@ from ..atomic import AtomicFile
 from ..errors import IncompleteCheckpointError, InvalidArgumentError
 from ..encode.policy import Policy
 from ..encode.policy import resolve as resolve_policy
-from ..io.tensorfile import Writer, resolve_threads
+from ..io.arguments import resolve_threads
+from ..io.writer import Writer
 from ..torch.convert import dtype_name, to_numpy
 from .calls import checked_path, done
 from .metadata import BYTES_PREFIX, METADATA_FILE, RANK_FILE, RANK_TEMP

@@ -20,7 +20,7 @@ from ..codecs.lossless import PLANES, ByteGroup, planes_from
 from ..container import layout
 from ..container.index import TensorEntry, check_metadata, check_name, check_shape
 from ..container.writer import ContainerWriter
-from ..encode import quantize
+from ..encode.sketch import Sketch, work_dtype
 from ..encode import tensor as encoder
 from ..encode.policy import Policy
 from ..encode.policy import resolve as resolve_policy
@@ -408,14 +408,14 @@ class Writer:
             raise
 
     def _sketch_pass(self, entry: TensorEntry, read: Callable[[int, int], Any],
-                     sketch: quantize.Sketch) -> None:
+                     sketch: Sketch) -> None:
         """Add every chunk of a tensor to an empty sketch, on as many threads as are free
         (:func:`encoder.prepare`'s ``sketch_pass``; runs on the pool thread preparing the
         tensor, which takes part and never waits for a helper that has not started). The
         chunks' totals are added in chunk order, as adding the chunks in order does, so the
         sketch and the file do not depend on the thread count."""
         n, itemsize = entry.chunk_count, entry.dtype.itemsize
-        work = quantize.work_dtype(entry.dtype)
+        work = work_dtype(entry.dtype)
         totals: list[np.ndarray | None] = [None] * n
         chunks = iter(range(n))  # shared by the threads taking part: each takes the next
 
@@ -426,7 +426,7 @@ class Writer:
                 if raw.size != (stop - start) * itemsize:
                     raise InvalidArgumentError(f"tensor {entry.name!r}: source returned too "
                                                f"few bytes")
-                part = quantize.Sketch(sketch.work, sketch.shift, counts, np.zeros(3), span)
+                part = Sketch(sketch.work, sketch.shift, counts, np.zeros(3), span)
                 part.add(raw.view(entry.dtype.numpy).astype(work, copy=False))
                 totals[c] = part.totals
             return counts, span

@@ -22,7 +22,8 @@ from ..encode import tensor as encoder
 from ..codecs.entropy import Entropy
 from ..container.index import TensorEntry
 from ..encode.policy import Policy, QuantConfig
-from ..io.tensorfile import DEFAULT_CHUNK_BYTES, TINY_TENSOR_BYTES, resolve_threads
+from ..io.arguments import resolve_threads
+from ..io.writer import DEFAULT_CHUNK_BYTES, TINY_TENSOR_BYTES
 
 KEEP = 2
 """Encodings of each tensor kept for reuse (a later candidate often differs from an earlier
@@ -46,7 +47,7 @@ class Encoded:
 
 def encode_tensor(name: str, array: np.ndarray, policy: Policy, importance: Any = None, *,
                   decode: bool = True, entropy: Entropy = Entropy()) -> Encoded:
-    """Encode one tensor as :class:`inshrink.io.tensorfile.Writer` would with ``policy`` (default
+    """Encode one tensor as :class:`inshrink.io.writer.Writer` would with ``policy`` (default
     chunk size and entropy settings) and, with ``decode``, decode it as a reader would."""
     dtype = dtypes.of_numpy(array.dtype)
     flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import digest as _digest
 from ..errors import BaseMismatchError, InshrinkError
-from ..io.tensorfile import File
+from ..io.file import File
 
 L = TypeVar("L")
 """A link of a chain: what the caller decodes as one file (a checkpoint, a rank's file)."""

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from ..atomic import AtomicFile
 from ..errors import InshrinkError, InvalidArgumentError, with_path
 from .series import MANIFEST, SEARCH_KEY, Series
-from ..io.tensorfile import File
+from ..io.file import File
 
 PLOT_HINT = 'pip install "inshrink[plot]" (in a checkout of inshrink: pip install ".[plot]")'
 

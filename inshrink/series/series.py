@@ -41,7 +41,10 @@ from ..encode.policy import Policy, resolve
 from ..errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError,
                       SeriesLockedError)
 from ..io.rebase import Decoded, write_delta
-from ..io.tensorfile import File, TensorInfo, Writer, resolve_threads
+from ..io.arguments import resolve_threads
+from ..io.file import File
+from ..io.info import TensorInfo
+from ..io.writer import Writer
 from ..search.choose import Search, SearchResult
 from ..search.space import Choice
 from .directory import LOCK, remove, take_lock

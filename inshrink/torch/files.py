@@ -26,7 +26,7 @@ import torch
 from .. import api
 from ..errors import InvalidArgumentError
 from ..encode.policy import Policy
-from ..io.tensorfile import TensorInfo
+from ..io.info import TensorInfo
 from .convert import to_numpy, to_torch
 from .state import _META, require_module
 
