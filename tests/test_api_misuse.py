@@ -41,8 +41,6 @@ def test_add_source_shape_that_is_not_a_sequence(tmp_path, shape):
 
 @pytest.mark.parametrize("kwargs", [
     {"metadata": "ab"}, {"metadata": 5}, {"metadata": [1, 2]}, {"metadata": b"ab"},
-    {"base": [1], "base_file": {"file": "b.ink", "sha256": "0" * 64}},
-    {"base_codes": 3, "base_file": {"file": "b.ink", "sha256": "0" * 64}},
 ])
 def test_writer_mappings_of_the_wrong_type(tmp_path, kwargs):
     with pytest.raises(InvalidArgumentError):
