@@ -1,11 +1,13 @@
 """The command line, run as a user would: in a subprocess."""
 import json
+import subprocess
+import sys
 import os
 
 import numpy as np
 import pytest
 
-from kit import run_cli as run
+from kit import ROOT, run_cli as run
 
 pytestmark = pytest.mark.model("bf16_weights_and_f32_bits")
 
@@ -99,6 +101,7 @@ def test_help_imports_no_command_module_and_no_torch(tmp_path):
                        text=True, env=env, timeout=300)
     assert r.returncode == 0 and "consolidate" in r.stdout, r.stderr
     assert r.stderr.strip() == "[]", r.stderr
+
 
 def test_info_shows_the_search_choice(tmp_path):
     import inshrink

@@ -46,7 +46,7 @@ def _dcp_call(call):
 def _details(path: str, threads: int | None = None, verify: bool = False):
     """(metadata, chunk rows, {rank file: TensorInfo list}) of a committed checkpoint,
     checked against each file's index (decoded in full with ``verify``)."""
-    from ..dcp.inspect import describe, verify
+    from ..dcp.inspect import describe, verify as verify_checkpoint
     from ..dcp.metadata import read_metadata, read_metadata_file
     from ..io.file import File
     in_series = _series_step(path, threads)
@@ -58,7 +58,7 @@ def _details(path: str, threads: int | None = None, verify: bool = False):
                 series.decode(step, file.rank)
         metadata = read_metadata_file(path)
     else:
-        rows = _dcp_call(lambda: (verify(path, threads=threads) if verify
+        rows = _dcp_call(lambda: (verify_checkpoint(path, threads=threads) if verify
                                   else describe(path)))
         metadata = read_metadata(path)
     infos = {}
