@@ -249,12 +249,13 @@ def test_a_commit_removes_older_saves_that_never_committed(tmp_path, keep_last):
     the same step was saved again)."""
     from types import SimpleNamespace
 
-    from inshrink.dcp.sharded import METADATA_FILE, ShardedCheckpoints, step_directory
+    from inshrink.dcp.names import METADATA
+    from inshrink.dcp.sharded import ShardedCheckpoints, step_directory
     for step, committed in [(1, True), (2, False), (3, True), (4, False), (5, True),
                             (6, False)]:
         path = tmp_path / step_directory(step)
         path.mkdir()
-        (path / ("x.distcp" if not committed else METADATA_FILE)).write_bytes(b"")
+        (path / ("x.distcp" if not committed else METADATA)).write_bytes(b"")
     shards = SimpleNamespace(directory=str(tmp_path), keep_last=keep_last)
     shards._step_dirs = lambda: ShardedCheckpoints._step_dirs(shards)
     shards.steps = lambda: ShardedCheckpoints.steps(shards)

@@ -308,6 +308,20 @@ def test_a_save_that_never_committed_is_refused_naming_the_marker(tmp_path):
         load({"w": torch.zeros(3, 3)}, tmp_path / "ckpt")
 
 
+def test_a_rank_file_name_with_a_non_ascii_digit_is_not_a_rank_file(tmp_path):
+    # rank numbers are ASCII digits; "\u0660" (ARABIC-INDIC DIGIT ZERO) is a digit to \d
+    foreign = "rank\u06600000-0123456789ab.ink"
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / foreign).write_bytes(b"not ours")
+    (tmp_path / "ckpt" / f".{foreign}.x1y2.tmp").write_bytes(b"not ours")
+    with pytest.raises(errors.CorruptError, match=r"not a DCP checkpoint \(\.metadata") as excinfo:
+        read_metadata(tmp_path / "ckpt")  # no save began here: nothing of it is a rank file
+    assert not isinstance(excinfo.value, errors.IncompleteCheckpointError)
+    save({"w": torch.ones(3, 3)}, tmp_path / "ckpt")  # a save removes its own debris only
+    assert {foreign, f".{foreign}.x1y2.tmp"} <= set(os.listdir(tmp_path / "ckpt"))
+    assert torch.equal(load({"w": torch.zeros(3, 3)}, tmp_path / "ckpt")["w"], torch.ones(3, 3))
+
+
 def test_reserved_names_and_uncoordinated_saves_are_refused(tmp_path):
     with pytest.raises(CheckpointException, match="reserved"):
         save({BYTES_PREFIX + "x": torch.ones(2)}, tmp_path / "a")

@@ -283,6 +283,7 @@ def test_the_previous_file_is_rewritten_one_tensor_at_a_time_into_the_same_bytes
 
     import inshrink.dcp.series as module
     from inshrink import digest
+    from inshrink.dcp.names import step_dir
     from inshrink.io.rebase import write_delta
     from inshrink.io.file import File
     gen = torch.Generator().manual_seed(0)
@@ -299,7 +300,7 @@ def test_the_previous_file_is_rewritten_one_tensor_at_a_time_into_the_same_bytes
     rewrite, seen = module.InkSeriesWriter._rewrite_previous, {}
 
     def measured(self, task, exact, codes):
-        seen.update(exact=exact, codes=codes, base=os.path.join(module.step_dir(self.step),
+        seen.update(exact=exact, codes=codes, base=os.path.join(step_dir(self.step),
                                                                 task.file))
         tracemalloc.start()
         try:

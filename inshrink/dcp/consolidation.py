@@ -17,7 +17,8 @@ from ..io.file import File
 from ..io.info import TensorInfo
 from ..io.writer import Writer
 from .calls import checked_path, named
-from .metadata import BYTES_PREFIX, METADATA_FILE, read_metadata
+from .metadata import BYTES_PREFIX, read_metadata
+from .names import METADATA
 
 __all__ = ["consolidate", "checked_output", "consolidate_to", "RankFiles"]
 
@@ -146,7 +147,7 @@ def _joined(source: RankFiles, metadata: Metadata, fqn: str,
         whole[where] = part
         covered += part.size
     if whole is None or covered != whole.size:
-        raise CorruptError(f"{os.path.join(source.path, METADATA_FILE)}: the chunks of {fqn!r} do "
+        raise CorruptError(f"{os.path.join(source.path, METADATA)}: the chunks of {fqn!r} do "
                            f"not cover its {list(size)} elements")
     return whole
 

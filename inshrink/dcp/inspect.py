@@ -13,7 +13,8 @@ from ..io.file import File
 from ..io.info import TensorInfo
 from ..torch.convert import dtype_name
 from .calls import named
-from .metadata import METADATA_FILE, read_metadata
+from .metadata import read_metadata
+from .names import METADATA
 
 __all__ = ["describe", "describe_metadata", "verify"]
 
@@ -63,7 +64,7 @@ def describe_metadata(metadata: Metadata, path: str,
         file_name = stored.get(entry["file"], entry["file"])
         if info is None:
             raise CorruptError(f"{os.path.join(path, file_name)}: no tensor named "
-                               f"{entry['tensor']!r}, which {METADATA_FILE} names")
+                               f"{entry['tensor']!r}, which {METADATA} names")
         _check_info(os.path.join(path, file_name), info, metadata, index.fqn, sizes)
         rows.append({"fqn": index.fqn,
                      "offsets": None if sizes is None else tuple(int(d) for d in index.offset),

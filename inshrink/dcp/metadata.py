@@ -1,4 +1,4 @@
-"""A checkpoint directory's names and its committed metadata: DCP's pickled ``.metadata``
+"""A checkpoint directory's committed metadata: DCP's pickled ``.metadata``
 read without running code (a restricted unpickler), and checked to be what
 :class:`~inshrink.dcp.writer.InkStorageWriter` writes."""
 from __future__ import annotations
@@ -8,7 +8,6 @@ import enum
 import io
 import os
 import pickle
-import re
 from typing import Any
 
 import torch
@@ -17,21 +16,16 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, Metadat
 
 from ..errors import CorruptError, IncompleteCheckpointError
 from .calls import checked_path
+from .names import METADATA, is_rank_file, is_rank_temporary
 
-__all__ = ["METADATA_FILE", "BYTES_PREFIX", "RANK_FILE", "RANK_TEMP", "read_metadata",
-           "read_metadata_file", "check_metadata"]
+__all__ = ["METADATA_FILE", "BYTES_PREFIX", "read_metadata", "read_metadata_file",
+           "check_metadata"]
 
-METADATA_FILE = ".metadata"
-"""The commit marker: written by the coordinator once every rank's file is in place."""
+METADATA_FILE = METADATA
+"""The commit marker, :data:`inshrink.dcp.names.METADATA`, under its public name."""
 
 BYTES_PREFIX = "__dcp_bytes__."
 """Tensor-name prefix of non-tensor items (DCP's BYTE_IO write items) in a rank's file."""
-
-RANK_FILE = re.compile(r"rank\d{5}-[0-9a-f]{12}\.ink")
-"""A rank's file of one save: ``rank<5 digits>-<save id: 12 hex digits>.ink``."""
-
-RANK_TEMP = re.compile(r"\.rank\d{5}-[0-9a-f]{12}\.ink\..*\.tmp")
-"""The temporary file a rank writes its file as (left behind by a crashed save)."""
 
 _DCP_DATA_MODULES = ("torch.distributed.checkpoint.metadata",
                      "torch.distributed.checkpoint.filesystem")
@@ -86,7 +80,7 @@ def read_metadata(path: str | os.PathLike) -> Metadata:
         rank file the metadata names is missing.
     """
     metadata = read_metadata_file(path)
-    marker = os.path.join(os.fspath(path), METADATA_FILE)
+    marker = os.path.join(os.fspath(path), METADATA)
     for name in sorted({entry["file"] for entry in metadata.storage_data.values()}):
         if not os.path.isfile(os.path.join(path, name)):
             raise CorruptError(f"{os.path.join(path, name)}: missing (named by {marker})")
@@ -103,18 +97,18 @@ def read_metadata_file(path: str | os.PathLike) -> Metadata:
         As :func:`read_metadata`, but for the rank files.
     """
     path = checked_path(path)
-    marker = os.path.join(path, METADATA_FILE)
+    marker = os.path.join(path, METADATA)
     if not os.path.isdir(path):
         raise CorruptError(f"{path}: not a DCP checkpoint directory")
     try:
         with open(marker, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
-        if any(RANK_FILE.fullmatch(n) or RANK_TEMP.fullmatch(n) for n in os.listdir(path)):
+        if any(is_rank_file(n) or is_rank_temporary(n) for n in os.listdir(path)):
             raise IncompleteCheckpointError(f"{marker} is missing: the save into {path} did "
                                             f"not finish (the checkpoint was never "
                                             f"committed)") from None
-        raise CorruptError(f"{path}: not a DCP checkpoint ({METADATA_FILE} is missing)") from None
+        raise CorruptError(f"{path}: not a DCP checkpoint ({METADATA} is missing)") from None
     except OSError as exc:
         raise CorruptError(f"{marker}: cannot read: {exc.strerror or exc}") from None
     try:
@@ -142,7 +136,7 @@ def check_metadata(metadata: Any, marker: str) -> None:
         raise CorruptError(f"{marker}: no storage data (not written by InkStorageWriter)")
     for index, entry in storage.items():
         if not (isinstance(index, MetadataIndex) and isinstance(entry, dict)
-                and isinstance(entry.get("file"), str) and RANK_FILE.fullmatch(entry["file"])
+                and is_rank_file(entry.get("file"))
                 and isinstance(entry.get("tensor"), str)):
             raise CorruptError(f"{marker}: storage data {index!r} is not an inshrink rank "
                                f"file entry (not written by InkStorageWriter)")

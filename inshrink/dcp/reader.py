@@ -26,7 +26,8 @@ from ..io.file import File
 from ..torch.convert import to_torch
 from .calls import checked_path, done, named
 from .inspect import describe
-from .metadata import METADATA_FILE, check_metadata, read_metadata
+from .metadata import check_metadata, read_metadata
+from .names import METADATA
 
 __all__ = ["InkStorageReader", "READ_BATCH_BYTES"]
 
@@ -71,7 +72,7 @@ class InkStorageReader(StorageReader):
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
                               **kwargs: Any) -> None:
-        check_metadata(metadata, os.path.join(self.path, METADATA_FILE))
+        check_metadata(metadata, os.path.join(self.path, METADATA))
         self.metadata = metadata
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
@@ -88,7 +89,7 @@ class InkStorageReader(StorageReader):
         for item in plan.items:
             entry = storage.get(item.storage_index)
             if entry is None:
-                raise CorruptError(f"{os.path.join(self.path, METADATA_FILE)}: no storage "
+                raise CorruptError(f"{os.path.join(self.path, METADATA)}: no storage "
                                    f"entry for {item.storage_index.fqn!r}")
             grouped.setdefault(entry["file"], {}).setdefault(entry["tensor"], []).append(item)
         for file_name, tensors in grouped.items():
@@ -153,7 +154,7 @@ class InkStorageReader(StorageReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
         return isinstance(checkpoint_id, (str, os.PathLike)) and os.path.isfile(
-            os.path.join(os.fspath(checkpoint_id), METADATA_FILE))
+            os.path.join(os.fspath(checkpoint_id), METADATA))
 
 
 READ_BATCH_BYTES = 256 << 20

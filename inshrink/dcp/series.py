@@ -61,7 +61,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import reprlib
 import threading
 import uuid
@@ -79,10 +78,13 @@ from ..atomic import release_write_lock
 from .calls import done, named
 from .consolidation import RankFiles, checked_output, consolidate_to
 from .inspect import describe_metadata
-from .metadata import METADATA_FILE, RANK_FILE, read_metadata_file
+from .metadata import read_metadata_file
+from .names import (METADATA, SERIES_MANIFEST, delta_name, is_delta_file, is_rank_file,
+                    is_series_temporary, is_step_dir, rank_of, step_dir)
 from .reader import InkStorageReader
 from .writer import InkStorageWriter
-from ..errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError, LimitExceededError, SeriesLockedError, UnsupportedVersionError)
+from ..errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError,
+                      LimitExceededError, SeriesLockedError, UnsupportedVersionError)
 from .. import strict_json
 from ..encode.policy import Policy
 from ..encode.policy import resolve as resolve_policy
@@ -100,26 +102,13 @@ from ..series.manifest import (MAX_MANIFEST_BYTES, SHA256, check_after, check_ne
 __all__ = ["InkSeries", "InkSeriesWriter", "InkSeriesReader", "Step", "RankFile", "MANIFEST",
            "decode_manifest"]
 
-MANIFEST = "series.json"
+MANIFEST = SERIES_MANIFEST
+"""The manifest's file name (:data:`inshrink.dcp.names.SERIES_MANIFEST`), by its public name."""
 FORMAT = "inshrink-dcp-series"
 VERSION = 1
-_STEP_DIR = re.compile(r"\Astep_[0-9]{12}\Z", re.ASCII)
-_DELTA_FILE = re.compile(r"\Arank[0-9]{5}-[0-9a-f]{12}\.d\.ink\Z", re.ASCII)
-_TEMPORARY = re.compile(r"\A\.(series\.json|rank[0-9]{5}-[0-9a-f]{12}(\.d)?\.ink)\..*\.tmp\Z",
-                        re.ASCII)
 _RESULT_FQN = "__inshrink_series__"
 """The index of the write result that carries a rank's files to the coordinator (never
 stored: :meth:`InkSeriesWriter.finish` takes it out before DCP's metadata is written)."""
-
-
-def step_dir(step: int) -> str:
-    """The directory name of ``step`` in a series."""
-    return f"step_{step:012d}"
-
-
-def delta_name(name: str) -> str:
-    """The name of a rank file once rewritten as a delta."""
-    return name[:-len(".ink")] + ".d.ink"
 
 
 @dataclass(frozen=True)
@@ -164,7 +153,7 @@ def _fail(rule: str, path: str, why: str, error: type[InshrinkError] = CorruptEr
     raise error(f"[{rule}] {path}: invalid DCP series manifest: {why}")
 
 
-def decode_manifest(raw: bytes, path: str = MANIFEST) -> list[Step]:
+def decode_manifest(raw: bytes, path: str = SERIES_MANIFEST) -> list[Step]:
     """The steps of the bytes of a ``series.json`` (rules M-1 ... M-16)."""
     if len(raw) > MAX_MANIFEST_BYTES:
         _fail("M-1", path, f"larger than {MAX_MANIFEST_BYTES} bytes", LimitExceededError)
@@ -175,7 +164,7 @@ def decode_manifest(raw: bytes, path: str = MANIFEST) -> list[Step]:
     return parse_manifest(doc, path)
 
 
-def parse_manifest(doc: Any, path: str = MANIFEST) -> list[Step]:
+def parse_manifest(doc: Any, path: str = SERIES_MANIFEST) -> list[Step]:
     """The steps of a decoded ``series.json``, every field checked (rules M-2 ... M-16);
     CorruptError naming ``path`` otherwise (UnsupportedVersionError for another version,
     BaseMismatchError for a delta against a step of another sharding)."""
@@ -215,8 +204,7 @@ def parse_manifest(doc: Any, path: str = MANIFEST) -> list[Step]:
                     g.rank == rank for g in files):
                 _fail("M-11", path, f"step {step}: rank {reprlib.repr(rank)} is not a distinct "
                                     f"rank below {world}")
-            if type(name) is not str or not RANK_FILE.fullmatch(name) or int(
-                    name[4:9]) != rank:
+            if not is_rank_file(name) or rank_of(name) != rank:
                 _fail("M-12", path, f"step {step}: {reprlib.repr(name)} is not a file name of "
                                     f"rank {rank}")
             expected = name if base is None else delta_name(name)
@@ -401,12 +389,12 @@ class InkSeries:
 
     def checkpoints(self) -> list[Step]:
         """The committed steps, oldest first ([] for a new series)."""
-        path = self._path(MANIFEST)
+        path = self._path(SERIES_MANIFEST)
         raw = read_manifest(path)
         return [] if raw is None else decode_manifest(raw, path)
 
     def _write_manifest(self, steps: list[Step]) -> None:
-        write_manifest(self._path(MANIFEST), FORMAT, VERSION, steps)
+        write_manifest(self._path(SERIES_MANIFEST), FORMAT, VERSION, steps)
 
     def steps(self) -> list[int]:
         """The committed steps, ascending."""
@@ -450,8 +438,8 @@ class InkSeries:
         while True:
             file = entry.file_of(rank)
             if file is None:
-                raise InvalidArgumentError(f"{self._path(MANIFEST)}: step {entry.step} has no "
-                                           f"file of rank {rank}")
+                raise InvalidArgumentError(f"{self._path(SERIES_MANIFEST)}: step {entry.step} "
+                                           f"has no file of rank {rank}")
             chain.append((entry, file))
             if entry.base is None:
                 return chain[::-1]
@@ -475,10 +463,11 @@ class InkSeries:
 
     def _check_file(self, path: str, file: RankFile) -> None:
         if not os.path.isfile(path):
-            raise CorruptError(f"[M-18] {path}: missing (named by {self._path(MANIFEST)})")
+            raise CorruptError(f"[M-18] {path}: missing (named by "
+                               f"{self._path(SERIES_MANIFEST)})")
         if file_sha256(path) != file.sha256:
             raise BaseMismatchError(f"[M-19] {path}: content differs from "
-                                    f"{self._path(MANIFEST)}")
+                                    f"{self._path(SERIES_MANIFEST)}")
 
     # -- inspection ------------------------------------------------------------------------
 
@@ -533,23 +522,23 @@ class InkSeries:
                     problems.append(f"step {entry.step}: rank {rank}'s file cannot be restored: "
                                     f"its base step {entry.base} does not decode")
         for name in self._debris(steps):
-            problems.append(f"{self._path(name)}: not in {MANIFEST}, left by an interrupted "
-                            f"save; the next save removes it")
+            problems.append(f"{self._path(name)}: not in {SERIES_MANIFEST}, left by an "
+                            f"interrupted save; the next save removes it")
         return problems
 
     def _debris(self, steps: list[Step]) -> list[str]:
         """Paths (from the directory) that no committed step uses: what failed or
         interrupted saves left, and the files a commit replaced."""
-        listed = {s.dir: {f.file for f in s.files} | {METADATA_FILE} for s in steps}
+        listed = {s.dir: {f.file for f in s.files} | {METADATA} for s in steps}
         out = []
         try:
             names = sorted(os.listdir(self.directory))
         except OSError:
             return []
         for name in names:
-            if _TEMPORARY.match(name):
+            if is_series_temporary(name):
                 out.append(name)
-            elif _STEP_DIR.match(name):
+            elif is_step_dir(name):
                 if name not in listed:
                     out.append(name)
                     continue
@@ -558,7 +547,7 @@ class InkSeries:
                 except OSError:
                     continue
                 out += [os.path.join(name, n) for n in inside if n not in listed[name] and (
-                    RANK_FILE.fullmatch(n) or _DELTA_FILE.match(n) or _TEMPORARY.match(n))]
+                    is_rank_file(n) or is_delta_file(n) or is_series_temporary(n))]
         return out
 
 
@@ -583,7 +572,7 @@ class _SeriesFiles(RankFiles):
             self.arrays, self.rank = self.series.decode(self.entry.step, rank), rank
         if entry["tensor"] not in self.arrays:
             raise CorruptError(f"[M-20] {self.file_of(index)}: no tensor named "
-                               f"{entry['tensor']!r}, which {METADATA_FILE} names")
+                               f"{entry['tensor']!r}, which {METADATA} names")
         return self.arrays[entry["tensor"]]
 
     def close(self) -> None:
@@ -596,7 +585,7 @@ def _check_metadata_files(metadata: Metadata, entry: Step, path: str) -> None:
     listed = {f.name for f in entry.files}
     if named != listed:
         odd = sorted(named ^ listed)[0]
-        raise CorruptError(f"[M-17] {os.path.join(path, odd)}: {METADATA_FILE} and the series "
+        raise CorruptError(f"[M-17] {os.path.join(path, odd)}: {METADATA} and the series "
                            f"manifest disagree on the step's rank files (one names it, the "
                            f"other does not)")
 
@@ -662,7 +651,7 @@ class InkSeriesWriter(InkStorageWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         task = plan.storage_data
-        if not isinstance(task, _Task) or not RANK_FILE.fullmatch(task.file):
+        if not isinstance(task, _Task) or not is_rank_file(task.file):
             raise InvalidArgumentError("the save plan was not prepared by InkSeriesWriter")
         whole = delta = None
         results: list[WriteResult] = []
@@ -764,7 +753,7 @@ class InkSeriesReader(InkStorageReader):
             path = self.series._path(step.dir, file.file)
             if not os.path.isfile(path):
                 raise CorruptError(f"[M-18] {path}: missing (named by "
-                                   f"{self.series._path(MANIFEST)})")
+                                   f"{self.series._path(SERIES_MANIFEST)})")
         return entry
 
     def read_metadata(self, *args: Any) -> Metadata:
@@ -790,7 +779,7 @@ class InkSeriesReader(InkStorageReader):
         for tensor_name, items in tensors.items():
             if tensor_name not in arrays:
                 raise CorruptError(f"[M-20] {path}: no tensor named {tensor_name!r}, which "
-                                   f"{METADATA_FILE} names")
+                                   f"{METADATA} names")
             self._serve(path, tensor_name, arrays.pop(tensor_name), items, planner)
 
     def report(self) -> list[dict]:

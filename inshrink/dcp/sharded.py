@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import re
 import shutil
 import time
 from typing import Any, Callable, Mapping
@@ -36,7 +35,8 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_state_dict)
 
-from .metadata import METADATA_FILE, read_metadata
+from .metadata import read_metadata
+from .names import METADATA, step_dir, step_of
 from .reader import InkStorageReader
 from .writer import InkStorageWriter
 from .. import errors
@@ -47,13 +47,11 @@ from ..torch.training import capture, decode
 __all__ = ["ShardedCheckpoints", "step_directory", "is_sharded"]
 
 _LOG = logging.getLogger("inshrink.torch")
-_STEP_DIR = re.compile(r"\Astep_([0-9]{12})\Z", re.ASCII)
 MAX_STEP = 10 ** 12 - 1
 
 
-def step_directory(step: int) -> str:
-    """The name of ``step``'s checkpoint directory."""
-    return f"step_{step:012d}"
+step_directory = step_dir
+"""The name of ``step``'s checkpoint directory (:func:`inshrink.dcp.names.step_dir`)."""
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
@@ -154,20 +152,20 @@ class ShardedCheckpoints:
             names = os.listdir(self.directory)
         except OSError:
             return {}
-        return {int(m.group(1)): os.path.join(self.directory, n)
-                for n in names if (m := _STEP_DIR.match(n))}
+        return {step: os.path.join(self.directory, n)
+                for n in names if (step := step_of(n)) is not None}
 
     def steps(self) -> list[int]:
         """Committed steps, ascending (as this rank sees the directory)."""
         return sorted(s for s, path in self._step_dirs().items()
-                      if os.path.isfile(os.path.join(path, METADATA_FILE)))
+                      if os.path.isfile(os.path.join(path, METADATA)))
 
     def latest(self) -> int | None:
         steps = self.steps()
         return steps[-1] if steps else None
 
     def path(self, step: int) -> str:
-        return os.path.join(self.directory, step_directory(step))
+        return os.path.join(self.directory, step_dir(step))
 
     # -- every rank agrees ----------------------------------------------------------------
 

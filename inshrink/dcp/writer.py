@@ -44,7 +44,8 @@ from ..io.arguments import resolve_threads
 from ..io.writer import Writer
 from ..torch.convert import dtype_name, to_numpy
 from .calls import checked_path, done
-from .metadata import BYTES_PREFIX, METADATA_FILE, RANK_FILE, RANK_TEMP
+from .metadata import BYTES_PREFIX
+from .names import METADATA, is_rank_file, is_rank_temporary, rank_file_name
 
 __all__ = ["InkStorageWriter"]
 
@@ -112,12 +113,12 @@ class InkStorageWriter(StorageWriter):
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         # the coordinator's save id names every rank's file, so all files of a save match
-        return [dataclasses.replace(plan, storage_data=f"rank{i:05d}-{self.save_id}.ink")
+        return [dataclasses.replace(plan, storage_data=rank_file_name(i, self.save_id))
                 for i, plan in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         file_name = plan.storage_data
-        if not isinstance(file_name, str) or not RANK_FILE.fullmatch(file_name):
+        if not is_rank_file(file_name):
             raise InvalidArgumentError("the save plan was not prepared by InkStorageWriter")
         results, _, _ = self._write_rank_file(plan.items, planner, file_name)
         return done(results)
@@ -182,7 +183,7 @@ class InkStorageWriter(StorageWriter):
         metadata.storage_data = storage
         metadata.storage_meta = self.storage_meta()
         metadata.version = "1.0.0"
-        with AtomicFile(os.path.join(self.path, METADATA_FILE)) as target:
+        with AtomicFile(os.path.join(self.path, METADATA)) as target:
             pickle.dump(metadata, target.file, protocol=pickle.HIGHEST_PROTOCOL)
         _remove_stale(self.path, files)
 
@@ -223,7 +224,7 @@ def _remove_stale(directory: str, keep: set[str]) -> None:
     """Remove rank files of earlier saves into this directory, and temporary files that a
     crashed save left (best effort: the new checkpoint is committed already)."""
     for name in os.listdir(directory):
-        if (RANK_FILE.fullmatch(name) and name not in keep) or RANK_TEMP.fullmatch(name):
+        if (is_rank_file(name) and name not in keep) or is_rank_temporary(name):
             try:
                 os.unlink(os.path.join(directory, name))
             except OSError:
