@@ -727,7 +727,7 @@ class InkSeriesWriter(InkStorageWriter):
             steps = steps[-self.series.keep:]  # a base is always newer: older ones can go
         self.series._write_manifest(steps)
         for name in replaced + self.series._debris(steps):  # only now: nothing lists them
-            remove(self.series._path(name))
+            remove(self.series._path(name), tree=True)
 
 
 class InkSeriesReader(InkStorageReader):

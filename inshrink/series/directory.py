@@ -26,12 +26,13 @@ def take_lock(directory: str, busy: str) -> int | None:
     return take_write_lock(os.path.join(directory, LOCK), directory, busy)
 
 
-def remove(path: str) -> None:
-    """Remove a file or directory the manifest no longer names, at best: what is left is only
-    debris, which the next writer removes, so a failure here does not fail what already
-    succeeded."""
+def remove(path: str, *, tree: bool = False) -> None:
+    """Remove a file the manifest no longer names (with ``tree``, a step directory too), at
+    best: what is left is only debris, which the next writer removes, so a failure here does
+    not fail what already succeeded. A directory is removed only with ``tree``: a series of
+    files never made one, so one named like its files is the user's."""
     try:
-        if os.path.isdir(path):
+        if tree and os.path.isdir(path):
             shutil.rmtree(path)
         else:
             os.unlink(path)
