@@ -18,7 +18,8 @@ from ..errors import InvalidArgumentError
 from ..encode.policy import Policy, resolve
 from ..search.choose import Search
 from ..search.space import Quality, SearchSpace
-from ..series.series import MAX_STEP, SEARCH_KEY as SEARCH_METADATA, Series
+from ..search.stored import SEARCH_KEY as SEARCH_METADATA
+from ..series.series import MAX_STEP, Series
 from ..torch.convert import to_torch
 from ..torch.gradients import GradientEMA
 from ..torch.quality import CRITERIA, quality_from
@@ -270,7 +271,11 @@ class Checkpointer:
                                                background=async_)
         else:
             self.series = Series(directory, policy, keyframe_every=keyframe_every,
-                                 threads=threads, search=self.search)
+                                 threads=threads)
+            latest = self.series.latest()
+            if self.search is not None and latest is not None:  # a resumed run
+                self.search.resume(self.series.metadata(latest),
+                                   f"{self.series.directory}, step {latest}")
         squares = self.search is not None and self.search.space.per_tensor_bins
         self._space = self.search.space if self.search is not None else None
         self.ema = GradientEMA(model, ema_beta, window=ema_window, squares=squares) \
@@ -424,9 +429,13 @@ class Checkpointer:
                                              if name.startswith(MODEL)})
         if hasattr(self.quality, "reset"):
             self.quality.reset()  # the model trained since the last save
-        self.series.save(step, state, metadata=metadata, importance=importance,
-                         quality=self.quality, curvature=curvature)
-        report = self.series.last_search.report if self.quality is not None else None
+        policy, report = None, None
+        if self.search is not None:
+            self.series.check_step(step)  # before a long search
+            result = self.search.choose(state, self.quality, importance, curvature)
+            policy, report = result.policy, result.report
+            metadata = {**metadata, **result.metadata()}
+        self.series.save(step, state, metadata=metadata, importance=importance, policy=policy)
         size = self.series.checkpoints()[-1].bytes
         if self.keep_last is not None:
             self.series.retain(self.keep_last)
@@ -520,7 +529,7 @@ class Checkpointer:
         load_state(tensors, metadata, self.model, self.optimizer)
         training.apply(self.scheduler, self.extra, self.rng)
         if self.search is not None:
-            self.search.previous = self.series.search_choice(step)
+            self.search.resume(metadata, f"{self.series.directory}, step {step}")
         self.peak_lr = _peak_lr(metadata) or self.peak_lr
         if self.ema is not None:
             self.ema.start_interval(self.ema.interval)

@@ -74,7 +74,7 @@ def _search_line(metadata: dict) -> str | None:
     """One line on the configuration search that chose this checkpoint's policy, if any.
 
     The report is metadata any writer may set: an unexpected shape is shown as raw text."""
-    from ..series.series import SEARCH_KEY
+    from ..search.stored import SEARCH_KEY
     raw = metadata.get(SEARCH_KEY)
     if raw is None:
         return None
