@@ -443,15 +443,23 @@ def test_bytes_read_back_from_a_tensor_entry_are_refused(tmp_path):
 
 def test_verify_reads_every_record_and_names_a_damaged_file(tmp_path):
     save({"w": torch.randn(64, 64), "step": 3}, tmp_path / "ckpt")
-    rows = verify(tmp_path / "ckpt")
-    assert {row["fqn"] for row in rows} == {"w", "step"}
+    assert verify(tmp_path / "ckpt") == []
+    assert {row["fqn"] for row in describe(tmp_path / "ckpt")} == {"w", "step"}
     path = tmp_path / "ckpt" / rank_file(tmp_path / "ckpt")
     data = bytearray(path.read_bytes())
     data[len(data) // 3] ^= 0xFF  # inside the tensor's records: the index still opens
     path.write_bytes(bytes(data))
     describe(tmp_path / "ckpt")  # reads the index only
-    with pytest.raises(errors.CorruptError, match=str(path)):
-        verify(tmp_path / "ckpt")
+    problems = verify(tmp_path / "ckpt")
+    assert len(problems) == 1 and problems[0].startswith(f"{path}: tensor ")
+    assert "ChecksumError" in problems[0] or "CorruptError" in problems[0]
+    path.unlink()  # a missing rank file: reported, not raised
+    problems = verify(tmp_path / "ckpt")
+    assert len(problems) == 1 and problems[0].startswith("CorruptError: ")
+    assert str(path) in problems[0] and "missing" in problems[0]
+    assert "not a DCP checkpoint" in verify(tmp_path)[0]  # no .metadata
+    with pytest.raises(errors.InvalidArgumentError):
+        verify(None)
 
 
 def test_consolidate_joins_the_shards_into_one_file(tmp_path):

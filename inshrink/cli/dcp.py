@@ -48,6 +48,7 @@ def _details(path: str, threads: int | None = None, verify: bool = False):
     checked against each file's index (decoded in full with ``verify``)."""
     from ..dcp.inspect import describe, verify as verify_checkpoint
     from ..dcp.metadata import read_metadata, read_metadata_file
+    from ..errors import CorruptError
     from ..io.file import File
     in_series = _series_step(path, threads)
     if in_series is not None:  # an older step's files are deltas: read through the series
@@ -58,8 +59,11 @@ def _details(path: str, threads: int | None = None, verify: bool = False):
                 series.decode(step, file.rank)
         metadata = read_metadata_file(path)
     else:
-        rows = _dcp_call(lambda: (verify_checkpoint(path, threads=threads) if verify
-                                  else describe(path)))
+        rows = _dcp_call(lambda: describe(path))
+        problems = _dcp_call(lambda: verify_checkpoint(path, threads=threads)) if verify \
+            else []
+        if problems:
+            raise CorruptError("; ".join(problems))
         metadata = read_metadata(path)
     infos = {}
     for name in sorted({r["file"] for r in rows}):

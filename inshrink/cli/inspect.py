@@ -130,10 +130,10 @@ def _verify_file(path: str, args) -> dict:
     try:
         check_ink(path)
         with File(path, threads=args.threads, mmap=False) as f:
-            f.verify()
+            problems = f.verify()
             return file_entry(path, None, os.path.getsize(path), 0,
                               format_version=f.format_version, metadata=f.metadata,
-                              tensors=f.infos())
+                              tensors=f.infos(), error="; ".join(problems) or None)
     except (InshrinkError, OSError) as exc:
         return file_entry(path, None, size_or_zero(path), 0,
                           error=error_entry_message(exc, args))

@@ -8,7 +8,7 @@ from typing import Iterator, Mapping
 
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
 
-from ..errors import CorruptError
+from ..errors import CorruptError, InshrinkError, InvalidArgumentError
 from ..io.file import File
 from ..io.info import TensorInfo
 from ..torch.convert import dtype_name
@@ -87,7 +87,7 @@ def _check_info(path: str, info: TensorInfo, metadata: Metadata, fqn: str,
                            f"metadata says {expected[0]}{list(expected[1])}")
 
 
-def verify(path: str | os.PathLike, threads: int | None = None) -> list[dict]:
+def verify(path: str | os.PathLike, threads: int | None = None) -> list[str]:
     """Check a committed checkpoint completely: every file named by the metadata exists and
     decodes with every checksum right, and every chunk is stored with its dtype and sizes.
 
@@ -100,18 +100,28 @@ def verify(path: str | os.PathLike, threads: int | None = None) -> list[dict]:
 
     Returns
     -------
-    list of dict
-        What :func:`describe` returns.
+    list of str
+        The problems found, each naming its file (``ErrorClass: message``); empty when the
+        checkpoint checks. What it holds is :func:`describe`'s.
 
     Raises
     ------
-    InshrinkError
-        The first problem found (:class:`IncompleteCheckpointError`, :class:`CorruptError`
-        and its subclasses), naming the file.
+    InvalidArgumentError
+        ``path`` is not a path.
     """
-    rows = describe(path)
-    for name in sorted({row["file"] for row in rows}):
-        file_path = os.path.join(os.fspath(path), name)
-        with named(file_path, lambda: File(file_path, threads=threads)) as f:
-            named(file_path, f.verify)
-    return rows
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgumentError("path must be a str or os.PathLike")
+    path = os.fspath(path)
+    try:
+        metadata = read_metadata(path)
+        describe_metadata(metadata, path)
+    except InvalidArgumentError:
+        raise
+    except (InshrinkError, OSError) as exc:  # no metadata, a missing file, a wrong index
+        return [f"{type(exc).__name__}: {exc}"]
+    problems = []
+    for name in sorted({e["file"] for e in metadata.storage_data.values()}):
+        file_path = os.path.join(path, name)
+        with File(file_path, threads=threads) as f:
+            problems += [f"{file_path}: {problem}" for problem in f.verify()]
+    return problems

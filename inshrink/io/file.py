@@ -15,8 +15,8 @@ from ..codecs.quant import Quant
 from ..container import layout
 from ..container.index import TensorEntry
 from ..container.reader import ContainerReader
-from ..errors import (BaseMismatchError, InvalidArgumentError, LimitExceededError,
-                      TensorNotFoundError)
+from ..errors import (BaseMismatchError, InshrinkError, InvalidArgumentError,
+                      LimitExceededError, TensorNotFoundError)
 from .arguments import Progress, check_progress, resolve_threads
 from .info import TensorInfo
 from .threads import executor, in_order, share
@@ -396,25 +396,46 @@ class File:
         return {name: out.view(e.dtype.numpy).reshape(e.shape)
                 for (name, e), out in zip(entries.items(), outs)}
 
-    def verify(self) -> None:
-        """Read and decode every record, checking every checksum and size; raise on a problem.
+    def verify(self) -> list[str]:
+        """Read and decode every record, checking every checksum and size.
 
+        Returns
+        -------
+        list of str
+            The problems found, one per damaged tensor (``tensor 'name': ErrorClass:
+            message``); empty when every record checks. Every ``verify`` of the library
+            answers this way (series, sharded checkpoints and their series too).
+
+        Raises
+        ------
+        OSError
+            The file could not be read (a problem of the storage, not of the file).
+
+        Notes
+        -----
         A delta tensor whose base was not given is checked down to its streams (checksums,
         zstd frames, sizes); combining it with the base needs ``base``/``base_codes``.
         """
+        problems = []
         self._begin_read()
         try:
             for name, entry in self._entries.items():
-                pipeline = self._pipelines[name]
-                if pipeline.is_delta and not self._has_base(entry, pipeline):
-                    for c in range(entry.chunk_count):
-                        chunks = [stream[c] for stream in entry.streams]
-                        for chunk, payload in zip(chunks, self._reader.read_chunks(chunks)):
-                            pipeline.entropy.decode(chunk[4], payload, chunk[3])
-                else:
-                    self._stream(entry, lambda start, chunk: None, None, True)
+                try:
+                    self._verify_entry(entry, self._pipelines[name])
+                except InshrinkError as exc:
+                    problems.append(f"tensor {name!r}: {type(exc).__name__}: {exc}")
         finally:
             self._end_read()
+        return problems
+
+    def _verify_entry(self, entry: TensorEntry, pipeline: Pipeline) -> None:
+        if pipeline.is_delta and not self._has_base(entry, pipeline):
+            for c in range(entry.chunk_count):
+                chunks = [stream[c] for stream in entry.streams]
+                for chunk, payload in zip(chunks, self._reader.read_chunks(chunks)):
+                    pipeline.entropy.decode(chunk[4], payload, chunk[3])
+        else:
+            self._stream(entry, lambda start, chunk: None, None, True)
 
     def _has_base(self, entry: TensorEntry, pipeline: Pipeline) -> bool:
         codes = isinstance(pipeline.delta, deltas.CodeDelta)
