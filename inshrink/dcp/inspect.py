@@ -29,20 +29,12 @@ def _chunks(metadata: Metadata) -> Iterator[tuple[MetadataIndex, tuple[int, ...]
 
 
 def describe(path: str | os.PathLike) -> list[dict]:
-    """What a committed checkpoint holds, chunk by chunk, without decoding any data.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        The checkpoint directory.
-
-    Returns
-    -------
-    list of dict
-        One per stored chunk: ``fqn``, ``offsets`` and ``sizes`` (None for a non-tensor item),
-        ``file``, ``tensor`` (its name in the file), ``dtype``, ``codec``, ``nbytes``,
-        ``stored_bytes``, ``role`` and ``error`` (the error the encoder measured for a lossy
-        shard: ``max_abs_error``, ``rel_l2_error``...; None for a lossless one).
+    """What the committed checkpoint in the directory ``path`` holds, chunk by chunk, without
+    decoding any data: a list of dicts, one per stored chunk, with ``fqn``, ``offsets`` and
+    ``sizes`` (None for a non-tensor item), ``file``, ``tensor`` (its name in the file),
+    ``dtype``, ``codec``, ``nbytes``, ``stored_bytes``, ``role`` and ``error`` (the error the
+    encoder measured for a lossy shard: ``max_abs_error``, ``rel_l2_error``...; None for a
+    lossless one).
     """
     return describe_metadata(read_metadata(path), os.fspath(path))
 

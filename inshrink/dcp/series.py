@@ -75,7 +75,7 @@ from torch.futures import Future
 
 from .. import digest as _digest
 from ..atomic import release_write_lock
-from .calls import done, named
+from .calls import done, make_directory, named
 from .consolidation import RankFiles, checked_output, consolidate_to
 from .inspect import describe_metadata
 from .metadata import read_metadata_file
@@ -642,11 +642,7 @@ class InkSeriesWriter(InkStorageWriter):
             tasks.append(dataclasses.replace(plan, storage_data=_Task(
                 plan.storage_data, None if old is None else (
                     os.path.join(previous.dir, old.file), old.sha256))))
-        try:
-            os.makedirs(self.path, exist_ok=True)
-        except OSError as exc:
-            raise InvalidArgumentError(f"{self.path}: cannot create the step directory: "
-                                       f"{exc.strerror or exc}") from None
+        make_directory(self.path, "step directory")
         return tasks
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
