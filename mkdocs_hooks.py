@@ -28,7 +28,8 @@ from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parent
 DOCS = "docs"
-# repository files outside docs/ that are pages of the site: the site's path of each
+# repository files outside docs/ that are pages of the site: the site's path of each (a link
+# to any other Markdown file outside docs/ is reported as broken: add the file here)
 PAGES = {
     "README.md": "index.md",
     "spec/FORMAT.md": "spec/FORMAT.md",
@@ -39,7 +40,8 @@ PAGES = {
     "CHANGELOG.md": "CHANGELOG.md",
 }
 # an inline link or image: ``[text](target)`` or ``[text](target "title")``
-LINK = re.compile(r"(!?\[(?P<text>(?:[^\[\]]|\[[^\[\]]*\])*)\])\((?P<target>[^()\s]+)(?P<title>\s+\"[^\"]*\")?\)")
+LINK = re.compile(r"!?\[(?P<text>(?:[^\[\]]|\[[^\[\]]*\])*)\]"
+                  r"\((?P<target>[^()\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^\s*(```|~~~)")
 # ":func:" + <code>~name</code>, as Markdown renders a docstring's :func:`~name`
 ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|exc|obj):(<code>)~?")
@@ -62,7 +64,8 @@ def index_pages(repo_dir: str) -> list[str]:
     """The site paths an index page of the repository folder ``repo_dir`` would have."""
     if repo_dir == DOCS or repo_dir.startswith(DOCS + "/"):
         repo_dir = repo_dir[len(DOCS) + 1:]
-    return [posixpath.normpath(posixpath.join(repo_dir, name)) for name in ("index.md", "README.md")]
+    return [posixpath.normpath(posixpath.join(repo_dir, name))
+            for name in ("index.md", "README.md")]
 
 
 def repo_target(page_repo_path: str, target: str) -> tuple[str, str] | None:
@@ -109,7 +112,8 @@ def on_files(files: Files, config: Any) -> Files:
             if found is None or site_path(found[0]) is not None:
                 continue
             source = ROOT / found[0]
-            if source.is_file() and files.get_file_from_path(found[0]) is None:
+            if (source.is_file() and source.suffix != ".md"
+                    and files.get_file_from_path(found[0]) is None):
                 files.append(File.generated(config, found[0], abs_src_path=str(source)))
     return files
 
