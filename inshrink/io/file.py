@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -192,6 +192,7 @@ class File:
         thread decodes too (see :meth:`_share`); a failure raises the error of the first chunk
         in order that fails, as one thread would.
         """
+        self._check_bases(entries)
         headers = self._reader.expected_headers(
             [chunk for entry in entries for stream in entry.streams for chunk in stream])
         # job i: chunk cs[i] of tensors[i] into views[i], its records' headers from
@@ -262,6 +263,7 @@ class File:
     def _stream(self, entry: TensorEntry, sink: Callable[[int, np.ndarray], None],
                 progress: Progress | None, in_order: bool) -> None:
         """:meth:`read_into` of an open file's read."""
+        self._check_bases([entry])
         itemsize = entry.dtype.itemsize
 
         def decode(c: int) -> tuple[int, np.ndarray]:
@@ -319,14 +321,32 @@ class File:
         return self.base["file"] if self.base else "a base"
 
     def _chunk_base_codes(self, entry: TensorEntry, c: int) -> np.ndarray:
+        start, stop = entry.chunk_range(c)
+        return self._base_codes_of(entry)[start:stop]
+
+    def _base_codes_of(self, entry: TensorEntry) -> np.ndarray:
+        """The base codes a code delta tensor decodes against (rule B-2: given, one per
+        element; the base tensor's dtype and shape do not matter, the codes index the delta
+        tensor's own levels)."""
         codes = None if self._base_codes is None else self._base_codes.get(entry.name)
         if (not isinstance(codes, np.ndarray) or codes.dtype != np.uint16
                 or codes.shape != (entry.numel,)):
             raise BaseMismatchError(f"[B-2] {self.path}: tensor {entry.name!r} is a code delta "
                                     f"against {self._base_name()}, whose codes of it were not "
                                     f"given")
-        start, stop = entry.chunk_range(c)
-        return codes[start:stop]
+        return codes
+
+    def _check_bases(self, entries: Iterable[TensorEntry]) -> None:
+        """Rules B-1 and B-2 for the delta tensors among ``entries``, before any record is
+        read: also for an empty tensor, which has no chunk to check them at."""
+        for entry in entries:
+            pipeline = self._pipelines[entry.name]
+            if not pipeline.is_delta:
+                continue
+            if isinstance(pipeline.delta, deltas.CodeDelta):
+                self._base_codes_of(entry)
+            else:
+                self._base_bytes(entry)
 
     def codes(self, name: str) -> np.ndarray:
         """The quantization codes of a lossy tensor (uint16, one per element), as a series
@@ -338,6 +358,8 @@ class File:
         out = np.empty(entry.numel, np.uint16)
         self._begin_read()
         try:
+            if pipeline.is_delta:
+                self._check_bases([entry])
             for c in range(entry.chunk_count):
                 start, stop = entry.chunk_range(c)
                 ref = self._chunk_base_codes(entry, c) if pipeline.is_delta else None
