@@ -104,16 +104,23 @@ class InkCheckpointIO(CheckpointIO):
         self.policy = policy
         self.threads = threads
         self.reports: dict[str, list[TensorInfo]] = {}
-        self._lock = threading.Lock()  # AsyncCheckpointIO saves from its own thread
+        self._start()
+
+    def _start(self) -> None:
+        # AsyncCheckpointIO saves from its own thread while Lightning removes from the
+        # training thread: paths being written, removals of saves still queued, and whether
+        # saves ever ran on another thread than a removal (see remove_checkpoint)
+        self._lock = threading.Condition()
+        self._writing: dict[str, int] = {}
+        self._cancelled: dict[str, int] = {}
+        self._save_threads: set[int] = set()
 
     def __getstate__(self) -> dict:  # spawned processes get a copy: locks do not pickle
-        state = dict(self.__dict__)
-        del state["_lock"]
-        return state
+        return {"policy": self.policy, "threads": self.threads, "reports": self.reports}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._start()
 
     @property
     def last_report(self) -> list[TensorInfo] | None:
@@ -153,12 +160,25 @@ class InkCheckpointIO(CheckpointIO):
                                            f"{{'policy': ...}}, got {storage_options!r}")
             policy = storage_options.get("policy", policy)
         arrays, document = _encode(checkpoint)
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        report = api.save(path, arrays, {CHECKPOINT_METADATA: document}, policy=policy,
-                          threads=self.threads)
         with self._lock:
-            self.reports.pop(path, None)  # re-inserted last: last_report is the newest
-            self.reports[path] = report
+            self._save_threads.add(threading.get_ident())
+            if self._cancelled.get(path):  # removed while it waited in AsyncCheckpointIO
+                self._cancelled[path] -= 1
+                return
+            self._writing[path] = self._writing.get(path, 0) + 1
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            report = api.save(path, arrays, {CHECKPOINT_METADATA: document}, policy=policy,
+                              threads=self.threads)
+            with self._lock:
+                self.reports.pop(path, None)  # re-inserted last: last_report is the newest
+                self.reports[path] = report
+        finally:
+            with self._lock:
+                self._writing[path] -= 1
+                if not self._writing[path]:
+                    del self._writing[path]
+                self._lock.notify_all()
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -211,16 +231,29 @@ class InkCheckpointIO(CheckpointIO):
     # -- removing ----------------------------------------------------------------------------
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
-        """Delete the file at ``path`` (nothing if there is none), and its report."""
+        """Delete the file at ``path`` and its report; a save of ``path`` still to come from
+        ``AsyncCheckpointIO``'s thread is skipped.
+
+        Lightning's ``AsyncCheckpointIO`` queues saves but removes at once, so that
+        ``ModelCheckpoint(save_top_k=...)`` may remove a checkpoint before it is written
+        (Lightning issue #14035), and the file would stay. Here a removal waits for a save
+        of the same path in progress, and a removal of a path with no file while saves run
+        on another thread cancels the next save of that path: ``ModelCheckpoint`` removes only
+        paths it asked to save. Without saves on another thread, a missing file is nothing
+        to do.
+        """
         path = _local(path)
         if os.path.isdir(path) and not os.path.islink(path):
             raise InvalidArgumentError(f"{path} is a directory: InkCheckpointIO writes single "
                                        f"files and removes nothing else")
-        try:
-            os.remove(path)
-        except FileNotFoundError:
-            pass
         with self._lock:
+            while path in self._writing:
+                self._lock.wait()
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                if self._writing or self._save_threads - {threading.get_ident()}:
+                    self._cancelled[path] = self._cancelled.get(path, 0) + 1
             self.reports.pop(path, None)
 
 
