@@ -44,6 +44,7 @@ def test_a_lazy_face_page_names_each_name_in_its_module(face, page):
 
 @pytest.mark.parametrize("module,page", [("inshrink.errors", "errors.md"),
                                          ("inshrink.numcodecs", "numcodecs.md"),
-                                         ("inshrink.zarr", "zarr.md")])
+                                         ("inshrink.zarr", "zarr.md"),
+                                         ("inshrink.lightning", "lightning.md")])
 def test_a_module_page_renders_the_whole_module(module, page):
     assert module in documented(page)
