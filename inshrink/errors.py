@@ -62,6 +62,11 @@ class IncompleteCheckpointError(TruncatedError):
     """A multi-file checkpoint lacks the commit marker written last: its save did not finish."""
 
 
+class LossyFallbackWarning(UserWarning):
+    """A lossy codec stored data exactly: no setting it may use met its error bound (it
+    compresses less than asked, loses nothing)."""
+
+
 def with_path(exc: InshrinkError, path: str | os.PathLike) -> InshrinkError:
     """``exc`` with its message prefixed by ``path`` unless it names it already (a reader's
     error says what is wrong; which file is wrong is the caller's to say)."""
