@@ -185,7 +185,7 @@ class Checkpointer:
         None in the sharded mode.
     seconds : float
         Time spent in :meth:`save` so far (the checkpointing overhead; with ``async_``, the
-        time training was blocked).
+        time training was blocked, waits for the previous save included).
     last_report : dict or None
         What the latest finished save reported (see :meth:`save`).
 
@@ -375,14 +375,19 @@ class Checkpointer:
         -------
         dict
             ``step``, ``bytes`` (of the new file; in sharded mode, of the step's directory),
-            ``search`` (the search's report, or None) and ``seconds`` (this call: in async
-            mode, the time training was blocked; ``bytes`` and ``search`` are then None and
-            :meth:`wait` returns them).
+            ``search`` (the search's report, or None) and ``seconds`` (this call, the wait
+            for the previous save included: in async mode, the time training was blocked;
+            ``bytes`` and ``search`` are then None and :meth:`wait` returns them).
         """
-        self.wait()
+        # the wait for the previous save is time training is blocked: counted from here
+        started = time.perf_counter()
+        try:
+            self.wait()
+        except BaseException:
+            self.seconds += time.perf_counter() - started
+            raise
         if self._closed:
             raise InvalidArgumentError("save after close(): this Checkpointer is closed")
-        started = time.perf_counter()
         if not self._announced:
             _LOG.info("Checkpointer(%s): %s", self.directory, self.mode())
             self._announced = True
