@@ -115,6 +115,8 @@ def read_all(path, threads: int = 1, use_mmap: bool = True):
                 return "error", problem_class(problems[0]), stage
             return "ok", f.metadata, arrays
     except InshrinkError as exc:
+        # which file is damaged is part of every error (a user loads many), after the rule id
+        assert os.fspath(path) in str(exc), f"{stage}: {exc!r} does not name {path}"
         return "error", type(exc), stage
 
 
@@ -296,6 +298,29 @@ def test_directory_path(tmp_path):
         read_all(tmp_path)
     with pytest.raises((InshrinkError, IsADirectoryError, PermissionError)):
         inshrink.load(tmp_path)
+
+
+@pytest.mark.parametrize("content", [b"random bytes " * 400, "truncated", "bad chunk"])
+def test_errors_of_load_and_file_name_the_file_after_the_rule(sample, tmp_path, monkeypatch,
+                                                              content):
+    if content == "truncated":
+        content = sample.data[:len(sample.data) // 2]
+    elif content == "bad chunk":  # a payload byte: found when the tensor is read
+        offset, doc = ink_repair.read_index(sample.data)
+        start = doc["tensors"][0]["streams"][0][0][0]
+        damaged = bytearray(sample.data)
+        damaged[start + RECORD] ^= 0xFF
+        content = bytes(damaged)
+    monkeypatch.chdir(tmp_path)
+    Path("random.bin").write_bytes(content)
+    for read in (inshrink.load, lambda p: inshrink.File(p).load(),
+                 lambda p: inshrink.open(p, threads=4).load()):
+        with pytest.raises(CorruptError) as caught:
+            read("random.bin")
+        text = str(caught.value)
+        assert "random.bin" in text, text
+        # the spec's rule id stays first
+        assert text.startswith("[") and "] random.bin: " in text, text
 
 
 def test_nonexistent_path(tmp_path):

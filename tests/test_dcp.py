@@ -304,8 +304,13 @@ def test_a_save_that_never_committed_is_refused_naming_the_marker(tmp_path):
     os.unlink(tmp_path / "ckpt" / METADATA_FILE)
     with pytest.raises(errors.IncompleteCheckpointError, match=r"ckpt/\.metadata"):
         read_metadata(tmp_path / "ckpt")
-    with pytest.raises(CheckpointException, match=r"\.metadata is missing"):
+    # dcp.load turns what read_metadata raises into an AssertionError inside its collective
+    # step: the reader refuses an uncommitted checkpoint when it is made, before dcp.load
+    with pytest.raises(errors.IncompleteCheckpointError, match=r"ckpt/\.metadata is missing"):
         load({"w": torch.zeros(3, 3)}, tmp_path / "ckpt")
+    with pytest.raises(errors.IncompleteCheckpointError):  # checkpoint_id= resets the reader
+        dcp.load({"w": torch.zeros(3, 3)}, storage_reader=InkStorageReader(tmp_path / "new"),
+                 checkpoint_id=tmp_path / "ckpt", no_dist=True)
 
 
 def test_a_rank_file_name_with_a_non_ascii_digit_is_not_a_rank_file(tmp_path):
@@ -395,6 +400,9 @@ def test_a_missing_rank_file_is_named(tmp_path):
     os.unlink(tmp_path / "ckpt" / name)
     with pytest.raises(errors.CorruptError, match=f"{name}: missing"):
         read_metadata(tmp_path / "ckpt")
+    # a file the committed metadata names is gone: incomplete, typed, before dcp.load's steps
+    with pytest.raises(errors.IncompleteCheckpointError, match=f"{name}: missing"):
+        load({"w": torch.zeros(2)}, tmp_path / "ckpt")
 
 
 def test_a_truncated_rank_file_is_a_typed_error_naming_it(tmp_path):

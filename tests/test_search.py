@@ -956,3 +956,18 @@ def test_bounded_is_not_used_for_a_higher_is_better_quality_and_is_checked(monot
             return 2.0  # not a (value, complete) pair
     with pytest.raises(InvalidArgumentError, match="bounded"):
         Search(0.01, max_evals=3).choose(STATE, Broken())
+
+
+def test_every_report_mode_is_documented():
+    # the modes the search code writes into a report (mode="...", "mode": "...", and the
+    # walks' returned mode), each a row of docs/search.md's table
+    import pathlib
+    import re
+    root = pathlib.Path(__file__).resolve().parent.parent
+    code = "".join(p.read_text() for p in sorted((root / "inshrink" / "search").glob("*.py")))
+    modes = set(re.findall(r'mode="(\w+)"', code)) | set(re.findall(r'"mode": "(\w+)"', code))
+    modes |= set(re.findall(r'return [^\n]*, "(\w+)"\n', code))
+    assert {"guided", "neighbourhood", "fallback", "proxy", "none"} <= modes, modes
+    doc = (root / "docs" / "search.md").read_text()
+    rows = set(re.findall(r"^\| `(\w+)` \|", doc, re.M))
+    assert modes <= rows, modes - rows

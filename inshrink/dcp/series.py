@@ -603,6 +603,9 @@ class InkSeriesWriter(InkStorageWriter):
         self.step = step
         self._pending: tuple[str, Step | None] | None = None  # the coordinator's decision
 
+    def _refuse_incomplete(self) -> None:
+        pass  # an older step's rank files are deltas: read_metadata checks the manifest's
+
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id and os.fspath(checkpoint_id) != self.path:
             raise InvalidArgumentError(f"a series writer saves into {self.path}; no "
@@ -736,6 +739,9 @@ class InkSeriesReader(InkStorageReader):
         self.series = series
         self.step = step
         self._entry: Step | None = None
+
+    def _refuse_incomplete(self) -> None:
+        pass  # an older step's rank files are deltas: read_metadata checks the manifest's
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id and os.fspath(checkpoint_id) != self.path:

@@ -2,6 +2,7 @@
 only that tensor's records (the chains are validated by :mod:`inshrink.codecs.chain`)."""
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -16,7 +17,7 @@ from ..container import layout
 from ..container.index import TensorEntry
 from ..container.reader import ContainerReader
 from ..errors import (BaseMismatchError, InshrinkError, InvalidArgumentError,
-                      LimitExceededError, TensorNotFoundError)
+                      LimitExceededError, TensorNotFoundError, with_path)
 from .arguments import Progress, check_progress, resolve_threads
 from .info import TensorInfo
 from .threads import executor, in_order, share
@@ -28,6 +29,26 @@ from .threads import executor, in_order, share
 # switches per load, against 55-61 ms with one; a 64 KiB chunk's zstd alone takes about as
 # long as its Python).
 _SHARED_CHUNK_BYTES = 64 << 10
+
+
+def _named(exc: InshrinkError, path: str | os.PathLike) -> InshrinkError:
+    """``exc`` naming the file (:func:`~inshrink.errors.with_path`), raised from where
+    ``exc`` was: a user reading many files learns which one is damaged."""
+    if not isinstance(path, (str, bytes, os.PathLike)):  # the error is about the path
+        return exc
+    return with_path(exc, path).with_traceback(exc.__traceback__)
+
+
+def _naming_the_file(method: Callable) -> Callable:
+    """A read of :class:`File` whose errors name its file (decoders and checks below it
+    say what is wrong, not where)."""
+    @functools.wraps(method)
+    def named(self: "File", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except InshrinkError as exc:
+            raise _named(exc, self.path) from exc.__cause__
+    return named
 
 
 class File:
@@ -68,15 +89,20 @@ class File:
                 raise InvalidArgumentError(f"{what} must be a mapping of tensor names to "
                                            f"arrays or None, got {type(value).__name__}")
         self._base, self._base_codes = base, base_codes
-        self._reader = ContainerReader(path)
+        try:
+            self._reader = ContainerReader(path)
+        except InshrinkError as exc:
+            raise _named(exc, path) from exc.__cause__
         try:
             self._entries = {e.name: e for e in self._reader.index.tensors}
             has_base = self._reader.index.base is not None
             known: dict = {}
             self._pipelines = {name: pipeline_for(e, has_base, known)
                                for name, e in self._entries.items()}
-        except BaseException:
+        except BaseException as exc:
             self._reader.close()
+            if isinstance(exc, InshrinkError):
+                raise _named(exc, self._reader.path) from exc.__cause__
             raise
         self._pool = executor(self._threads)
         # one item per load or read_into whose jobs may still run on the pool (see close):
@@ -147,6 +173,7 @@ class File:
     def __getitem__(self, name: str) -> np.ndarray:
         return self.read(name)
 
+    @_naming_the_file
     def read(self, name: str, progress: Progress | None = None) -> np.ndarray:
         """Decode one tensor into a new array (raises for a corrupt or truncated file)."""
         entry = self._entry(name)
@@ -242,6 +269,7 @@ class File:
         (:func:`inshrink.io.threads.share`)."""
         share(self._pool, self._in_flight, run, sizes, helpers, _SHARED_CHUNK_BYTES, progress)
 
+    @_naming_the_file
     def read_into(self, name: str, sink: Callable[[int, np.ndarray], None],
                   progress: Progress | None = None, *, in_order: bool = True) -> None:
         """Decode a tensor chunk by chunk: ``sink(byte_offset, uint8 chunk)`` for each chunk.
@@ -348,6 +376,7 @@ class File:
             else:
                 self._base_bytes(entry)
 
+    @_naming_the_file
     def codes(self, name: str) -> np.ndarray:
         """The quantization codes of a lossy tensor (uint16, one per element), as a series
         needs them to decode the next checkpoint's code deltas. Reads only the codes."""
@@ -390,6 +419,7 @@ class File:
                                     f"{entry.dtype.name}{list(entry.shape)}")
         return np.ascontiguousarray(base).reshape(-1).view(np.uint8)
 
+    @_naming_the_file
     def load(self, progress: Progress | None = None,
              names: list[str] | None = None) -> dict[str, np.ndarray]:
         """Decode every tensor, or those in ``names`` (chunks of all tensors share the thread
@@ -418,6 +448,7 @@ class File:
         return {name: out.view(e.dtype.numpy).reshape(e.shape)
                 for (name, e), out in zip(entries.items(), outs)}
 
+    @_naming_the_file
     def verify(self) -> list[str]:
         """Read and decode every record, checking every checksum and size.
 
