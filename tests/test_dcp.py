@@ -463,7 +463,7 @@ def test_verify_reads_every_record_and_names_a_damaged_file(tmp_path):
     assert "ChecksumError" in problems[0] or "CorruptError" in problems[0]
     path.unlink()  # a missing rank file: reported, not raised
     problems = verify(tmp_path / "ckpt")
-    assert len(problems) == 1 and problems[0].startswith("CorruptError: ")
+    assert len(problems) == 1 and problems[0].startswith("IncompleteCheckpointError: ")
     assert str(path) in problems[0] and "missing" in problems[0]
     assert "not a DCP checkpoint" in verify(tmp_path)[0]  # no .metadata
     with pytest.raises(errors.InvalidArgumentError):
