@@ -31,8 +31,10 @@ configuration the table gives the ratio of the whole series (raw fp32 bytes of e
 checkpoint's model and optimizer tensors / the series' file bytes; weights and optimizer
 state alone from the per-tensor stored bytes), the mean degradation over the seeds with its
 min and max, and a verdict against the **noise band** of the task: ``band = max |d| + 2 std(d)``
-over the jitter runs' degradations ``d``. "within noise" if ``|mean| <= band``, else
-"worse" (mean > band) or "better" (mean < −band).
+over the jitter runs' degradations ``d``. "within noise" if ``|mean| <= band``; "worse" if
+``mean − 2 sem > band`` (sem = std / sqrt(seeds) of the configuration's own degradations: the
+seeds agree that it is above the band), "better" if ``mean + 2 sem < −band``; otherwise
+"unclear" (outside the band, but the seeds scatter too much: more seeds would tell).
 
 Usage::
 
@@ -185,6 +187,21 @@ def _stats(values: list[float]) -> dict:
             "std": float(a.std(ddof=1)) if len(a) > 1 else 0.0}
 
 
+def verdict_of(deg: dict, band: float) -> str:
+    """A configuration's verdict from its degradation statistics over the seeds: "within
+    noise" if ``|mean| <= band``; "worse" if even ``mean - 2 sem`` (sem: the standard error
+    of the mean over the seeds) is above the band, "better" if ``mean + 2 sem`` is below
+    ``-band``; else "unclear": outside the band, but the seeds scatter too much to say."""
+    mean, sem = deg["mean"], deg["std"] / math.sqrt(deg["n"])
+    if abs(mean) <= band:
+        return "within noise"
+    if mean - 2 * sem > band:
+        return "worse"
+    if mean + 2 * sem < -band:
+        return "better"
+    return "unclear"
+
+
 def summarize(runs: list[dict]) -> dict:
     """Per task: the noise band and, per configuration, ratio and degradation statistics."""
     out = {}
@@ -214,9 +231,8 @@ def summarize(runs: list[dict]) -> dict:
         table = {}
         for label, c in per_config.items():
             s = _stats(c["deg"])
-            verdict = "" if band is None or c["kind"] in ("jitter", "lossless") else (
-                "within noise" if abs(s["mean"]) <= band else
-                "worse" if s["mean"] > 0 else "better")
+            verdict = "" if band is None or c["kind"] in ("jitter", "lossless") else \
+                verdict_of(s, band)
             table[label] = {
                 "kind": c["kind"], "degradation": s, "verdict": verdict,
                 "delta_acc_pt": _stats(c["dacc"]) if c["dacc"] else None,
@@ -374,7 +390,11 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict] = []
     if args.resume and os.path.exists(args.out):
         with open(args.out) as fh:
-            runs = json.load(fh)["runs"]
+            previous = json.load(fh)
+        runs = previous["runs"]
+        # the first invocation's setup (its date and load) stays; this one's argv is added
+        setup = {**previous.get("setup", {}), "resumed": setup["argv"],
+                 "resumed_date": setup["date"]}
     done = {(r["task"], r["config"], r["seed"], r["draw"]) for r in runs}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
 
@@ -400,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         setup["load_end"] = os.getloadavg()
         _save_json(args.out, setup, runs)
 
+    if not plan and runs:  # --resume with nothing left: the summary as this code computes it
+        _save_json(args.out, setup, runs)
     summary = summarize(runs)
     for task, s in summary.items():
         for label, c in s["configs"].items():

@@ -107,3 +107,13 @@ def test_tiny_runs_lossless_is_ref_and_preset_compresses(tmp_path):
     assert band > 0
     table = bf.markdown({name: summary})
     assert "bit-identical to ref" in table and "| compact |" in table
+
+
+def test_verdicts():
+    def deg(mean, std, n=3):
+        return {"mean": mean, "std": std, "n": n}
+    assert bf.verdict_of(deg(0.001, 0.05), 0.002) == "within noise"
+    assert bf.verdict_of(deg(-0.002, 0.0), 0.002) == "within noise"
+    assert bf.verdict_of(deg(0.05, 0.001), 0.002) == "worse"
+    assert bf.verdict_of(deg(-0.05, 0.001), 0.002) == "better"
+    assert bf.verdict_of(deg(0.01, 0.02), 0.002) == "unclear"  # seeds disagree
