@@ -94,6 +94,7 @@ def _segment_sums(values: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> 
     return np.cumsum(rows, axis=0)[-1].T
 
 
+@np.errstate(all="ignore")  # (as the kernel: no warnings of underflow)
 def kmeans_numpy(points: np.ndarray, weights: np.ndarray, uniforms: np.ndarray,
                  centroids: np.ndarray, max_iter: int, tol: float) -> tuple[int, int]:
     """:func:`inshrink.kernels.quant.kmeans_1d` in numpy, with the same centroids to the bit

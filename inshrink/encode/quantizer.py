@@ -135,6 +135,7 @@ class QuantEncoder:
         return math.sqrt(float(np.dot(counts, (values - decoded) ** 2)) / sketch.sumsq)
 
 
+@np.errstate(all="ignore")  # (the kernel raises and warns of nothing either)
 def quantize_numpy(x: np.ndarray, boundaries: np.ndarray, table: np.ndarray,
                    protect_at: float, prune_below: float, zero_code: int, escape: int,
                    force: np.ndarray | None, codes: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -143,14 +144,13 @@ def quantize_numpy(x: np.ndarray, boundaries: np.ndarray, table: np.ndarray,
     them): what a process does before it has quantized enough to compile the kernel
     (:data:`~.sketch.NUMPY_ELEMENTS`). Returns the escaped positions."""
     v = x.astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        rank = np.searchsorted(boundaries, v, side="left")  # (a NaN's is never used)
-        code = np.where((-prune_below < v) & (v < prune_below), zero_code, rank)
-        escaped = ~((-protect_at < v) & (v < protect_at))  # also NaN
-        if force is not None:
-            code[force == 2] = zero_code
-            escaped |= force == 1
-        escaped |= code == escape
+    rank = np.searchsorted(boundaries, v, side="left")  # (a NaN's is never used)
+    code = np.where((-prune_below < v) & (v < prune_below), zero_code, rank)
+    escaped = ~((-protect_at < v) & (v < protect_at))  # also NaN
+    if force is not None:
+        code[force == 2] = zero_code
+        escaped |= force == 1
+    escaped |= code == escape
     positions = np.flatnonzero(escaped)
     finite = np.isfinite(v)
     code[positions] = np.where(finite[positions], rank[positions], 0)
@@ -158,11 +158,10 @@ def quantize_numpy(x: np.ndarray, boundaries: np.ndarray, table: np.ndarray,
     kept = ~escaped
     value = v[kept]
     level = table[code[kept]]
-    with np.errstate(over="ignore", invalid="ignore"):
-        error = np.abs(value - level)
-        if error.size:
-            out[0] += np.cumsum(error * error)[-1]  # sequential, not pairwise
-            out[1] = max(out[1], error.max())
+    error = np.abs(value - level)
+    if error.size:
+        out[0] += np.cumsum(error * error)[-1]  # sequential, not pairwise
+        out[1] = max(out[1], error.max())
     nonzero = value != 0.0  # (every kept value is finite)
     out[2] += positions.size
     out[3] += np.count_nonzero(nonzero & (np.abs(value) < prune_below))

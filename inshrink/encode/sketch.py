@@ -52,6 +52,7 @@ def _geometry(work: np.dtype, alpha: float, bins: int) -> tuple[int, int]:
 NUMPY_ELEMENTS = 1 << 21
 
 
+@np.errstate(all="ignore")  # (inf or 0, as the kernel computes them, without warnings)
 def sketch_words_numpy(x: np.ndarray, words: np.ndarray, abs_mask: np.uint64,
                        inf_bits: np.uint64, shift: np.uint64, counts: np.ndarray,
                        totals: np.ndarray, span: np.ndarray) -> None:
@@ -66,9 +67,8 @@ def sketch_words_numpy(x: np.ndarray, words: np.ndarray, abs_mask: np.uint64,
     if not bits.size:
         return
     v = x[counted].astype(np.float64)
-    with np.errstate(over="ignore"):  # (inf, as the kernel sums it)
-        v *= v
-        totals[2] += np.cumsum(v)[-1]  # sequential, not pairwise: the kernel's sum
+    v *= v
+    totals[2] += np.cumsum(v)[-1]  # sequential, not pairwise: the kernel's sum
     last = counts.shape[1] - 1
     index = np.minimum((bits >> words.dtype.type(shift)).astype(np.int64), last)
     index += (a[counted] != words[counted]) * counts.shape[1]  # the sign picks the row
