@@ -120,9 +120,10 @@ _FRESH_SAVE = """
 import sys, time
 import numpy as np
 import inshrink
+save = inshrink.save  # (its modules imported here, as import inshrink used to)
 state = dict(np.load(sys.argv[1]))
 c0 = time.process_time()
-inshrink.save(sys.argv[2], state, policy="balanced")
+save(sys.argv[2], state, policy="balanced")
 print(time.process_time() - c0)
 """
 
