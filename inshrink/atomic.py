@@ -11,6 +11,7 @@ import io
 import os
 import stat
 import tempfile
+import time
 import weakref
 
 try:
@@ -85,6 +86,11 @@ class AtomicFile:
     ``path`` untouched; so does dropping it uncommitted (garbage collection or interpreter
     exit aborts it). Every ``OSError`` it raises names ``path`` (see the module docstring).
 
+    A writer holds an ``flock`` on its temporary until the rename: a temporary of ``path``
+    that nobody holds and that is older than :data:`STALE_SECONDS` is what a killed writer
+    (SIGKILL, a power cut) left, and the next ``AtomicFile`` of ``path`` removes it
+    (:func:`remove_stale_temporaries`). Without ``flock`` (not POSIX) nothing is removed.
+
     As a context manager it commits when the block ends normally and aborts when it raises:
 
     >>> with AtomicFile("out.bin") as out:   # doctest: +SKIP
@@ -109,8 +115,11 @@ class AtomicFile:
             if isinstance(exc, OSError):
                 raise named_error(exc, self.path) from exc
             raise
+        self._lock = _hold(fd)
         # a writer dropped without commit or abort (a Writer never closed) leaves no debris
-        self._discard = weakref.finalize(self, _discard, self.file, self.tmp_path, os.getpid())
+        self._discard = weakref.finalize(self, _discard, self.file, self.tmp_path, os.getpid(),
+                                         self._lock)
+        remove_stale_temporaries(self.path)
 
     def commit(self) -> None:
         """Flush, fsync and rename the file to its destination (the caller aborts on error)."""
@@ -122,6 +131,7 @@ class AtomicFile:
         except OSError as exc:
             raise named_error(exc, self.path) from exc
         self._discard.detach()
+        _release(self._lock)  # held past the rename: the temporary was never free to take
         fsync_directory(os.path.dirname(os.path.abspath(self.path)))
 
     def __enter__(self) -> "AtomicFile":
@@ -181,7 +191,77 @@ def into_proc(path: str) -> bool:
     return False
 
 
-def _discard(file: io.BufferedRandom, tmp_path: str, pid: int) -> None:
+STALE_SECONDS = 60.0
+"""A temporary nobody holds is removed once this old: between its creation and its lock a
+writer holds none (microseconds), and a clock may be a little off."""
+
+
+def _hold(fd: int) -> int | None:
+    """A second descriptor of the temporary ``fd``, holding an ``flock`` on it (None where
+    there is none): closing the file before the rename must not free it."""
+    if fcntl is None:
+        return None
+    lock = os.dup(fd)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # a file system without flock: nothing is ever removed as stale
+        os.close(lock)
+        return None
+    return lock
+
+
+def _release(lock: int | None) -> None:
+    if lock is not None:
+        try:
+            os.close(lock)
+        except OSError:
+            pass
+
+
+def remove_stale_temporaries(path: str | os.PathLike,
+                             older_than: float = STALE_SECONDS) -> list[str]:
+    """Remove the hidden temporaries of ``path`` (``.<name>.<random>.tmp``, as
+    :class:`AtomicFile` names them) that no live writer holds and that are older than
+    ``older_than`` seconds: what a writer killed before its rename left. Returns the paths
+    removed. Safe beside live writers: each holds an ``flock`` on its temporary until its
+    rename, so a temporary this function can lock is nobody's (the lock is taken before
+    the removal, and the path checked to be the file locked). Best effort: nothing raises.
+    """
+    if fcntl is None:
+        return []
+    path = os.path.abspath(os.fspath(path))
+    directory = os.path.dirname(path)
+    prefix = hidden_prefix(path)
+    removed = []
+    try:
+        entries = [e for e in os.scandir(directory)
+                   if e.name.startswith(prefix) and e.name.endswith(".tmp")
+                   and len(e.name) == len(prefix) + len("XXXXXXXX.tmp")]
+    except OSError:
+        return []
+    now = time.time()
+    for entry in entries:
+        try:
+            if not entry.is_file(follow_symlinks=False) or \
+                    now - entry.stat(follow_symlinks=False).st_mtime < older_than:
+                continue
+            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.path.samestat(os.fstat(fd), os.stat(entry.path, follow_symlinks=False)):
+                os.unlink(entry.path)
+                removed.append(entry.path)
+        except OSError:  # held (a live writer), gone, or not ours to remove
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _discard(file: io.BufferedRandom, tmp_path: str, pid: int,
+             lock: int | None = None) -> None:
     """:meth:`AtomicFile.abort` (also its finalizer: it holds no reference to the object).
     A forked child exiting leaves its parent's temporary file alone: it shares the parent's
     open file description, so its copy of the buffer, flushed when the file is freed (at
@@ -189,7 +269,7 @@ def _discard(file: io.BufferedRandom, tmp_path: str, pid: int) -> None:
     descriptor is pointed at /dev/null instead of closing it."""
     if os.getpid() != pid:
         _to_devnull(file)
-        return
+        return  # the lock stays the parent's: its descriptor of it is still open
     try:
         file.close()  # flushes what is buffered, which may fail: nothing to keep
     except (OSError, ValueError):
@@ -201,6 +281,7 @@ def _discard(file: io.BufferedRandom, tmp_path: str, pid: int) -> None:
         except OSError:
             pass
     _unlink(tmp_path)
+    _release(lock)  # after the removal: a locked temporary is never taken as stale
 
 
 def _to_devnull(file: io.BufferedRandom) -> None:

@@ -8,8 +8,9 @@ rewritten as a delta, unlike the file's bytes.
 Two definitions exist; the ``base`` object of a delta file says which one it uses (member
 ``digest``, absent = 1):
 
-* **1** (format 1.2 - 1.4): defined in Python terms (numpy dtype strings, ``repr`` of the
-  shape, where the reference writer hashed a 0-d tensor as ``(1,)``). Only read.
+* **1** (format 1.2 - 1.4): a type string per dtype (:data:`DEFINITION_1_TYPES`, the strings
+  the writers of those versions produced) and the shape as ``(3, 4)``, ``(5,)``, a 0-d
+  tensor hashed as ``(1,)``. Only read.
 * **2** (since format 1.5): a fixed binary layout in the format's own terms (dtype names of
   section 9, dimensions as u64), every byte specified. Written by this library.
 """
@@ -27,6 +28,13 @@ from .errors import BaseMismatchError, InvalidArgumentError
 LATEST = 2
 """The definition new delta files are written with."""
 VERSIONS = (1, 2)
+
+DEFINITION_1_TYPES = {
+    "F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<V2", "F8_E4M3": "<V1", "F8_E5M2": "<f1",
+    "C64": "<c8", "C128": "<c16", "I8": "|i1", "I16": "<i2", "I32": "<i4", "I64": "<i8",
+    "U8": "|u1", "U16": "<u2", "U32": "<u4", "U64": "<u8", "BOOL": "|b1"}
+"""Definition 1's type string of each dtype (spec section 23.1), fixed here: the libraries
+that once spelled them may spell them otherwise."""
 
 _U64 = struct.Struct("<Q")
 _EXACT = b"X"
@@ -66,10 +74,11 @@ def digest_input(exact: Mapping[str, np.ndarray], codes: Mapping[str, np.ndarray
             if name in codes:
                 yield _CODES + _codes_bytes(codes[name])
             else:
-                # the reference writer hashed np.ascontiguousarray(x), which is never 0-d
-                arr = np.ascontiguousarray(exact[name])
-                yield _EXACT + arr.dtype.str.encode() + repr(arr.shape).encode()
-                yield arr.reshape(-1).view(np.uint8).tobytes()
+                arr = np.asarray(exact[name])
+                dtype = dtypes.of_numpy(arr.dtype)
+                yield (_EXACT + DEFINITION_1_TYPES[dtype.name].encode("ascii")
+                       + _definition_1_shape(arr.shape))
+                yield arr.astype(dtype.numpy, copy=False).tobytes(order="C")
             continue
         yield _u64(len(encoded)) + encoded
         if name in codes:
@@ -84,6 +93,14 @@ def digest_input(exact: Mapping[str, np.ndarray], codes: Mapping[str, np.ndarray
             yield (_EXACT + _u64(len(dtype_name)) + dtype_name + _u64(arr.ndim)
                    + b"".join(_u64(d) for d in arr.shape))
             yield arr.astype(dtype.numpy, copy=False).tobytes(order="C")
+
+
+def _definition_1_shape(shape: tuple[int, ...]) -> bytes:
+    """``(3, 4)``, ``(5,)``; a 0-d tensor as ``(1,)``, as the writers of 1.2 - 1.4 hashed it
+    (they passed it through numpy.ascontiguousarray, which never returns a 0-d array)."""
+    dims = shape or (1,)
+    inner = ", ".join(str(d) for d in dims)
+    return f"({inner}{',' if len(dims) == 1 else ''})".encode("ascii")
 
 
 def decode_digest(exact: Mapping[str, np.ndarray], codes: Mapping[str, np.ndarray],
@@ -102,17 +119,19 @@ def decode_digest(exact: Mapping[str, np.ndarray], codes: Mapping[str, np.ndarra
     return digest.hexdigest()
 
 
-def version_of(base: Mapping | None) -> int:
+def version_of(base: Mapping | None, where: str = "a delta file") -> int:
     """The digest definition a delta file's ``base`` object declares (absent member: 1).
 
     Raises :class:`~inshrink.errors.BaseMismatchError` for a definition this library does
-    not implement: the base cannot be checked, so it must not be trusted.
+    not implement: the base cannot be checked, so it must not be trusted (``where`` names
+    the file in the message).
     """
     if base is None:
         return LATEST
     version = base.get("digest", 1)
     if version not in VERSIONS:
-        raise BaseMismatchError(f"[B-3] the base is identified by decode digest definition "
+        raise BaseMismatchError(f"[B-3] {where}: the base is identified by decode digest "
+                                f"definition "
                                 f"{version!r}, which this reader does not implement "
                                 f"(it knows {', '.join(map(str, VERSIONS))})")
     return version

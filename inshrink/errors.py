@@ -5,6 +5,7 @@ The root derives from :class:`ValueError` so existing ``except ValueError`` clau
 from __future__ import annotations
 
 import os
+import re
 
 
 class InshrinkError(ValueError):
@@ -62,15 +63,27 @@ class IncompleteCheckpointError(TruncatedError):
     """A multi-file checkpoint lacks the commit marker written last: its save did not finish."""
 
 
+class LossyFallbackWarning(UserWarning):
+    """A lossy codec stored data exactly: no setting it may use met its error bound (it
+    compresses less than asked, loses nothing)."""
+
+
+_RULE = re.compile(r"\[[A-Z]-\d+[a-z]?\] ")  # the rule id a file error starts with
+
+
 def with_path(exc: InshrinkError, path: str | os.PathLike) -> InshrinkError:
-    """``exc`` with its message prefixed by ``path`` unless it names it already (a reader's
-    error says what is wrong; which file is wrong is the caller's to say)."""
-    path = os.fspath(path)
-    if path in str(exc):
+    """``exc`` with ``path`` in its message unless it names it already (a reader's error says
+    what is wrong; which file is wrong is the caller's to say): after the rule id a message
+    starts with (the spec's ``[H-2] ``), else first."""
+    path = os.fsdecode(os.fspath(path))
+    text = str(exc)
+    if path in text:
         return exc
+    rule = _RULE.match(text)
+    cut = rule.end() if rule else 0
     try:
-        named = type(exc)(f"{path}: {exc}")
+        named = type(exc)(f"{text[:cut]}{path}: {text[cut:]}")
     except TypeError:  # a subclass with another signature
-        named = InshrinkError(f"{path}: {exc}")
+        named = InshrinkError(f"{text[:cut]}{path}: {text[cut:]}")
     named.__cause__ = exc.__cause__
     return named

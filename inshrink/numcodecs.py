@@ -17,6 +17,7 @@ does not know, or a big-endian one, is stored as its bytes, exactly.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,7 @@ from numcodecs.compat import ensure_contiguous_ndarray, ndarray_copy
 from inshrink import dtypes
 from inshrink.io import frame as array
 from inshrink.codecs.entropy import check_level
-from inshrink.errors import InvalidArgumentError, LimitExceededError
+from inshrink.errors import InvalidArgumentError, LimitExceededError, LossyFallbackWarning
 
 __all__ = ["Inshrink", "InshrinkQuant"]
 
@@ -126,7 +127,8 @@ class InshrinkQuant(Inshrink):
         Fractions of the elements kept exactly (the largest) and set to zero (the smallest).
     max_rel_l2 : float, optional
         Largest relative L2 error per buffer: bin counts are tried fewest first up to
-        ``bins``; a buffer no count fits is stored losslessly.
+        ``bins``; a buffer no count fits is stored losslessly, and the first such buffer
+        of a codec gives a :class:`~inshrink.errors.LossyFallbackWarning`.
     seed : int
         Seed of the level fit (results are deterministic).
     level, chunk_bytes
@@ -150,10 +152,22 @@ class InshrinkQuant(Inshrink):
         # validated once, here, by QuantConfig; private: not part of get_config()
         self._config = array.quant_config(self.bins, self.domain, self.protect, self.prune,
                                           self.max_rel_l2, self.seed)
+        self._warned = False  # private: not part of get_config()
 
     def encode(self, buf: Any) -> bytes:
         arr = _as_elements(buf)
         if dtypes.of_numpy(arr.dtype).name not in array.QUANT_DTYPES:
             return super().encode(arr)
-        return array.encode_config(arr, self._config, level=self.level,
+        blob = array.encode_config(arr, self._config, level=self.level,
                                    chunk_bytes=self._chunk_bytes(arr))
+        # a float buffer stored exactly compresses ~1.2x where the user asked for a lossy
+        # ratio: say so, once per codec (a zarr array has many chunks); after the warning
+        # the header is not read again
+        if not self._warned and arr.size and array.report(blob) is None:
+            self._warned = True
+            warnings.warn(f"{self.codec_id}: no bin count up to bins={self.bins} meets "
+                          f"max_rel_l2={self.max_rel_l2} on a {arr.dtype} buffer of "
+                          f"{arr.size} elements: stored losslessly (raise bins or "
+                          f"max_rel_l2; warned once per codec)", LossyFallbackWarning,
+                          stacklevel=2)
+        return blob

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+import inshrink.errors
 from inshrink import dtypes
 from inshrink.codecs import quant
 from inshrink.codecs.base import ArrayStage, DeltaStage, Stage
@@ -319,7 +321,7 @@ def check_vector(path) -> None:
     if "base" in entry:
         base, base_codes = decoded_base(path.parent / entry["base"])
     with inshrink.File(path, threads=1, base=base, base_codes=base_codes) as f:
-        f.verify()
+        assert f.verify() == []
         assert f.keys() == [t["name"] for t in expected["tensors"]]
         assert f.metadata == expected["metadata"]
         assert f.safetensors_header == expected["safetensors_header"]
@@ -414,3 +416,13 @@ def edit_index(path, edit, compact: bool = False) -> None:
     text = (json.dumps(doc, separators=(",", ":"), ensure_ascii=False) if compact
             else json.dumps(doc))
     path.write_bytes(ink_repair.replace_index(data, offset, text.encode()))
+
+
+PROBLEM = re.compile(r"""tensor (?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"): (\w+): """)
+
+
+def problem_class(problem: str) -> type:
+    """The error class a ``File.verify`` problem names (``tensor 'name': Class: message``)."""
+    match = PROBLEM.match(problem)
+    assert match, problem
+    return getattr(inshrink.errors, match.group(1))

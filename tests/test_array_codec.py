@@ -99,6 +99,38 @@ def test_an_array_over_2_to_the_48_bytes_is_refused_whatever_max_nbytes_says():
         array.decode(blob, max_nbytes=1 << 60)
 
 
+@pytest.mark.parametrize("shape", [[1 << 62, 0], [1 << 40, 1 << 40, 0], [0, 1 << 49]])
+def test_an_empty_array_whose_other_dimensions_are_over_2_to_the_48_is_refused(shape):
+    # numel 0, so numel x itemsize is 0: the non-zero dimensions are bounded as in I-9
+    blob = _with_header(array.encode(np.zeros(0, np.uint8)), lambda h: h.update(shape=shape))
+    with pytest.raises(errors.LimitExceededError, match=r"^\[A-7\] .*non-zero"):
+        array.decode(blob)
+
+
+def test_an_empty_array_with_a_large_but_valid_shape_decodes():
+    blob = _with_header(array.encode(np.zeros(0, np.uint8)),
+                        lambda h: h.update(shape=[1 << 47, 0]))
+    assert array.decode(blob).shape == (1 << 47, 0)
+
+
+def test_a_null_report_is_the_same_as_none():
+    x = np.arange(10, dtype=np.float32)
+    blob = _with_header(array.encode(x), lambda h: h.update(report=None))
+    assert array.decode(blob).tobytes() == x.tobytes() and array.report(blob) is None
+
+
+def test_a_lone_surrogate_in_a_report_string_is_accepted():
+    blob = _with_header(array.encode(np.arange(10, dtype=np.float32)),
+                        lambda h: h.update(report={"note": "\ud800"}))
+    assert array.report(blob) == {"note": "\ud800"}
+
+
+def test_the_readers_own_bound_is_rule_a_7a():
+    blob = array.encode(np.zeros(1000, np.float32))
+    with pytest.raises(errors.LimitExceededError, match=r"^\[A-7a\] .*max_nbytes=3999"):
+        array.decode(blob, max_nbytes=3999)
+
+
 def test_header_length_over_the_limit_is_refused_before_reading_it():
     blob = b"INKA\x01" + struct.pack("<I", (16 << 20) + 1) + b"{}"
     with pytest.raises(errors.LimitExceededError, match=r"^\[A-3\]"):

@@ -294,3 +294,53 @@ def test_the_library_refuses_a_link_into_proc_as_the_command_line_does(tmp_path)
     os.symlink(target, tmp_path / "alias.ink")
     inshrink.save(tmp_path / "alias.ink", {"x": np.zeros(3, np.float32)})
     assert not os.path.islink(tmp_path / "alias.ink")
+
+
+def _killed_writer(path) -> str:
+    """The temporary of ``path`` that a writer SIGKILLed mid-write left (as a killed
+    ``inshrink compress`` leaves its output's)."""
+    import signal
+    import subprocess
+    import sys
+    code = ("import os, signal, sys; from inshrink.atomic import AtomicFile; "
+            "out = AtomicFile(sys.argv[1]); out.file.write(b'x' * 100000); out.file.flush(); "
+            "os.kill(os.getpid(), signal.SIGKILL)")
+    r = subprocess.run([sys.executable, "-c", code, str(path)], timeout=60)
+    assert r.returncode == -signal.SIGKILL
+    [name] = [n for n in os.listdir(os.path.dirname(path)) if n.endswith(".tmp")]
+    return os.path.join(os.path.dirname(path), name)
+
+
+def test_the_next_write_removes_what_a_killed_writer_left(tmp_path):
+    import time
+    from inshrink import atomic
+    out = tmp_path / "out.ink"
+    stale = _killed_writer(out)
+    # young: the next write leaves it (a writer between its creation and its lock)
+    inshrink.save(out, {"w": np.ones(4, np.float32)})
+    assert os.path.exists(stale)
+    old = time.time() - atomic.STALE_SECONDS - 5
+    os.utime(stale, (old, old))
+    other = tmp_path / ".other.ink.abcdefgh.tmp"  # another output's: not this write's business
+    other.write_bytes(b"y")
+    os.utime(other, (old, old))
+    inshrink.save(out, {"w": np.ones(4, np.float32)})
+    assert not os.path.exists(stale) and other.exists()
+    assert sorted(os.listdir(tmp_path)) == [".other.ink.abcdefgh.tmp", "out.ink"]
+
+
+def test_a_live_writers_temporary_is_never_removed_however_old(tmp_path):
+    import time
+    from inshrink import atomic
+    out = tmp_path / "out.ink"
+    live = AtomicFile(out)
+    live.file.write(b"z" * 1000)
+    old = time.time() - 10 * atomic.STALE_SECONDS
+    os.utime(live.tmp_path, (old, old))
+    assert atomic.remove_stale_temporaries(out) == []
+    with AtomicFile(out) as second:   # another writer of the same output
+        second.file.write(b"second")
+    assert os.path.exists(live.tmp_path)
+    live.commit()                     # the rename still finds its temporary
+    assert out.read_bytes() == b"z" * 1000
+    assert [n for n in os.listdir(tmp_path) if n.endswith(".tmp")] == []

@@ -157,3 +157,21 @@ def test_a_model_the_async_search_cannot_copy_is_a_typed_error(tmp_path):
     with pytest.raises(errors.InvalidArgumentError, match="cannot be copied"):
         Checkpointer(tmp_path / "c", model, optimizer, async_=True, eval_batches=[batch(1)])
     Checkpointer(tmp_path / "c", model, optimizer, async_=True).close()  # no search: no copy
+
+
+def test_the_time_a_save_waits_for_the_previous_one_is_reported(tmp_path):
+    # the second save blocks until the first one's background write ends: that wait is
+    # what training lost, so its report (and ckpt.seconds) must count it
+    model, optimizer, scheduler = make()
+    with Checkpointer(tmp_path / "c", model, optimizer, scheduler, async_=True) as ckpt:
+        started, release = held_writer(ckpt)
+        first = ckpt.save(1)
+        assert started.wait(20)
+        threading.Timer(0.6, release.set).start()
+        began = time.perf_counter()
+        second = ckpt.save(2)
+        blocked = time.perf_counter() - began
+        assert blocked >= 0.5
+        assert second["seconds"] >= 0.5 and second["seconds"] <= blocked
+        assert ckpt.seconds >= first["seconds"] + 0.5
+    assert ckpt.steps() == [1, 2]

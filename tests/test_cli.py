@@ -108,10 +108,11 @@ def test_info_shows_the_search_choice(tmp_path):
     rng = np.random.default_rng(0)
     state = {"model.layer.weight": rng.standard_normal((128, 64)).astype(np.float32)}
     series = inshrink.Series(tmp_path)
-    series.save(1, state, quality=lambda s: 1.0 + float(np.mean(
+    result = inshrink.Search().choose(state, lambda s: 1.0 + float(np.mean(
         (s["model.layer.weight"] - state["model.layer.weight"]) ** 2)))
+    series.save(1, state, policy=result.policy, metadata=result.metadata())
     r = run("info", series.checkpoints()[0].file, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    chosen = series.last_search.choice
+    chosen = result.choice
     assert "search: guided, epsilon 0.05" in r.stdout
     assert f"bins={chosen.bins}" in r.stdout

@@ -293,3 +293,19 @@ def test_series_ls_says_why_it_exits_1(tmp_path):
     assert r.returncode == 1 and "step_000000000002.ink" in r.stdout
     assert r.stderr.startswith("inshrink: error: s/step_000000000002.ink: "), r.stderr  # was ""
     assert "No such file or directory" in r.stderr and "Errno" not in r.stderr
+
+
+def test_decompress_of_a_series_delta_names_the_delta_and_the_base_it_needs(tmp_path):
+    series_of_two(tmp_path / "s")
+    delta = "s/step_000000000001.d.ink"
+    assert (tmp_path / delta).exists()
+    err = one_line_error(run("decompress", delta, "-o", "out.safetensors", cwd=tmp_path), 2)
+    # the base is named by a path that exists from where the command ran
+    assert err.startswith(f"inshrink: error: {delta} is a delta file"), err
+    assert "needs its base s/step_000000000002.ink" in err, err
+    assert "inshrink series restore s --step 1 -o OUT" in err, err
+    # alone, the delta's base is not there: the error says so instead of naming a file
+    os.replace(tmp_path / delta, tmp_path / "lone.d.ink")
+    err = one_line_error(run("decompress", "lone.d.ink", "-o", "out.safetensors",
+                             cwd=tmp_path), 2)
+    assert "needs its base step_000000000002.ink, which is not there" in err, err

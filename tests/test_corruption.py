@@ -27,6 +27,7 @@ import inshrink
 from inshrink.container import layout
 from inshrink.errors import (BaseMismatchError, CorruptError, InshrinkError,
                              LimitExceededError, TruncatedError)
+from kit import problem_class
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fuzz"))
 import ink_repair  # noqa: E402
@@ -109,9 +110,13 @@ def read_all(path, threads: int = 1, use_mmap: bool = True):
             stage = "read"
             arrays = {name: f[name] for name in f.keys()}
             stage = "verify"
-            f.verify()
+            problems = f.verify()
+            if problems:
+                return "error", problem_class(problems[0]), stage
             return "ok", f.metadata, arrays
     except InshrinkError as exc:
+        # which file is damaged is part of every error (a user loads many), after the rule id
+        assert os.fspath(path) in str(exc), f"{stage}: {exc!r} does not name {path}"
         return "error", type(exc), stage
 
 
@@ -295,6 +300,29 @@ def test_directory_path(tmp_path):
         inshrink.load(tmp_path)
 
 
+@pytest.mark.parametrize("content", [b"random bytes " * 400, "truncated", "bad chunk"])
+def test_errors_of_load_and_file_name_the_file_after_the_rule(sample, tmp_path, monkeypatch,
+                                                              content):
+    if content == "truncated":
+        content = sample.data[:len(sample.data) // 2]
+    elif content == "bad chunk":  # a payload byte: found when the tensor is read
+        offset, doc = ink_repair.read_index(sample.data)
+        start = doc["tensors"][0]["streams"][0][0][0]
+        damaged = bytearray(sample.data)
+        damaged[start + RECORD] ^= 0xFF
+        content = bytes(damaged)
+    monkeypatch.chdir(tmp_path)
+    Path("random.bin").write_bytes(content)
+    for read in (inshrink.load, lambda p: inshrink.File(p).load(),
+                 lambda p: inshrink.open(p, threads=4).load()):
+        with pytest.raises(CorruptError) as caught:
+            read("random.bin")
+        text = str(caught.value)
+        assert "random.bin" in text, text
+        # the spec's rule id stays first
+        assert text.startswith("[") and "] random.bin: " in text, text
+
+
 def test_nonexistent_path(tmp_path):
     with pytest.raises(FileNotFoundError):
         inshrink.open(tmp_path / "missing.ink")
@@ -340,8 +368,9 @@ def test_declared_size_is_not_allocated_before_the_records_are_checked(workdir):
     path = workdir / "huge.ink"
     path.write_bytes(data)
     with inshrink.open(path, threads=1) as f:
-        with pytest.raises(InshrinkError):
-            f.verify()
+        problems = f.verify()
+        assert len(problems) == 1 and problems[0].startswith("tensor 't': ")
+        assert issubclass(problem_class(problems[0]), InshrinkError)
         with pytest.raises(InshrinkError):
             f["t"]
     with pytest.raises(InshrinkError):

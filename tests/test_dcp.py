@@ -304,8 +304,13 @@ def test_a_save_that_never_committed_is_refused_naming_the_marker(tmp_path):
     os.unlink(tmp_path / "ckpt" / METADATA_FILE)
     with pytest.raises(errors.IncompleteCheckpointError, match=r"ckpt/\.metadata"):
         read_metadata(tmp_path / "ckpt")
-    with pytest.raises(CheckpointException, match=r"\.metadata is missing"):
+    # dcp.load turns what read_metadata raises into an AssertionError inside its collective
+    # step: the reader refuses an uncommitted checkpoint when it is made, before dcp.load
+    with pytest.raises(errors.IncompleteCheckpointError, match=r"ckpt/\.metadata is missing"):
         load({"w": torch.zeros(3, 3)}, tmp_path / "ckpt")
+    with pytest.raises(errors.IncompleteCheckpointError):  # checkpoint_id= resets the reader
+        dcp.load({"w": torch.zeros(3, 3)}, storage_reader=InkStorageReader(tmp_path / "new"),
+                 checkpoint_id=tmp_path / "ckpt", no_dist=True)
 
 
 def test_a_rank_file_name_with_a_non_ascii_digit_is_not_a_rank_file(tmp_path):
@@ -395,6 +400,9 @@ def test_a_missing_rank_file_is_named(tmp_path):
     os.unlink(tmp_path / "ckpt" / name)
     with pytest.raises(errors.CorruptError, match=f"{name}: missing"):
         read_metadata(tmp_path / "ckpt")
+    # a file the committed metadata names is gone: incomplete, typed, before dcp.load's steps
+    with pytest.raises(errors.IncompleteCheckpointError, match=f"{name}: missing"):
+        load({"w": torch.zeros(2)}, tmp_path / "ckpt")
 
 
 def test_a_truncated_rank_file_is_a_typed_error_naming_it(tmp_path):
@@ -443,15 +451,23 @@ def test_bytes_read_back_from_a_tensor_entry_are_refused(tmp_path):
 
 def test_verify_reads_every_record_and_names_a_damaged_file(tmp_path):
     save({"w": torch.randn(64, 64), "step": 3}, tmp_path / "ckpt")
-    rows = verify(tmp_path / "ckpt")
-    assert {row["fqn"] for row in rows} == {"w", "step"}
+    assert verify(tmp_path / "ckpt") == []
+    assert {row["fqn"] for row in describe(tmp_path / "ckpt")} == {"w", "step"}
     path = tmp_path / "ckpt" / rank_file(tmp_path / "ckpt")
     data = bytearray(path.read_bytes())
     data[len(data) // 3] ^= 0xFF  # inside the tensor's records: the index still opens
     path.write_bytes(bytes(data))
     describe(tmp_path / "ckpt")  # reads the index only
-    with pytest.raises(errors.CorruptError, match=str(path)):
-        verify(tmp_path / "ckpt")
+    problems = verify(tmp_path / "ckpt")
+    assert len(problems) == 1 and problems[0].startswith(f"{path}: tensor ")
+    assert "ChecksumError" in problems[0] or "CorruptError" in problems[0]
+    path.unlink()  # a missing rank file: reported, not raised
+    problems = verify(tmp_path / "ckpt")
+    assert len(problems) == 1 and problems[0].startswith("CorruptError: ")
+    assert str(path) in problems[0] and "missing" in problems[0]
+    assert "not a DCP checkpoint" in verify(tmp_path)[0]  # no .metadata
+    with pytest.raises(errors.InvalidArgumentError):
+        verify(None)
 
 
 def test_consolidate_joins_the_shards_into_one_file(tmp_path):

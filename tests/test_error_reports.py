@@ -37,7 +37,7 @@ def test_report_of_float64_beyond_squares_is_not_a_wrong_number(tmp_path, x, set
     (info,) = inshrink.save(path, {"model.w.weight": x}, policy=policy)
     assert not info.lossless
     measured = _rel_l2(x, inshrink.load(path)["model.w.weight"])
-    assert measured > 0.5
+    assert measured > 0.3  # 4 levels: a large error, whose report is checked
     reported = info.error["rel_l2_error"]
     # the figure is either the error or null (not measurable), never a smaller number
     assert reported is None or math.isclose(reported, measured, rel_tol=1e-6)
@@ -76,3 +76,41 @@ def test_float32_extremes_are_still_measured(tmp_path):
                                 policy=Policy.uniform(QuantConfig(bins=4, domain="log")))
         measured = _rel_l2(x, inshrink.load(path)["model.w.weight"])
         assert math.isclose(info.error["rel_l2_error"], measured, rel_tol=1e-6)
+
+
+def _with_extremes(dtype) -> np.ndarray:
+    x = (np.random.default_rng(3).standard_normal(8192) * 0.02).astype(dtype)
+    big = np.finfo(dtype).max
+    x[:6] = [big, -big, np.inf, -np.inf, np.nan, np.finfo(dtype).tiny]
+    return x
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_lossy_saves_of_extreme_values_give_no_numpy_warning(tmp_path, dtype):
+    import warnings
+    x = _with_extremes(dtype)
+    policies = ["balanced", "aggressive", Policy.uniform(QuantConfig(bins=16)),
+                Policy.uniform(QuantConfig(bins=16, domain="log")),
+                Policy.uniform(QuantConfig(bins=16, max_rel_l2=0.05)),
+                Policy.uniform(QuantConfig(bins=64, domain="signed_log", protect=0.01))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an overflow or invalid-value RuntimeWarning fails
+        for policy in policies:
+            for name, value in (("model.layers.0.weight", x), ("optimizer.state.0.exp_avg", x),
+                                ("optimizer.state.0.exp_avg_sq", np.abs(x))):
+                inshrink.save(tmp_path / "x.ink", {name: value.reshape(64, -1)}, policy=policy)
+                back = inshrink.load(tmp_path / "x.ink")[name].reshape(-1)
+                assert np.isnan(back[4]) and np.isinf(back[2:4]).all()  # escaped exactly
+        for kwargs in ({"bins": 16}, {"bins": 16, "domain": "log"},
+                       {"bins": 64, "max_rel_l2": 0.01}, {"bins": 16, "domain": "signed_log"}):
+            array.decode(array.encode(x, **kwargs))
+
+
+def test_the_largest_float32_does_not_cost_the_other_levels():
+    # the top bucket's center was inf: the fit kept one level, every other value lost
+    x = _with_extremes(np.float32)
+    blob = array.encode(x, bins=16)
+    back = array.decode(blob)
+    assert array.report(blob)["levels"] > 8
+    rest = slice(6, None)
+    assert _rel_l2(x[rest], back[rest]) < 0.3

@@ -27,7 +27,8 @@ LAYERS = [
                             "inshrink.zarr"),)),
     ("torch", (("inshrink.torch",),)),
     ("dcp", (("inshrink.dcp",),)),
-    ("training integrations", (("inshrink.checkpointing",), ("inshrink.transformers",))),
+    ("training integrations", (("inshrink.checkpointing",), ("inshrink.transformers",),
+                               ("inshrink.lightning",))),
     ("cli", (("inshrink.cli",),)),
 ]
 

@@ -184,3 +184,27 @@ def test_numpy_scalar_quant_settings_write_what_python_numbers_write():
     codec = InshrinkQuant(bins=np.int32(12), protect=np.float64(0.001), seed=np.int64(2))
     assert codec.get_config() == InshrinkQuant(bins=12, protect=0.001, seed=2).get_config()
     assert codec.encode(x) == InshrinkQuant(bins=12, protect=0.001, seed=2).encode(x)
+
+
+def test_a_lossy_codec_that_stores_a_buffer_exactly_warns_once():
+    # 16 levels cannot reach 1% relative L2 on weight-like data: the codec falls back to
+    # lossless, and the user must hear of it (once per codec, not once per chunk)
+    x = (np.random.default_rng(2).standard_normal(20000) * 0.02).astype("<f4")
+    codec = InshrinkQuant(bins=16, max_rel_l2=0.01)
+    with pytest.warns(errors.LossyFallbackWarning, match="max_rel_l2=0.01") as caught:
+        blob = codec.encode(x)
+        codec.encode(x)
+    assert len([w for w in caught if issubclass(w.category, errors.LossyFallbackWarning)]) == 1
+    assert array.report(blob) is None
+    assert issubclass(errors.LossyFallbackWarning, UserWarning)
+
+
+def test_a_lossy_codec_that_quantizes_does_not_warn():
+    import warnings
+    x = (np.random.default_rng(2).standard_normal(20000) * 0.02).astype("<f4")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        blob = InshrinkQuant(bins=256, max_rel_l2=0.01).encode(x)
+        InshrinkQuant(bins=16, max_rel_l2=0.01).encode(np.zeros(0, "<f4"))  # nothing to fit
+        InshrinkQuant(bins=16, max_rel_l2=0.01).encode(np.arange(5, dtype="<i4"))
+    assert array.report(blob)["rel_l2_error"] <= 0.01

@@ -66,3 +66,23 @@ def test_the_readme_commands_run_as_written(tmp_path):
     run_commands(block, tmp_path)
     assert (tmp_path / "restored.safetensors").read_bytes() == \
         (tmp_path / "model.safetensors").read_bytes()
+
+
+def test_the_try_it_command_leaves_no_untracked_file_in_the_checkout():
+    # .ci/run takes the command from the README and moves what it writes: the names it moves
+    # are those the command writes, and a user running it in a checkout sees none of them
+    import fnmatch
+    import subprocess
+    import sys
+    command = subprocess.run([sys.executable, ".ci/readme_command.py", "try"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+    written = sorted(set(re.findall(r"[\w.-]+\.(?:safetensors|ink)\b", command)))
+    assert written == ["restored.safetensors", "tiny.ink", "tiny.safetensors"], command
+    moved = re.search(r"mv ((?:[\w.-]+ )+)\"\$scratch\"",
+                      open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read())
+    assert moved and sorted(moved.group(1).split()) == written
+    ignored = [line.strip() for line in open(os.path.join(ROOT, ".gitignore"),
+                                             encoding="utf-8")
+               if line.strip() and not line.startswith("#")]
+    for name in written:
+        assert any(fnmatch.fnmatch(name, pattern.lstrip("/")) for pattern in ignored), name

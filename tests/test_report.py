@@ -11,7 +11,7 @@ import pytest
 import inshrink
 from inshrink import errors
 from inshrink.series.report import SEARCH_FIELDS, plot_series, search_summary, series_report
-from inshrink.series.series import SEARCH_KEY
+from inshrink.search import SEARCH_KEY
 from inshrink.io.file import File
 from kit import ROOT, run_cli as run
 from test_cli_json import FILE_KEYS, KEYS, SERIES_KEYS
@@ -37,10 +37,11 @@ REFERENCE = weights(0)["layer.weight"]
 def searched(tmp_path):
     """Steps 1-3 chosen by a search, step 4 lossless without one, step 5 with a report of
     another shape (metadata any writer may set)."""
-    series = inshrink.Series(tmp_path / "s", search=inshrink.Search(0.05, max_evals=3),
-                             keyframe_every=3)
+    series = inshrink.Series(tmp_path / "s", keyframe_every=3)
+    search = inshrink.Search(0.05, max_evals=3)
     for step in (1, 2, 3):
-        series.save(step, weights(0), quality=quality)
+        result = search.choose(weights(0), quality)
+        series.save(step, weights(0), policy=result.policy, metadata=result.metadata())
     series.save(4, weights(1))
     series.save(5, weights(2), metadata={SEARCH_KEY: "[1, 2"})
     return tmp_path / "s"

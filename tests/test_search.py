@@ -360,30 +360,32 @@ def test_no_quantizable_tensor():
     assert result.choice is None and result.report["mode"] == "none"
 
 
-def test_series_runs_the_search_and_resumes_it(tmp_path):
-    state, loss = _model()
-    series = inshrink.Series(tmp_path, search=Search(0.05))
-    series.save(1, state, quality=loss)
-    first = series.last_search
-    assert first.report["mode"] == "guided"
-    stored = json.loads(series.metadata(1)["inshrink.search"])
-    assert stored["chosen"] == first.choice.to_dict()
-    # a new process: the search continues from the stored choice
-    resumed = inshrink.Series(tmp_path)
-    state2 = {k: v * np.float32(1.001) for k, v in state.items()}
-    resumed.save(2, state2, quality=loss)
-    assert resumed.last_search.report["mode"] in ("neighbourhood", "fallback")
-    chosen = SPACE.point(resumed.last_search.choice)
-    assert all(a >= b for a, b in zip(chosen, SPACE.point(first.choice)))
-    assert set(resumed.load(1)) == set(state)
-
-
-def test_series_with_an_unreadable_search_report(tmp_path):
+def test_a_search_stored_with_a_series_checkpoint_resumes(tmp_path):
     state, loss = _model()
     series = inshrink.Series(tmp_path)
-    series.save(1, state, metadata={"inshrink.search": "{not json"})
-    with pytest.raises(CorruptError):
-        inshrink.Series(tmp_path).save(2, state, quality=loss)
+    first = Search(0.05).choose(state, loss)
+    series.save(1, state, policy=first.policy, metadata=first.metadata())
+    assert first.report["mode"] == "guided"
+    stored = json.loads(series.metadata(1)[inshrink.search.SEARCH_KEY])
+    assert stored["chosen"] == first.choice.to_dict()
+    # a new process: the search continues from the stored choice
+    resumed, search = inshrink.Series(tmp_path), Search(0.05)
+    search.resume(resumed.metadata(resumed.latest()))
+    assert search.previous == first.choice
+    state2 = {k: v * np.float32(1.001) for k, v in state.items()}
+    second = search.choose(state2, loss)
+    assert second.report["mode"] in ("neighbourhood", "fallback")
+    chosen = SPACE.point(second.choice)
+    assert all(a >= b for a, b in zip(chosen, SPACE.point(first.choice)))
+    # a checkpoint saved without a search starts the next search afresh
+    search.resume({})
+    assert search.previous is None
+
+
+def test_an_unreadable_search_report_is_corrupt_and_named(tmp_path):
+    for raw in ("{not json", "[1, 2]", '{"chosen": {"bins": "x"}}', "[" * 100000):
+        with pytest.raises(CorruptError, match="step 7"):
+            Search().resume({inshrink.search.SEARCH_KEY: raw}, "step 7")
 
 
 def test_space_point_maps_off_axis_values_upwards():
@@ -432,8 +434,6 @@ def test_bad_callbacks():
         Search().choose(state, "not callable")
     with pytest.raises(InvalidArgumentError):
         Search().choose([1, 2], lambda s: 1.0)
-    with pytest.raises(InvalidArgumentError):
-        inshrink.Series("unused-dir-never-created", search="fast")
 
 
 @pytest.mark.parametrize("importance", [[np.ones((128, 96))],
@@ -956,3 +956,18 @@ def test_bounded_is_not_used_for_a_higher_is_better_quality_and_is_checked(monot
             return 2.0  # not a (value, complete) pair
     with pytest.raises(InvalidArgumentError, match="bounded"):
         Search(0.01, max_evals=3).choose(STATE, Broken())
+
+
+def test_every_report_mode_is_documented():
+    # the modes the search code writes into a report (mode="...", "mode": "...", and the
+    # walks' returned mode), each a row of docs/search.md's table
+    import pathlib
+    import re
+    root = pathlib.Path(__file__).resolve().parent.parent
+    code = "".join(p.read_text() for p in sorted((root / "inshrink" / "search").glob("*.py")))
+    modes = set(re.findall(r'mode="(\w+)"', code)) | set(re.findall(r'"mode": "(\w+)"', code))
+    modes |= set(re.findall(r'return [^\n]*, "(\w+)"\n', code))
+    assert {"guided", "neighbourhood", "fallback", "proxy", "none"} <= modes, modes
+    doc = (root / "docs" / "search.md").read_text()
+    rows = set(re.findall(r"^\| `(\w+)` \|", doc, re.M))
+    assert modes <= rows, modes - rows

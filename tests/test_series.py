@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import inshrink
 from inshrink import errors
 from inshrink.series.series import Series
-from kit import assert_same_tensors as assert_same
+from kit import assert_same_tensors as assert_same, problem_class
 
 
 def trajectory(n, seed=0):
@@ -348,13 +348,13 @@ def test_delta_files_verify_on_their_own(tmp_path):
         series.save(step, state)
     delta = tmp_path / "s" / series.checkpoints()[0].file
     with inshrink.open(delta) as f:
-        f.verify()  # streams and checksums, without the base
+        assert f.verify() == []  # streams and checksums, without the base
     data = bytearray(delta.read_bytes())
     data[300] ^= 0x10
     delta.write_bytes(bytes(data))
-    with pytest.raises(errors.CorruptError):
-        with inshrink.open(delta) as f:
-            f.verify()
+    with inshrink.open(delta) as f:
+        problems = f.verify()
+    assert problems and all(issubclass(problem_class(p), errors.CorruptError) for p in problems)
 
 
 def test_a_delta_rewrite_rejects_base_codes_of_another_type(tmp_path):

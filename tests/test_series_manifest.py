@@ -211,12 +211,11 @@ def test_api_misuse_is_an_invalid_argument_error(tmp_path):
     for misuse in (lambda: series.save(1, [np.ones(3)]), lambda: series.save(1, None),
                    lambda: series.save(1, state, metadata=["a"]),
                    lambda: series.save(1, state, importance=[1]),
-                   lambda: series.save(1, state, quality=lambda s: 1.0, curvature=[1]),
                    lambda: series.save(10 ** 12, state), lambda: series.save(True, state),
                    lambda: series.load(False), lambda: series.load("0"),
                    lambda: series.metadata(0.0), lambda: series.chain("x"),
                    lambda: series.delete(0), lambda: series.delete("0"),
-                   lambda: series.delete([False]), lambda: series.search_choice(True),
+                   lambda: series.delete([False]), lambda: series.check_step("1"),
                    lambda: Series(None), lambda: Series(tmp_path / "s", policy=3),
                    lambda: Series(tmp_path / "s", threads="x")):
         with pytest.raises(errors.InvalidArgumentError):

@@ -70,11 +70,12 @@ def test_verify_is_clean_for_a_searched_series_and_through_the_cli(tmp_path):
     # a searched space with exp_avg_sq of matrices factored (Adafactor's approximation)
     space = SearchSpace(bins=(4, 16), prune=(0.0,), protect=(0.0005,),
                         exp_avg_sq=inshrink.QuantConfig(bins=2, domain="factored"))
-    series = Series(tmp_path / "s", search=Search(0.5, space=space, max_evals=3, threads=1),
-                    threads=1)
+    series = Series(tmp_path / "s", threads=1)
+    search = Search(0.5, space=space, max_evals=3, threads=1)
     states = drifting(3, seed=1)
     for step, state in enumerate(states):
-        series.save(step, state, quality=lambda s: float(np.mean(s["model.w"] ** 2)))
+        result = search.choose(state, lambda s: float(np.mean(s["model.w"] ** 2)))
+        series.save(step, state, policy=result.policy, metadata=result.metadata())
     with inshrink.open(tmp_path / "s" / series.checkpoints()[0].file) as f:
         assert not f.info("optimizer.state.0.exp_avg_sq").lossless
     assert series.verify() == []

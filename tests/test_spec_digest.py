@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import inshrink
-from inshrink import digest, errors
+from inshrink import digest, dtypes, errors
 from inshrink.series.series import Series
+from kit import ROOT
 
 SPEC = (Path(__file__).resolve().parent.parent / "spec" / "FORMAT.md").read_text("utf-8")
 DTYPE_NAMES = {np.dtype(np.float32): "F32", np.dtype(ml_dtypes.bfloat16): "BF16",
@@ -75,6 +76,22 @@ def test_definition_1_is_what_format_1_2_files_hold():
         digest.decode_digest(exact, {}, version=3)
 
 
+def test_definition_1_types_come_from_the_spec_table_for_every_dtype():
+    # the table of section 23.1 is what numpy and ml_dtypes spelled for the writers of
+    # 1.2 - 1.4; the reference reader no longer asks them
+    spec = (Path(ROOT) / "spec" / "FORMAT.md").read_text("utf-8")
+    section = spec[spec.index("**Definition 1 (formats"):spec.index("### 23.2")]
+    cells = re.findall(r"\| `([A-Z0-9_]+)` \| `([^`]+)` ", section)
+    table = {name: text.replace("\\|", "|") for name, text in cells}
+    assert table == digest.DEFINITION_1_TYPES and len(table) == len(dtypes.BY_NAME) == 17
+    for name, dtype in dtypes.BY_NAME.items():
+        for shape in [(), (0,), (3,), (2, 3), (2, 0, 1)]:
+            x = np.zeros(shape, dtype.numpy)
+            old = np.ascontiguousarray(x)  # what the writers of 1.2 - 1.4 hashed
+            expected = b"t\0X" + old.dtype.str.encode() + repr(old.shape).encode() + old.tobytes()
+            assert b"".join(digest.digest_input({"t": x}, {}, version=1)) == expected, (name, shape)
+
+
 def _torch_like_states():
     """Two checkpoints as an optimizer writes them: 0-d step counters, BF16 and FP8 tensors."""
     rng = np.random.default_rng(0)
@@ -131,7 +148,18 @@ def test_series_refuses_a_digest_definition_it_does_not_know(monkeypatch, tmp_pa
     def future(file, exact, codes):
         return {"file": file, "sha256": "0" * 64, "digest": 3}
     series = _write_with_base_reference(monkeypatch, tmp_path, future)
-    with pytest.raises(errors.BaseMismatchError, match=r"^\[B-3\].*definition 3"):
+    with pytest.raises(errors.BaseMismatchError, match=r"^\[B-3\] .*step_\d+\.d\.ink: .*definition 3"):
         series.load(1)
     assert series.load(2)  # the keyframe needs no base
     assert "B-3" in " ".join(series.verify())
+
+
+def test_the_definition_1_vector_of_a_0d_tensor_names_its_base_by_that_digest():
+    vectors = Path(ROOT) / "spec" / "vectors"
+    base = inshrink.load(vectors / "digest1_scalar_base.ink")
+    assert base["step"].shape == ()
+    with inshrink.File(vectors / "digest1_scalar.ink", base=base) as f:
+        assert "digest" not in f.base
+        assert f.base["sha256"] == digest.decode_digest(base, {}, version=1)
+        assert f.base["sha256"] != digest.decode_digest(base, {}, version=2)
+        assert float(f.load()["step"]) == 4.0

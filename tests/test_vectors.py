@@ -10,7 +10,7 @@ import pytest
 import inshrink
 from inshrink import digest, errors
 from inshrink.safetensors import decompress_to_safetensors
-from kit import check_vector, decoded_base
+from kit import check_vector, decoded_base, problem_class
 
 VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
 MANIFEST = json.loads((VECTORS / "manifest.json").read_text(encoding="utf-8"))
@@ -81,7 +81,10 @@ def test_negative_raises_exact_error(entry):
     with pytest.raises(errors.InshrinkError) as caught:
         with inshrink.File(VECTORS / entry["file"], threads=1) as f:
             stage = "read"
-            f.verify()
+            problems = f.verify()
+            assert problems, entry["name"]  # each one names its tensor and the error class
+            assert all(p.startswith("tensor ") for p in problems), problems
+            assert expected in {problem_class(p) for p in problems}, (entry["name"], problems)
             f.load()
     assert type(caught.value) is expected, (entry["name"], caught.value)
     assert stage == entry["raised_by"], (entry["name"], caught.value)

@@ -233,3 +233,25 @@ def test_each_codec_makes_its_numcodecs_codec_once(tmp_path, monkeypatch):
     assert len(made) < 8, made
     with pytest.raises(errors.InvalidArgumentError):
         InkQuantCodec(max_rel_l2=0)
+
+
+def test_the_documented_lossy_example_quantizes(tmp_path):
+    # docs/zarr.md's setting on weight-like data: quantized (not the lossless fallback),
+    # several times smaller, within its bound
+    import warnings
+    x = _weights((512, 256))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", errors.LossyFallbackWarning)
+        a = zarr.create_array(LocalStore(tmp_path / "m.zarr"), shape=x.shape, dtype=x.dtype,
+                              compressors=None,
+                              serializer=InkQuantCodec(bins=256, max_rel_l2=0.01))
+        a[...] = x
+    back = zarr.open_array(LocalStore(tmp_path / "m.zarr"), mode="r")[...]
+    assert x.nbytes / a.nbytes_stored() > 3
+    assert np.linalg.norm(back - x) / np.linalg.norm(x) <= 0.01
+
+
+def test_a_zarr_lossy_codec_that_falls_back_warns(tmp_path):
+    x = _weights((64, 40))
+    with pytest.warns(errors.LossyFallbackWarning, match="losslessly"):
+        _write(tmp_path / "f.zarr", x, InkQuantCodec(bins=16, max_rel_l2=0.01))

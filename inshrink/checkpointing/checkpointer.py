@@ -7,7 +7,9 @@ import copy
 import logging
 import math
 import os
+import threading
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
@@ -18,7 +20,8 @@ from ..errors import InvalidArgumentError
 from ..encode.policy import Policy, resolve
 from ..search.choose import Search
 from ..search.space import Quality, SearchSpace
-from ..series.series import MAX_STEP, SEARCH_KEY as SEARCH_METADATA, Series
+from ..search.stored import SEARCH_KEY as SEARCH_METADATA
+from ..series.series import MAX_STEP, Series
 from ..torch.convert import to_torch
 from ..torch.gradients import GradientEMA
 from ..torch.quality import CRITERIA, quality_from
@@ -32,6 +35,44 @@ __all__ = ["Checkpointer", "SEARCH_METADATA", "PEAK_LR_METADATA", "TRAINING_META
 
 PEAK_LR_METADATA = "inshrink.torch.peak_lr"
 _LOG = logging.getLogger("inshrink.torch")
+
+
+# Checkpointers with a save in the background: held (strongly) until it is waited for, so
+# that a script which drops its Checkpointer mid-save still gets the save finished at exit
+_PENDING: set["Checkpointer"] = set()
+_PENDING_LOCK = threading.Lock()
+_EXIT_HOOK: list[bool] = []
+
+
+def _close_at_exit() -> None:
+    """Interpreter exit: finish the background saves of Checkpointers their script did not
+    close, and release their threads and process groups. Runs before concurrent.futures
+    refuses new work at exit (which failed a pending save silently: DCP and the writer
+    submit to thread pools) and before the process groups are torn down."""
+    with _PENDING_LOCK:
+        pending = list(_PENDING)
+    for ckpt in pending:
+        try:
+            ckpt.close()
+        except Exception:  # noqa: BLE001 - nothing to raise to at exit: said loudly instead
+            _LOG.exception("Checkpointer(%s): the save pending at exit failed",
+                           ckpt.directory)
+
+
+def _at_thread_exit(callback: Callable[[], None]) -> None:
+    """``callback`` at interpreter exit, before non-daemon threads are joined: where
+    concurrent.futures shuts its pools down (``threading._register_atexit``, Python 3.9+;
+    callbacks run newest first, so this one before the pools of modules imported earlier).
+    Elsewhere ``atexit``, which runs after that."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:
+        import atexit
+        atexit.register(callback)
+        return
+    try:
+        register(callback)
+    except RuntimeError:  # the interpreter is exiting already: nothing to register for
+        pass
 
 
 def _peak_lr(metadata: Mapping[str, str]) -> float | None:
@@ -185,7 +226,7 @@ class Checkpointer:
         None in the sharded mode.
     seconds : float
         Time spent in :meth:`save` so far (the checkpointing overhead; with ``async_``, the
-        time training was blocked).
+        time training was blocked, waits for the previous save included).
     last_report : dict or None
         What the latest finished save reported (see :meth:`save`).
 
@@ -270,7 +311,11 @@ class Checkpointer:
                                                background=async_)
         else:
             self.series = Series(directory, policy, keyframe_every=keyframe_every,
-                                 threads=threads, search=self.search)
+                                 threads=threads)
+            latest = self.series.latest()
+            if self.search is not None and latest is not None:  # a resumed run
+                self.search.resume(self.series.metadata(latest),
+                                   f"{self.series.directory}, step {latest}")
         squares = self.search is not None and self.search.space.per_tensor_bins
         self._space = self.search.space if self.search is not None else None
         self.ema = GradientEMA(model, ema_beta, window=ema_window, squares=squares) \
@@ -291,6 +336,13 @@ class Checkpointer:
             if async_ else None
         self._pending: tuple[int, Future] | None = None
         self._closed = False
+        if async_ and not _EXIT_HOOK:
+            # a script that ends without close(): its pending save still finishes, and the
+            # thread and the save's process group end before the interpreter
+            _at_thread_exit(_close_at_exit)
+            _EXIT_HOOK.append(True)
+        if self._sharded is not None:  # its group destroyed when dropped, or at exit
+            weakref.finalize(self, self._sharded.close)
 
     @staticmethod
     def _check_training_args(model: torch.nn.Module, optimizer: Any, scheduler: Any,
@@ -375,14 +427,19 @@ class Checkpointer:
         -------
         dict
             ``step``, ``bytes`` (of the new file; in sharded mode, of the step's directory),
-            ``search`` (the search's report, or None) and ``seconds`` (this call: in async
-            mode, the time training was blocked; ``bytes`` and ``search`` are then None and
-            :meth:`wait` returns them).
+            ``search`` (the search's report, or None) and ``seconds`` (this call, the wait
+            for the previous save included: in async mode, the time training was blocked;
+            ``bytes`` and ``search`` are then None and :meth:`wait` returns them).
         """
-        self.wait()
+        # the wait for the previous save is time training is blocked: counted from here
+        started = time.perf_counter()
+        try:
+            self.wait()
+        except BaseException:
+            self.seconds += time.perf_counter() - started
+            raise
         if self._closed:
             raise InvalidArgumentError("save after close(): this Checkpointer is closed")
-        started = time.perf_counter()
         if not self._announced:
             _LOG.info("Checkpointer(%s): %s", self.directory, self.mode())
             self._announced = True
@@ -424,9 +481,13 @@ class Checkpointer:
                                              if name.startswith(MODEL)})
         if hasattr(self.quality, "reset"):
             self.quality.reset()  # the model trained since the last save
-        self.series.save(step, state, metadata=metadata, importance=importance,
-                         quality=self.quality, curvature=curvature)
-        report = self.series.last_search.report if self.quality is not None else None
+        policy, report = None, None
+        if self.search is not None:
+            self.series.check_step(step)  # before a long search
+            result = self.search.choose(state, self.quality, importance, curvature)
+            policy, report = result.policy, result.report
+            metadata = {**metadata, **result.metadata()}
+        self.series.save(step, state, metadata=metadata, importance=importance, policy=policy)
         size = self.series.checkpoints()[-1].bytes
         if self.keep_last is not None:
             self.series.retain(self.keep_last)
@@ -441,6 +502,8 @@ class Checkpointer:
             self.last_report = report
         else:
             self._pending = (step, self._executor.submit(job))
+            with _PENDING_LOCK:
+                _PENDING.add(self)
             report = {"step": step, "bytes": None, "search": None}
         seconds = time.perf_counter() - started
         self.seconds += seconds
@@ -455,6 +518,8 @@ class Checkpointer:
         step, future = self._pending
         error = future.exception()  # an interrupt while waiting leaves the save pending
         self._pending = None
+        with _PENDING_LOCK:
+            _PENDING.discard(self)
         if error is not None:
             if hasattr(error, "add_note"):
                 error.add_note(f"raised by the background save of step {step}, which was not "
@@ -464,14 +529,22 @@ class Checkpointer:
         return self.last_report
 
     def close(self) -> None:
-        """Finish the save in the background (raising its failure) and stop the thread.
-        Saving afterwards is an error; restoring is not."""
+        """Finish the save in the background (raising its failure), stop the thread and, in
+        the sharded mode, destroy the background saves' process group. Saving afterwards is
+        an error; restoring is not.
+
+        Call it, or use the Checkpointer in a ``with`` block, before the process group is
+        destroyed. A Checkpointer left open is closed at interpreter exit, before thread
+        pools stop taking work (its pending save still finishes; a failure is logged, as
+        there is nobody to raise it to)."""
         try:
             self.wait()
         finally:
             self._closed = True
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
+            if self._sharded is not None:
+                self._sharded.close()
 
     def __enter__(self) -> "Checkpointer":
         return self
@@ -520,7 +593,7 @@ class Checkpointer:
         load_state(tensors, metadata, self.model, self.optimizer)
         training.apply(self.scheduler, self.extra, self.rng)
         if self.search is not None:
-            self.search.previous = self.series.search_choice(step)
+            self.search.resume(metadata, f"{self.series.directory}, step {step}")
         self.peak_lr = _peak_lr(metadata) or self.peak_lr
         if self.ema is not None:
             self.ema.start_interval(self.ema.interval)

@@ -4,6 +4,7 @@ command module that imports torch, and only when a command reads such a director
 from __future__ import annotations
 
 import os
+import re
 
 from ..dcp.names import METADATA, STEP_DIR_SHAPE, rank_of, step_of
 from .kinds import is_dcp, is_dcp_series
@@ -48,6 +49,7 @@ def _details(path: str, threads: int | None = None, verify: bool = False):
     checked against each file's index (decoded in full with ``verify``)."""
     from ..dcp.inspect import describe, verify as verify_checkpoint
     from ..dcp.metadata import read_metadata, read_metadata_file
+    from ..errors import CorruptError
     from ..io.file import File
     in_series = _series_step(path, threads)
     if in_series is not None:  # an older step's files are deltas: read through the series
@@ -58,14 +60,32 @@ def _details(path: str, threads: int | None = None, verify: bool = False):
                 series.decode(step, file.rank)
         metadata = read_metadata_file(path)
     else:
-        rows = _dcp_call(lambda: (verify_checkpoint(path, threads=threads) if verify
-                                  else describe(path)))
+        rows = _dcp_call(lambda: describe(path))
+        problems = _dcp_call(lambda: verify_checkpoint(path, threads=threads)) if verify \
+            else []
+        if problems:
+            raise CorruptError("; ".join(problems))
         metadata = read_metadata(path)
     infos = {}
     for name in sorted({r["file"] for r in rows}):
         with File(os.path.join(path, name), threads=1) as f:
             infos[name] = f.infos()
     return metadata, rows, infos
+
+
+def _tensor_keys(files: list[dict], rows: list[dict] | None = None) -> list:
+    """The tensor of each stored chunk of ``files`` (report entries of rank files), in the
+    order of :func:`all_tensors`: its fully-qualified name from ``rows`` (:func:`_details`),
+    else from its name in the file (the writer's ``#<k>`` of a further chunk removed), with
+    the step of a series' file."""
+    fqns = {(r["file"], r["tensor"]): r["fqn"] for r in rows or []}
+    keys = []
+    for f in files:
+        name = os.path.basename(f["input"])
+        for t in f["tensors"]:
+            fqn = fqns.get((name, t.name)) or re.sub(r"#[0-9]+$", "", t.name)
+            keys.append((f.get("step"), fqn))
+    return keys
 
 
 def _rank_files(path: str, infos: dict) -> list[dict]:
@@ -102,7 +122,7 @@ def dcp_info(args, started: float) -> int:
     ratio = f" ({report['ratio']:.3f}x)" if report["ratio"] else ""
     print(f"{len(metadata.state_dict_metadata)} items in {len(rows)} chunks, "
           f"{report['tensor_bytes']:,} bytes -> {report['bytes_in']:,} file bytes"
-          f"{ratio}{lossy_text(all_tensors(report))}")
+          f"{ratio}{lossy_text(all_tensors(report), _tensor_keys(files, rows))}")
     return EXIT_OK
 
 
@@ -189,7 +209,7 @@ def cmd_consolidate(args, started: float) -> int:
     elif not args.quiet:
         print(clean(f"{src} -> {dst}: {count(len(source), 'rank file')}, {len(rows)} chunks, "
                     f"{files[0]['bytes_in']:,} -> {files[0]['bytes_out']:,} bytes"
-                    f"{lossy_text(chunks)}"))
+                    f"{lossy_text(chunks, _tensor_keys(source, rows))}"))
     return EXIT_OK
 
 
@@ -233,7 +253,7 @@ def dcp_series_info(args, started: float) -> int:
               f"{ratio_text(nbytes, stored):>8}")
     ratio = f" ({report['ratio']:.3f}x)" if report["ratio"] else ""
     print(f"{report['tensor_bytes']:,} tensor bytes in {report['bytes_in']:,} file bytes"
-          f"{ratio}{lossy_text(all_tensors(report))}")
+          f"{ratio}{lossy_text(all_tensors(report), _tensor_keys(files))}")
     return EXIT_OK
 
 

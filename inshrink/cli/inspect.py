@@ -74,7 +74,7 @@ def _search_line(metadata: dict) -> str | None:
     """One line on the configuration search that chose this checkpoint's policy, if any.
 
     The report is metadata any writer may set: an unexpected shape is shown as raw text."""
-    from ..series.series import SEARCH_KEY
+    from ..search.stored import SEARCH_KEY
     raw = metadata.get(SEARCH_KEY)
     if raw is None:
         return None
@@ -130,10 +130,10 @@ def _verify_file(path: str, args) -> dict:
     try:
         check_ink(path)
         with File(path, threads=args.threads, mmap=False) as f:
-            f.verify()
+            problems = f.verify()
             return file_entry(path, None, os.path.getsize(path), 0,
                               format_version=f.format_version, metadata=f.metadata,
-                              tensors=f.infos())
+                              tensors=f.infos(), error="; ".join(problems) or None)
     except (InshrinkError, OSError) as exc:
         return file_entry(path, None, size_or_zero(path), 0,
                           error=error_entry_message(exc, args))

@@ -164,10 +164,21 @@ def all_tensors(report: dict) -> list:
 
 # -- lossy data ------------------------------------------------------------------------------
 
-def lossy_text(infos) -> str:
-    """'; LOSSY: ...' for a summary line, or '' when every tensor is exact."""
+def lossy_text(infos, tensors: list | None = None) -> str:
+    """'; LOSSY: ...' for a summary line, or '' when every tensor is exact.
+
+    ``tensors``: for stored chunks of larger tensors (a sharded checkpoint's), the tensor of
+    each of ``infos`` (any hashable key, e.g. its fully-qualified name): tensors and chunks
+    are then counted apart."""
     infos = list(infos)
     lossy = [t for t in infos if not t.lossless]
+    counted = f"{len(lossy)} of {len(infos)} tensors"
+    if tensors is not None:
+        whole = set(tensors)
+        if len(whole) != len(infos):  # chunks are not tensors: a tensor of 4 shards is one
+            lossy_whole = {key for key, t in zip(tensors, infos) if not t.lossless}
+            counted = (f"{len(lossy_whole)} of {len(whole)} tensors ({len(lossy)} of "
+                       f"{len(infos)} chunks)")
     if not lossy:
         return ""
     model = [e for t in lossy if t.role not in MOMENTS and (e := rel_l2(t)) is not None]
@@ -181,7 +192,7 @@ def lossy_text(infos) -> str:
     unmeasured = len(lossy) - len(model) - len(moments)
     if unmeasured and (model or moments):  # the maximum above leaves them out
         worst += f"; not recorded for {unmeasured}"
-    return f"; LOSSY: {len(lossy)} of {len(infos)} tensors quantized ({worst})"
+    return f"; LOSSY: {counted} quantized ({worst})"
 
 
 def warn_large_errors(report: dict) -> None:

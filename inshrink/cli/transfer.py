@@ -167,10 +167,40 @@ def _standalone_infos(path: str) -> list:
     except InshrinkError as exc:
         raise with_path(exc, path) from None
     if base is not None:
-        directory = os.path.dirname(path) or "."
-        against = f" against {base.get('file')}" if isinstance(base, dict) else ""
-        how = (f"join its step with inshrink consolidate {directory} -o OUT"
-               if is_dcp(directory) else
-               f"restore its step with inshrink series restore {directory} --step N -o OUT")
-        raise UsageError(f"{path} is a delta{against} in a checkpoint series: {how}")
+        raise UsageError(_delta_refusal(path, base))
     return infos
+
+
+def _delta_refusal(path: str, base: object) -> str:
+    """What a delta file needs: its base, named by a path from here (the file names the base
+    by its name next to it), and the command that reads both."""
+    directory = os.path.dirname(path) or "."
+    name = base.get("file") if isinstance(base, dict) else None
+    if isinstance(name, str) and name and os.path.basename(name) == name:
+        where = os.path.join(os.path.dirname(path), name)
+        needs = (f"it needs its base {where}" if os.path.isfile(where) else
+                 f"it needs its base {where}, which is not there")
+    else:
+        needs = "it needs its base"
+    if is_dcp(directory):
+        how = f"join its step with inshrink consolidate {directory} -o OUT"
+    elif is_series(directory):
+        how = (f"restore its step with inshrink series restore {directory} --step "
+               f"{_series_step(directory, os.path.basename(path))} -o OUT")
+    else:
+        how = "read it from its checkpoint series, beside its base"
+    return f"{path} is a delta file of a checkpoint series, not decoded alone: {needs}; {how}"
+
+
+def _series_step(directory: str, name: str) -> str:
+    """The step of the series file ``name`` in its manifest, ``N`` if the manifest does not
+    say (the hint is still right, only less specific)."""
+    from ..errors import InshrinkError
+    from ..series.manifest import read_manifest
+    from ..series.series import MANIFEST, decode_manifest
+    try:
+        raw = read_manifest(os.path.join(directory, MANIFEST))
+        entries = decode_manifest(raw) if raw is not None else []
+    except (OSError, InshrinkError):
+        return "N"
+    return next((str(e.step) for e in entries if e.file == name), "N")

@@ -10,7 +10,7 @@ from torch.futures import Future
 
 from ..errors import InshrinkError, InvalidArgumentError
 
-__all__ = ["checked_path", "named", "done"]
+__all__ = ["checked_path", "make_directory", "named", "done"]
 
 E = TypeVar("E")
 
@@ -27,6 +27,21 @@ def checked_path(path: Any) -> str:
         raise InvalidArgumentError(f"checkpoint path must be a str or os.PathLike, got "
                                    f"{type(path).__name__}")
     return os.fspath(path)
+
+
+def make_directory(path: str, what: str) -> None:
+    """Create the directory ``path`` (``what`` it is, for the error) if it is missing.
+
+    Raises
+    ------
+    InvalidArgumentError
+        It cannot be created (a file in the way, no permission...).
+    """
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise InvalidArgumentError(f"{path}: cannot create the {what}: "
+                                   f"{exc.strerror or exc}") from None
 
 
 def named(path: str, call: Callable[[], E]) -> E:

@@ -8,7 +8,7 @@ from typing import Iterator, Mapping
 
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
 
-from ..errors import CorruptError
+from ..errors import CorruptError, InshrinkError, InvalidArgumentError
 from ..io.file import File
 from ..io.info import TensorInfo
 from ..torch.convert import dtype_name
@@ -29,20 +29,12 @@ def _chunks(metadata: Metadata) -> Iterator[tuple[MetadataIndex, tuple[int, ...]
 
 
 def describe(path: str | os.PathLike) -> list[dict]:
-    """What a committed checkpoint holds, chunk by chunk, without decoding any data.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        The checkpoint directory.
-
-    Returns
-    -------
-    list of dict
-        One per stored chunk: ``fqn``, ``offsets`` and ``sizes`` (None for a non-tensor item),
-        ``file``, ``tensor`` (its name in the file), ``dtype``, ``codec``, ``nbytes``,
-        ``stored_bytes``, ``role`` and ``error`` (the error the encoder measured for a lossy
-        shard: ``max_abs_error``, ``rel_l2_error``...; None for a lossless one).
+    """What the committed checkpoint in the directory ``path`` holds, chunk by chunk, without
+    decoding any data: a list of dicts, one per stored chunk, with ``fqn``, ``offsets`` and
+    ``sizes`` (None for a non-tensor item), ``file``, ``tensor`` (its name in the file),
+    ``dtype``, ``codec``, ``nbytes``, ``stored_bytes``, ``role`` and ``error`` (the error the
+    encoder measured for a lossy shard: ``max_abs_error``, ``rel_l2_error``...; None for a
+    lossless one).
     """
     return describe_metadata(read_metadata(path), os.fspath(path))
 
@@ -87,7 +79,7 @@ def _check_info(path: str, info: TensorInfo, metadata: Metadata, fqn: str,
                            f"metadata says {expected[0]}{list(expected[1])}")
 
 
-def verify(path: str | os.PathLike, threads: int | None = None) -> list[dict]:
+def verify(path: str | os.PathLike, threads: int | None = None) -> list[str]:
     """Check a committed checkpoint completely: every file named by the metadata exists and
     decodes with every checksum right, and every chunk is stored with its dtype and sizes.
 
@@ -100,18 +92,28 @@ def verify(path: str | os.PathLike, threads: int | None = None) -> list[dict]:
 
     Returns
     -------
-    list of dict
-        What :func:`describe` returns.
+    list of str
+        The problems found, each naming its file (``ErrorClass: message``); empty when the
+        checkpoint checks. What it holds is :func:`describe`'s.
 
     Raises
     ------
-    InshrinkError
-        The first problem found (:class:`IncompleteCheckpointError`, :class:`CorruptError`
-        and its subclasses), naming the file.
+    InvalidArgumentError
+        ``path`` is not a path.
     """
-    rows = describe(path)
-    for name in sorted({row["file"] for row in rows}):
-        file_path = os.path.join(os.fspath(path), name)
-        with named(file_path, lambda: File(file_path, threads=threads)) as f:
-            named(file_path, f.verify)
-    return rows
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgumentError("path must be a str or os.PathLike")
+    path = os.fspath(path)
+    try:
+        metadata = read_metadata(path)
+        describe_metadata(metadata, path)
+    except InvalidArgumentError:
+        raise
+    except (InshrinkError, OSError) as exc:  # no metadata, a missing file, a wrong index
+        return [f"{type(exc).__name__}: {exc}"]
+    problems = []
+    for name in sorted({e["file"] for e in metadata.storage_data.values()}):
+        file_path = os.path.join(path, name)
+        with File(file_path, threads=threads) as f:
+            problems += [f"{file_path}: {problem}" for problem in f.verify()]
+    return problems

@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, Metadat
 
 from ..errors import CorruptError, IncompleteCheckpointError
 from .calls import checked_path
-from .names import METADATA, is_rank_file, is_rank_temporary
+from .names import METADATA, delta_name, is_rank_file, is_rank_temporary
 
 __all__ = ["METADATA_FILE", "BYTES_PREFIX", "read_metadata", "read_metadata_file",
            "check_metadata"]
@@ -76,14 +76,20 @@ def read_metadata(path: str | os.PathLike) -> Metadata:
     IncompleteCheckpointError
         The directory holds rank files but no ``.metadata``: a save that did not finish.
     CorruptError
-        Not a DCP checkpoint written by :class:`InkStorageWriter`, unreadable metadata, or a
-        rank file the metadata names is missing.
+        Not a DCP checkpoint written by :class:`InkStorageWriter` or unreadable metadata; a
+        rank file the metadata names is missing: IncompleteCheckpointError (a CorruptError).
     """
     metadata = read_metadata_file(path)
     marker = os.path.join(os.fspath(path), METADATA)
     for name in sorted({entry["file"] for entry in metadata.storage_data.values()}):
         if not os.path.isfile(os.path.join(path, name)):
-            raise CorruptError(f"{os.path.join(path, name)}: missing (named by {marker})")
+            if name.endswith(".ink") and os.path.isfile(os.path.join(path, delta_name(name))):
+                # a series' older step
+                raise CorruptError(f"{os.path.join(path, name)}: missing (named by {marker}); "
+                                   f"{delta_name(name)} is its delta in a series: read the "
+                                   f"step through inshrink.dcp.InkSeries")
+            raise IncompleteCheckpointError(f"{os.path.join(path, name)}: missing (named by "
+                                            f"{marker}): the checkpoint is incomplete")
     return metadata
 
 

@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from ..errors import CorruptError, InvalidArgumentError
+from ..errors import CorruptError, IncompleteCheckpointError, InshrinkError, InvalidArgumentError
 from ..io.arguments import resolve_threads
 from ..io.file import File
 from ..torch.convert import to_torch
@@ -30,6 +30,26 @@ from .metadata import check_metadata, read_metadata
 from .names import METADATA
 
 __all__ = ["InkStorageReader", "READ_BATCH_BYTES"]
+
+
+def _refuse_incomplete(path: str) -> None:
+    """Raise IncompleteCheckpointError for a checkpoint that cannot be loaded whole: rank
+    files without the ``.metadata`` written last, or a rank file the metadata names missing.
+
+    Checked when the reader is made (and by ``reset(checkpoint_id)``, which ``dcp.load``
+    calls before anything else): ``dcp.load`` calls :meth:`InkStorageReader.read_metadata`
+    inside its planning step, which catches every exception and raises an AssertionError
+    with the message only (wrapped in a CheckpointException with each rank's traceback).
+    Any other problem (no checkpoint here yet, damaged metadata) is left to
+    :meth:`~InkStorageReader.read_metadata`: a reader may be made before the directory is."""
+    if not os.path.isdir(path):
+        return
+    try:
+        read_metadata(path)
+    except IncompleteCheckpointError:
+        raise
+    except InshrinkError:
+        pass
 
 
 class InkStorageReader(StorageReader):
@@ -46,6 +66,13 @@ class InkStorageReader(StorageReader):
     threads : int, optional
         Decoder threads per rank (default: every core).
 
+    Raises
+    ------
+    IncompleteCheckpointError
+        ``path`` holds rank files but no ``.metadata`` (a save that did not finish), or a
+        rank file its metadata names is missing; raised here and by ``reset``, before
+        ``dcp.load`` plans (whose planning step would turn it into an AssertionError).
+
     Examples
     --------
     >>> import torch.distributed.checkpoint as dcp                           # doctest: +SKIP
@@ -57,11 +84,18 @@ class InkStorageReader(StorageReader):
         self.path = checked_path(path)
         self.threads = resolve_threads(threads)
         self.metadata: Metadata | None = None
+        self._refuse_incomplete()
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:
             self.path = checked_path(checkpoint_id)
+            self._refuse_incomplete()
         self.metadata = None
+
+    def _refuse_incomplete(self) -> None:
+        """:func:`_refuse_incomplete` of the path (a series' reader checks its step against
+        the series' manifest instead)."""
+        _refuse_incomplete(self.path)
 
     def read_metadata(self, *args: Any) -> Metadata:
         metadata = read_metadata(self.path)

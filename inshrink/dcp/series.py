@@ -75,7 +75,7 @@ from torch.futures import Future
 
 from .. import digest as _digest
 from ..atomic import release_write_lock
-from .calls import done, named
+from .calls import done, make_directory, named
 from .consolidation import RankFiles, checked_output, consolidate_to
 from .inspect import describe_metadata
 from .metadata import read_metadata_file
@@ -603,6 +603,9 @@ class InkSeriesWriter(InkStorageWriter):
         self.step = step
         self._pending: tuple[str, Step | None] | None = None  # the coordinator's decision
 
+    def _refuse_incomplete(self) -> None:
+        pass  # an older step's rank files are deltas: read_metadata checks the manifest's
+
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id and os.fspath(checkpoint_id) != self.path:
             raise InvalidArgumentError(f"a series writer saves into {self.path}; no "
@@ -642,11 +645,7 @@ class InkSeriesWriter(InkStorageWriter):
             tasks.append(dataclasses.replace(plan, storage_data=_Task(
                 plan.storage_data, None if old is None else (
                     os.path.join(previous.dir, old.file), old.sha256))))
-        try:
-            os.makedirs(self.path, exist_ok=True)
-        except OSError as exc:
-            raise InvalidArgumentError(f"{self.path}: cannot create the step directory: "
-                                       f"{exc.strerror or exc}") from None
+        make_directory(self.path, "step directory")
         return tasks
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
@@ -740,6 +739,9 @@ class InkSeriesReader(InkStorageReader):
         self.series = series
         self.step = step
         self._entry: Step | None = None
+
+    def _refuse_incomplete(self) -> None:
+        pass  # an older step's rank files are deltas: read_metadata checks the manifest's
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id and os.fspath(checkpoint_id) != self.path:

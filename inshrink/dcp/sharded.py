@@ -145,6 +145,18 @@ class ShardedCheckpoints:
         self.group = dist.new_group(backend="gloo") if background else None
         os.makedirs(self.directory, exist_ok=True)
 
+    def close(self) -> None:
+        """Destroy the background saves' process group (no collective: each rank its own),
+        once no save runs on it; idempotent. Left to interpreter exit, a gloo group is torn
+        down with the process's other objects, in no order, its threads still running."""
+        group, self.group = self.group, None
+        if group is None or not (dist.is_available() and dist.is_initialized()):
+            return  # none, or destroyed with the default group already
+        try:
+            dist.destroy_process_group(group)
+        except (RuntimeError, ValueError):  # already destroyed by the caller
+            pass
+
     # -- queries ---------------------------------------------------------------------------
 
     def _step_dirs(self) -> dict[int, str]:

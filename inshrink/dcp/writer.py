@@ -43,7 +43,7 @@ from ..encode.policy import resolve as resolve_policy
 from ..io.arguments import resolve_threads
 from ..io.writer import Writer
 from ..torch.convert import dtype_name, to_numpy
-from .calls import checked_path, done
+from .calls import checked_path, done, make_directory
 from .metadata import BYTES_PREFIX
 from .names import METADATA, is_rank_file, is_rank_temporary, rank_file_name
 
@@ -104,11 +104,7 @@ class InkStorageWriter(StorageWriter):
             if item.index.fqn.startswith(BYTES_PREFIX):
                 raise InvalidArgumentError(f"state dict key {item.index.fqn!r}: the prefix "
                                            f"{BYTES_PREFIX!r} is reserved")
-        try:
-            os.makedirs(self.path, exist_ok=True)
-        except OSError as exc:
-            raise InvalidArgumentError(f"{self.path}: cannot create the checkpoint "
-                                       f"directory: {exc.strerror or exc}") from None
+        make_directory(self.path, "checkpoint directory")
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:

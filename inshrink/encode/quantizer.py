@@ -132,7 +132,10 @@ class QuantEncoder:
             decoded = table[np.searchsorted(self.boundaries, values, side="left")]
         decoded = np.where(np.abs(values) >= self.protect_at, values, decoded)
         decoded = np.where(np.abs(values) < self.prune_below, 0.0, decoded)
-        return math.sqrt(float(np.dot(counts, (values - decoded) ** 2)) / sketch.sumsq)
+        # float64 magnitudes past ~1e154: the squares overflow to inf, which skips the count
+        # as rel_l2 counts a bound not met for them (see ChunkStats.rel_l2)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return math.sqrt(float(np.dot(counts, (values - decoded) ** 2)) / sketch.sumsq)
 
 
 @np.errstate(all="ignore")  # (the kernel raises and warns of nothing either)

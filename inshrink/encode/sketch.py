@@ -200,7 +200,17 @@ def bucket_centers(work: np.dtype, shift: int, index) -> np.ndarray:
     bits = np.asarray(index, np.uint64) << np.uint64(shift)  # lower() and upper()
     lo = bits.astype(word).view(work).astype(np.float64)
     hi = (bits + np.uint64(1 << shift)).astype(word).view(work).astype(np.float64)
-    return np.where(lo > 0, np.sqrt(lo * hi), hi / 2)
+    # the top finite bucket ends at inf: its center would be inf, a level no value has (a
+    # fit then lost every other level); its magnitudes end at the dtype's largest instead
+    hi = np.where(np.isfinite(lo) & np.isinf(hi), np.finfo(work).max, hi)
+    with np.errstate(over="ignore", under="ignore"):  # beyond float64: roots below
+        center = np.where(lo > 0, np.sqrt(lo * hi), hi / 2)
+    # float64 magnitudes past 1e154 or under 1e-154: lo * hi is inf or 0 (a center of 0 is
+    # log(0) = -inf to a log-domain fit), the product of the roots is not
+    lost = ((center == 0) | np.isinf(center)) & (lo > 0) & np.isfinite(lo)
+    if lost.any():
+        center = np.where(lost, np.sqrt(lo) * np.sqrt(hi), center)
+    return center
 
 
 CENTER_TABLE_MAX = 1 << 18  # buckets per sign: a table of every center is at most 2 MiB

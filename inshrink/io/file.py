@@ -2,9 +2,10 @@
 only that tensor's records (the chains are validated by :mod:`inshrink.codecs.chain`)."""
 from __future__ import annotations
 
+import functools
 import os
 import threading
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -15,8 +16,8 @@ from ..codecs.quant import Quant
 from ..container import layout
 from ..container.index import TensorEntry
 from ..container.reader import ContainerReader
-from ..errors import (BaseMismatchError, InvalidArgumentError, LimitExceededError,
-                      TensorNotFoundError)
+from ..errors import (BaseMismatchError, InshrinkError, InvalidArgumentError,
+                      LimitExceededError, TensorNotFoundError, with_path)
 from .arguments import Progress, check_progress, resolve_threads
 from .info import TensorInfo
 from .threads import executor, in_order, share
@@ -28,6 +29,26 @@ from .threads import executor, in_order, share
 # switches per load, against 55-61 ms with one; a 64 KiB chunk's zstd alone takes about as
 # long as its Python).
 _SHARED_CHUNK_BYTES = 64 << 10
+
+
+def _named(exc: InshrinkError, path: str | os.PathLike) -> InshrinkError:
+    """``exc`` naming the file (:func:`~inshrink.errors.with_path`), raised from where
+    ``exc`` was: a user reading many files learns which one is damaged."""
+    if not isinstance(path, (str, bytes, os.PathLike)):  # the error is about the path
+        return exc
+    return with_path(exc, path).with_traceback(exc.__traceback__)
+
+
+def _naming_the_file(method: Callable) -> Callable:
+    """A read of :class:`File` whose errors name its file (decoders and checks below it
+    say what is wrong, not where)."""
+    @functools.wraps(method)
+    def named(self: "File", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except InshrinkError as exc:
+            raise _named(exc, self.path) from exc.__cause__
+    return named
 
 
 class File:
@@ -68,15 +89,20 @@ class File:
                 raise InvalidArgumentError(f"{what} must be a mapping of tensor names to "
                                            f"arrays or None, got {type(value).__name__}")
         self._base, self._base_codes = base, base_codes
-        self._reader = ContainerReader(path)
+        try:
+            self._reader = ContainerReader(path)
+        except InshrinkError as exc:
+            raise _named(exc, path) from exc.__cause__
         try:
             self._entries = {e.name: e for e in self._reader.index.tensors}
             has_base = self._reader.index.base is not None
             known: dict = {}
             self._pipelines = {name: pipeline_for(e, has_base, known)
                                for name, e in self._entries.items()}
-        except BaseException:
+        except BaseException as exc:
             self._reader.close()
+            if isinstance(exc, InshrinkError):
+                raise _named(exc, self._reader.path) from exc.__cause__
             raise
         self._pool = executor(self._threads)
         # one item per load or read_into whose jobs may still run on the pool (see close):
@@ -147,6 +173,7 @@ class File:
     def __getitem__(self, name: str) -> np.ndarray:
         return self.read(name)
 
+    @_naming_the_file
     def read(self, name: str, progress: Progress | None = None) -> np.ndarray:
         """Decode one tensor into a new array (raises for a corrupt or truncated file)."""
         entry = self._entry(name)
@@ -192,6 +219,7 @@ class File:
         thread decodes too (see :meth:`_share`); a failure raises the error of the first chunk
         in order that fails, as one thread would.
         """
+        self._check_bases(entries)
         headers = self._reader.expected_headers(
             [chunk for entry in entries for stream in entry.streams for chunk in stream])
         # job i: chunk cs[i] of tensors[i] into views[i], its records' headers from
@@ -241,6 +269,7 @@ class File:
         (:func:`inshrink.io.threads.share`)."""
         share(self._pool, self._in_flight, run, sizes, helpers, _SHARED_CHUNK_BYTES, progress)
 
+    @_naming_the_file
     def read_into(self, name: str, sink: Callable[[int, np.ndarray], None],
                   progress: Progress | None = None, *, in_order: bool = True) -> None:
         """Decode a tensor chunk by chunk: ``sink(byte_offset, uint8 chunk)`` for each chunk.
@@ -262,6 +291,7 @@ class File:
     def _stream(self, entry: TensorEntry, sink: Callable[[int, np.ndarray], None],
                 progress: Progress | None, in_order: bool) -> None:
         """:meth:`read_into` of an open file's read."""
+        self._check_bases([entry])
         itemsize = entry.dtype.itemsize
 
         def decode(c: int) -> tuple[int, np.ndarray]:
@@ -319,15 +349,34 @@ class File:
         return self.base["file"] if self.base else "a base"
 
     def _chunk_base_codes(self, entry: TensorEntry, c: int) -> np.ndarray:
+        start, stop = entry.chunk_range(c)
+        return self._base_codes_of(entry)[start:stop]
+
+    def _base_codes_of(self, entry: TensorEntry) -> np.ndarray:
+        """The base codes a code delta tensor decodes against (rule B-2: given, one per
+        element; the base tensor's dtype and shape do not matter, the codes index the delta
+        tensor's own levels)."""
         codes = None if self._base_codes is None else self._base_codes.get(entry.name)
         if (not isinstance(codes, np.ndarray) or codes.dtype != np.uint16
                 or codes.shape != (entry.numel,)):
             raise BaseMismatchError(f"[B-2] {self.path}: tensor {entry.name!r} is a code delta "
                                     f"against {self._base_name()}, whose codes of it were not "
                                     f"given")
-        start, stop = entry.chunk_range(c)
-        return codes[start:stop]
+        return codes
 
+    def _check_bases(self, entries: Iterable[TensorEntry]) -> None:
+        """Rules B-1 and B-2 for the delta tensors among ``entries``, before any record is
+        read: also for an empty tensor, which has no chunk to check them at."""
+        for entry in entries:
+            pipeline = self._pipelines[entry.name]
+            if not pipeline.is_delta:
+                continue
+            if isinstance(pipeline.delta, deltas.CodeDelta):
+                self._base_codes_of(entry)
+            else:
+                self._base_bytes(entry)
+
+    @_naming_the_file
     def codes(self, name: str) -> np.ndarray:
         """The quantization codes of a lossy tensor (uint16, one per element), as a series
         needs them to decode the next checkpoint's code deltas. Reads only the codes."""
@@ -338,6 +387,8 @@ class File:
         out = np.empty(entry.numel, np.uint16)
         self._begin_read()
         try:
+            if pipeline.is_delta:
+                self._check_bases([entry])
             for c in range(entry.chunk_count):
                 start, stop = entry.chunk_range(c)
                 ref = self._chunk_base_codes(entry, c) if pipeline.is_delta else None
@@ -368,6 +419,7 @@ class File:
                                     f"{entry.dtype.name}{list(entry.shape)}")
         return np.ascontiguousarray(base).reshape(-1).view(np.uint8)
 
+    @_naming_the_file
     def load(self, progress: Progress | None = None,
              names: list[str] | None = None) -> dict[str, np.ndarray]:
         """Decode every tensor, or those in ``names`` (chunks of all tensors share the thread
@@ -396,25 +448,47 @@ class File:
         return {name: out.view(e.dtype.numpy).reshape(e.shape)
                 for (name, e), out in zip(entries.items(), outs)}
 
-    def verify(self) -> None:
-        """Read and decode every record, checking every checksum and size; raise on a problem.
+    @_naming_the_file
+    def verify(self) -> list[str]:
+        """Read and decode every record, checking every checksum and size.
 
+        Returns
+        -------
+        list of str
+            The problems found, one per damaged tensor (``tensor 'name': ErrorClass:
+            message``); empty when every record checks. Every ``verify`` of the library
+            answers this way (series, sharded checkpoints and their series too).
+
+        Raises
+        ------
+        OSError
+            The file could not be read (a problem of the storage, not of the file).
+
+        Notes
+        -----
         A delta tensor whose base was not given is checked down to its streams (checksums,
         zstd frames, sizes); combining it with the base needs ``base``/``base_codes``.
         """
+        problems = []
         self._begin_read()
         try:
             for name, entry in self._entries.items():
-                pipeline = self._pipelines[name]
-                if pipeline.is_delta and not self._has_base(entry, pipeline):
-                    for c in range(entry.chunk_count):
-                        chunks = [stream[c] for stream in entry.streams]
-                        for chunk, payload in zip(chunks, self._reader.read_chunks(chunks)):
-                            pipeline.entropy.decode(chunk[4], payload, chunk[3])
-                else:
-                    self._stream(entry, lambda start, chunk: None, None, True)
+                try:
+                    self._verify_entry(entry, self._pipelines[name])
+                except InshrinkError as exc:
+                    problems.append(f"tensor {name!r}: {type(exc).__name__}: {exc}")
         finally:
             self._end_read()
+        return problems
+
+    def _verify_entry(self, entry: TensorEntry, pipeline: Pipeline) -> None:
+        if pipeline.is_delta and not self._has_base(entry, pipeline):
+            for c in range(entry.chunk_count):
+                chunks = [stream[c] for stream in entry.streams]
+                for chunk, payload in zip(chunks, self._reader.read_chunks(chunks)):
+                    pipeline.entropy.decode(chunk[4], payload, chunk[3])
+        else:
+            self._stream(entry, lambda start, chunk: None, None, True)
 
     def _has_base(self, entry: TensorEntry, pipeline: Pipeline) -> bool:
         codes = isinstance(pipeline.delta, deltas.CodeDelta)

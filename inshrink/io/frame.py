@@ -233,7 +233,8 @@ def decode(data: Any, *, max_nbytes: int = DEFAULT_MAX_NBYTES) -> np.ndarray:
     """Decode an array frame from :func:`encode` into a new array.
 
     ``max_nbytes``: the largest array accepted (a header may declare any shape; the default
-    is 4 GiB); larger raises :class:`~inshrink.errors.LimitExceededError` (rule A-7).
+    is 4 GiB); larger raises :class:`~inshrink.errors.LimitExceededError` (rule A-7a: a
+    valid frame this reader refuses, not an invalid one).
     """
     try:
         view = memoryview(data).cast("B")
@@ -284,9 +285,15 @@ def _parse(header, max_nbytes: float) -> tuple:
         _fail("A-7", "shape must be a list of integers in [0, 2^63]")
     if len(shape) > MAX_NDIM:
         _fail("A-7", f"{len(shape)} dimensions, over {MAX_NDIM}", LimitExceededError)
-    if math.prod(shape) * dtype.itemsize > min(max_nbytes, MAX_ARRAY_BYTES):
-        _fail("A-7", f"{math.prod(shape) * dtype.itemsize} bytes, over max_nbytes="
-                     f"{max_nbytes} or 2^48", LimitExceededError)
+    # the non-zero dimensions, as rule I-9: an empty array's shape must be one a reader
+    # can represent too
+    if math.prod(filter(None, shape)) * dtype.itemsize > MAX_ARRAY_BYTES:
+        _fail("A-7", f"shape {shape}: the non-zero dimensions make "
+                     f"{math.prod(filter(None, shape)) * dtype.itemsize} bytes, over 2^48",
+              LimitExceededError)
+    if math.prod(shape) * dtype.itemsize > max_nbytes:  # this reader's own bound
+        _fail("A-7a", f"{math.prod(shape) * dtype.itemsize} bytes, over this reader's "
+                      f"max_nbytes={max_nbytes}", LimitExceededError)
     per_chunk = header["chunk_elements"]
     if not _is_int(per_chunk, 1):
         _fail("A-8", f"chunk_elements {per_chunk!r} is not an integer >= 1")
@@ -297,7 +304,9 @@ def _parse(header, max_nbytes: float) -> tuple:
             isinstance(s, dict) and isinstance(s.get("id"), str) for s in codec):
         _fail("A-9", "codec must be a non-empty list of objects with a string 'id'")
     pipeline = Pipeline.from_chain(codec, dtype, has_base=False)  # C-1 ... C-4
-    extra = header.get("report", {})
+    extra = header.get("report")
+    if extra is None:  # absent, or null: the same (spec section 24.4, A-10)
+        extra = {}
     if not isinstance(extra, dict) or not all(
             v is None or isinstance(v, (str, int, float)) for v in extra.values()):
         _fail("A-10", "report must be an object of strings, numbers, booleans or null")

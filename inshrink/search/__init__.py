@@ -29,14 +29,15 @@ recorded in ``docs/decisions.md``.
 The package: :mod:`.space` (the cube, :class:`Choice`), :mod:`.allocation` (per-tensor bits),
 :mod:`.roundtrip` (candidates encoded and decoded in memory), :mod:`.evaluate` (candidate
 evaluations under the search's :class:`~.evaluate.Settings`, expected sizes), :mod:`.predict`
-(predicted quality drops), :mod:`.walk` (the guided and neighbourhood walks) and
-:mod:`.choose` (:class:`Search`). This face names what a caller uses; the other names are
-imported from their modules.
+(predicted quality drops), :mod:`.walk` (the guided and neighbourhood walks),
+:mod:`.choose` (:class:`Search`) and :mod:`.stored` (the report in a checkpoint's metadata).
+This face names what a caller uses; the other names are imported from their modules.
 """
 from .._lazy import face
 from .allocation import allocation  # the function: else the name is its module's
 from .choose import Search, SearchResult
 from .space import BoundedQuality, Choice, Quality, SearchSpace
+from .stored import SEARCH_KEY
 
 # the walks' internals, once named here too: still resolved for old code, defined (and
 # imported by the tests) in their modules
@@ -48,4 +49,5 @@ _INTERNALS = {
     **dict.fromkeys(["NEIGHBOURHOOD", "SIGNIFICANT", "guided", "neighbourhood"], ".walk"),
 }
 __getattr__, __dir__ = face(__name__, _INTERNALS)
-__all__ = ["BoundedQuality", "Choice", "Quality", "Search", "SearchResult", "SearchSpace"]
+__all__ = ["BoundedQuality", "Choice", "Quality", "SEARCH_KEY", "Search", "SearchResult",
+           "SearchSpace"]

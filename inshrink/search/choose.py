@@ -17,6 +17,7 @@ from .allocation import allocation
 from .evaluate import Evaluator, Settings, SizeTable
 from .predict import DropModel
 from .space import Choice, Quality, SearchSpace
+from .stored import report_metadata, stored_choice
 from .walk import guided, neighbourhood
 
 SEARCHED_ROLES = ("weight", "embedding")
@@ -45,6 +46,13 @@ class SearchResult:
     policy: Policy
     choice: Choice | None
     report: dict = field(default_factory=dict)
+
+    def metadata(self) -> dict[str, str]:
+        """The checkpoint metadata that stores :attr:`report` (under
+        :data:`~inshrink.search.stored.SEARCH_KEY`): save it with the checkpoint, e.g.
+        ``series.save(step, state, policy=result.policy, metadata=result.metadata())``, and
+        :meth:`Search.resume` continues from it after a restart."""
+        return report_metadata(self.report)
 
 
 
@@ -121,6 +129,19 @@ class Search:
         self.previous: Choice | None = None
         self._size_table: SizeTable | None = None  # the last checkpoint's expected sizes
         self._drops: DropModel | None = None  # what earlier checkpoints measured
+
+    def resume(self, metadata: Mapping[str, str], where: str = "checkpoint") -> None:
+        """Continue from the choice stored in a checkpoint's metadata
+        (:meth:`SearchResult.metadata`): the next :meth:`choose` searches the neighbourhood of
+        that choice, as if this object had made it. A checkpoint saved without a search, or
+        whose search kept the weights lossless, starts the next search afresh.
+
+        Raises
+        ------
+        CorruptError
+            The stored report is not one a search wrote (``where`` names the checkpoint).
+        """
+        self.previous = stored_choice(metadata, where)
 
     def settings(self) -> Settings:
         """What the evaluations of the next checkpoint obey (the attributes as they are now)."""

@@ -67,12 +67,19 @@ def decode_link(path: str, exact: dict[str, np.ndarray], codes: dict[str, np.nda
     Lossy tensors that are not quantized (e.g. factored) are never part of a base: a save
     digests only exact tensors and codes, so loading and verifying must too."""
     with File(path, threads=threads, base=exact, base_codes=codes) as f:
-        expected = None if previous is None else decode_digest(
-            exact, codes, _digest.version_of(f.base))
-        if (f.base and f.base["sha256"]) != expected:
-            raise BaseMismatchError(
-                f"{path}: made against a base with digest "
-                f"{f.base and f.base['sha256']}, but {previous} decodes to {expected}")
+        # rule B-3: before any tensor of the file is read
+        if previous is None and f.base:
+            raise BaseMismatchError(f"[B-3] {path}: a delta file (its base has digest "
+                                    f"{f.base['sha256']}) where a whole file was expected")
+        if previous is not None:
+            expected = decode_digest(exact, codes, _digest.version_of(f.base, path))
+            if not f.base:
+                raise BaseMismatchError(f"[B-3] {path}: a whole file where a delta against "
+                                        f"{previous} was expected")
+            if f.base["sha256"] != expected:
+                raise BaseMismatchError(
+                    f"[B-3] {path}: made against a base with digest {f.base['sha256']}, but "
+                    f"{previous} decodes to {expected}")
         lossy = [i.name for i in f.infos() if not i.lossless]
         decoded = f.load() if whole else f.load(
             names=[n for n in f.keys() if n not in lossy])

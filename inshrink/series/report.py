@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 from ..atomic import AtomicFile
 from ..errors import InshrinkError, InvalidArgumentError, with_path
-from .series import MANIFEST, SEARCH_KEY, Series
+from ..search.stored import SEARCH_KEY
+from .series import MANIFEST, Series
 from ..io.file import File
 
 PLOT_HINT = 'pip install "inshrink[plot]" (in a checkout of inshrink: pip install ".[plot]")'
@@ -38,7 +39,7 @@ def _number(value: Any) -> float | int | None:
 
 def search_summary(raw: str | None) -> dict[str, Any]:
     """The fields of :data:`SEARCH_FIELDS` from a stored search report (the JSON text under
-    :data:`inshrink.series.SEARCH_KEY`).
+    :data:`inshrink.search.SEARCH_KEY`).
 
     ``search`` is the search's mode (``"guided"``, ``"neighbourhood"``...), None when there is
     no report, ``"unreadable"`` for a report of another shape. ``bins`` ... ``prune_metric``

@@ -45,8 +45,7 @@ from ..io.arguments import resolve_threads
 from ..io.file import File
 from ..io.info import TensorInfo
 from ..io.writer import Writer
-from ..search.choose import Search, SearchResult
-from ..search.space import Choice
+from ..search.stored import SEARCH_KEY  # named here too, as before
 from .directory import LOCK, remove, take_lock
 from .keyframes import previous_becomes_delta
 from .links import decode_digest, decode_each_link, decode_link, file_sha256, replay
@@ -58,8 +57,6 @@ __all__ = ["Series", "Checkpoint", "MANIFEST", "LOCK", "SEARCH_KEY", "SERIES_FOR
            "decode_manifest", "parse_manifest", "decode_digest", "decode_link", "file_sha256"]
 
 MANIFEST = "manifest.json"
-SEARCH_KEY = "inshrink.search"
-"""Metadata key of the configuration search report (JSON) of a checkpoint."""
 SERIES_FORMAT = "inshrink-series"
 SERIES_VERSION = 1
 RETAIN_BYTES = 96 << 20
@@ -170,10 +167,6 @@ class Series:
         any step replays a bounded chain.
     threads : int, optional
         Encoder/decoder threads.
-    search : Search, optional
-        The configuration search used by ``save(..., quality=...)`` (default:
-        ``Search()``, ε = 0.05 on a loss). A resumed series continues from the choice stored
-        with its latest checkpoint.
 
     Notes
     -----
@@ -191,10 +184,7 @@ class Series:
     """
 
     def __init__(self, directory: str | os.PathLike, policy: Policy | str | None = None, *,
-                 keyframe_every: int = 10, threads: int | None = None,
-                 search: Search | None = None) -> None:
-        if search is not None and not isinstance(search, Search):
-            raise InvalidArgumentError("search must be an inshrink.search.Search")
+                 keyframe_every: int = 10, threads: int | None = None) -> None:
         if type(keyframe_every) is not int or keyframe_every < 1:
             raise InvalidArgumentError("keyframe_every must be a positive integer")
         if not isinstance(directory, (str, os.PathLike)):
@@ -206,9 +196,6 @@ class Series:
         self.policy = policy
         self.keyframe_every = keyframe_every
         self.threads = threads
-        self.search = search
-        self.last_search: SearchResult | None = None  # what the latest save(quality=) chose
-        self._search_resumed = False
         os.makedirs(self.directory, exist_ok=True)
         self._checkpoints = self._read_manifest()
         # what the next delta refers to: the exact tensors and the codes of the checkpoint
@@ -304,41 +291,31 @@ class Series:
     def save(self, step: int, tensors: Mapping[str, Any],
              metadata: Mapping[str, str] | None = None,
              importance: Mapping[str, Any] | None = None,
-             policy: Policy | str | None = None,
-             quality: Callable[[dict[str, np.ndarray]], float] | None = None,
-             curvature: Mapping[str, Any] | None = None) -> list[TensorInfo]:
+             policy: Policy | str | None = None) -> list[TensorInfo]:
         """Add checkpoint ``step`` (greater than every saved step); return its tensor report.
 
         ``policy`` replaces the series' policy for this checkpoint only; deltas work across
-        checkpoints of different policies. ``quality`` (``quality(state) -> float``, see
-        :meth:`inshrink.search.Search.choose`) runs the configuration search instead: the
-        chosen policy is used, the search report is stored in the checkpoint's metadata under
-        ``"inshrink.search"`` and kept in :attr:`last_search`; ``curvature`` goes to the
-        search (per-tensor bins, :meth:`inshrink.search.Search.choose`).
+        checkpoints of different policies. A configuration search chooses it outside the
+        series (:meth:`inshrink.search.Search.choose`; ``metadata=result.metadata()`` stores
+        its report with the checkpoint).
 
-        The search runs before the series is locked; the checkpoint is written and the
-        manifest switched under the lock (:class:`Series`, Notes): raises
+        The checkpoint is written and the manifest switched under the lock (:class:`Series`, Notes): raises
         :class:`inshrink.errors.SeriesLockedError` if another writer holds it. On any failure
         the series is unchanged and no file of this save is left behind.
         """
         check_new_step(step)
         if not isinstance(tensors, Mapping):
             raise InvalidArgumentError("tensors must be a mapping of names to arrays")
-        for what, value in (("metadata", metadata), ("importance", importance),
-                            ("curvature", curvature)):
+        for what, value in (("metadata", metadata), ("importance", importance)):
             if value is not None and not isinstance(value, Mapping):
                 raise InvalidArgumentError(f"{what} must be a mapping or None")
-        self._check_step(step)  # early, from what this object knows: before a long search
+        self.check_step(step)  # early, from what this object knows
         importance = dict(importance or {})
         policy = self.policy if policy is None else policy
         metadata = dict(metadata or {})
         arrays = {key: as_numpy(value) for key, value in tensors.items()}
-        if quality is not None:
-            result = self._search().choose(arrays, quality, importance, curvature)
-            policy, self.last_search = result.policy, result
-            metadata[SEARCH_KEY] = json.dumps(result.report)
         with self._writing():
-            self._check_step(step)  # again, with the manifest as it is now
+            self.check_step(step)  # again, with the manifest as it is now
             written: list[str] = []  # files of this save, not yet named by the manifest
             try:
                 report, codes, newest = self._write_checkpoint(
@@ -377,7 +354,10 @@ class Series:
             retained = None
         self._previous, self._previous_codes, self._previous_entry = retained, codes, newest
 
-    def _check_step(self, step: int) -> None:
+    def check_step(self, step: int) -> None:
+        """Raise :class:`~inshrink.errors.InvalidArgumentError` unless ``step`` is after every
+        step this object knows of (a caller checks before long work, such as a search)."""
+        check_new_step(step)
         check_after(self._checkpoints, step, self.directory)
 
     def _write_checkpoint(self, step: int, arrays: dict[str, np.ndarray],
@@ -414,28 +394,6 @@ class Series:
         for name in names:
             if name not in listed:
                 remove(self._path(name))
-
-    def _search(self) -> Search:
-        """The search, continuing from the latest checkpoint's choice after a restart."""
-        if self.search is None:
-            self.search = Search(threads=self.threads)
-        if not self._search_resumed and self.search.previous is None and self._checkpoints:
-            self.search.previous = self.search_choice()
-        self._search_resumed = True
-        return self.search
-
-    def search_choice(self, step: int | None = None) -> Choice | None:
-        """The configuration the search chose for ``step`` (default: the latest), from its
-        stored report; None if it was not saved by a search or chose lossless weights."""
-        if step is None:
-            step = self.latest()
-        stored = self.metadata(step).get(SEARCH_KEY)
-        try:
-            chosen = json.loads(stored).get("chosen") if stored else None
-            return None if chosen is None else Choice.from_dict(chosen)
-        except (ValueError, AttributeError, InvalidArgumentError) as exc:
-            raise CorruptError(f"{self.directory}: the search report of step {step} is "
-                               f"unreadable: {exc}") from None
 
     def _rewrite_as_delta(self, entry: Checkpoint, base: Checkpoint, base_exact: dict,
                           base_codes: dict | None, written: list[str]) -> Checkpoint:

@@ -17,7 +17,8 @@ from ..errors import InvalidArgumentError
 from .convert import to_numpy, to_torch
 
 __all__ = ["MODEL", "OPTIMIZER", "STATE", "GROUPS", "OPTIMIZER_METADATA", "encode_nested",
-           "decode_nested", "names_list", "state_to_numpy", "load_state"]
+           "decode_nested", "encode_optimizer", "decode_optimizer", "names_list",
+           "state_to_numpy", "load_state"]
 
 MODEL = "model."
 OPTIMIZER = "optimizer."
@@ -79,6 +80,48 @@ def decode_nested(data: Any, name: str, tensors: Mapping[str, np.ndarray], used:
     if isinstance(data, list):
         return [decode_nested(v, f"{name}.{i}", tensors, used) for i, v in enumerate(data)]
     return data
+
+
+def encode_optimizer(state_dict: Any, arrays: dict[str, np.ndarray],
+                     prefix: str = OPTIMIZER) -> dict:
+    """An optimizer's ``state_dict()`` as JSON-able data, its tensors into ``arrays``.
+
+    Tensors are named ``<prefix>state.<index>.<key>`` and ``<prefix>param_groups.<group>.<key>``
+    (with the default prefix, as :func:`state_to_numpy` names them, so that policies see their
+    roles); the integer keys of ``state`` are kept as ``[index, values]`` pairs (JSON object
+    keys would turn them into strings). Undone by :func:`decode_optimizer`.
+    """
+    if not isinstance(state_dict, dict) or not all(isinstance(k, str) for k in state_dict):
+        raise InvalidArgumentError(f"{prefix.rstrip('.')}: not an optimizer state dict")
+    doc = {}
+    for key, value in state_dict.items():
+        if key == "state" and isinstance(value, dict):
+            doc[key] = [[k, encode_nested(v, f"{prefix}state.{k}", arrays)]
+                        for k, v in value.items()]
+        elif key == "param_groups" and isinstance(value, list):
+            doc[key] = [encode_nested(g, f"{prefix}param_groups.{i}", arrays)
+                        for i, g in enumerate(value)]
+        else:
+            doc[key] = encode_nested(value, f"{prefix}{key}", arrays)
+    return doc
+
+
+def decode_optimizer(doc: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
+                     used: set[str], prefix: str = OPTIMIZER) -> dict:
+    """The optimizer state dict :func:`encode_optimizer` stored; the tensor names it takes go
+    into ``used``. A document of another shape raises ``TypeError`` or ``ValueError``, a
+    missing tensor :class:`InvalidArgumentError`: the caller names the file."""
+    state = {}
+    for key, value in doc.items():
+        if key == "state":
+            state[key] = {k: decode_nested(v, f"{prefix}state.{k}", tensors, used)
+                          for k, v in value}
+        elif key == "param_groups":
+            state[key] = [decode_nested(g, f"{prefix}param_groups.{i}", tensors, used)
+                          for i, g in enumerate(value)]
+        else:
+            state[key] = decode_nested(value, f"{prefix}{key}", tensors, used)
+    return state
 
 
 def _optimizer_to_numpy(optimizer: torch.optim.Optimizer,

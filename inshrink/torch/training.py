@@ -22,7 +22,8 @@ from ..errors import InvalidArgumentError
 from ..encode.roles import LOSSY_DTYPES
 from .state import decode_nested, encode_nested, names_list
 
-__all__ = ["TRAINING", "TRAINING_METADATA", "capture", "decode", "TrainingState"]
+__all__ = ["TRAINING", "TRAINING_METADATA", "capture", "decode", "TrainingState",
+           "raw_bits", "from_raw_bits"]
 
 TRAINING = "training."
 """Name prefix of the training state's arrays."""
@@ -103,20 +104,37 @@ def capture(scheduler: Any = None, extra: Mapping[str, Any] | None = None,
                     for name, obj in check_extra(extra).items()}
     if rng:
         doc["rng"] = _rng(arrays)
-    bits = {}
-    for name, array in arrays.items():
-        array = np.array(array, copy=True)  # never a view of state that training changes
-        kind = dtypes.of_numpy(array.dtype).name
-        if kind in LOSSY_DTYPES:
-            array = array.view(_BITS[array.dtype.itemsize])
-            bits[name] = kind
-        arrays[name] = array
-    doc["bits"] = bits
+    doc["bits"] = raw_bits(arrays)
     try:
         return arrays, json.dumps(doc)
     except (TypeError, ValueError) as exc:  # e.g. a dict key encode_nested let through
         raise InvalidArgumentError(f"the training state cannot be stored as JSON: "
                                    f"{exc}") from None
+
+
+def raw_bits(arrays: dict[str, np.ndarray]) -> dict[str, str]:
+    """Replace every array of ``arrays`` by a copy (never a view of state that training
+    changes), floats by their raw bits as unsigned integers of the same width, so that no
+    policy or search quantizes them; return ``{name: dtype name}`` of the floats, for
+    :func:`from_raw_bits`."""
+    bits = {}
+    for name, array in arrays.items():
+        array = np.array(array, copy=True)
+        kind = dtypes.of_numpy(array.dtype).name
+        if kind in LOSSY_DTYPES:
+            array = array.view(_BITS[array.dtype.itemsize])
+            bits[name] = kind
+        arrays[name] = array
+    return bits
+
+
+def from_raw_bits(name: str, array: np.ndarray, kind: Any, where: str) -> np.ndarray:
+    """The float array of dtype name ``kind`` whose bits :func:`raw_bits` stored as
+    ``array``; InvalidArgumentError (naming ``where`` and ``name``) when they do not fit."""
+    if kind not in LOSSY_DTYPES or array.dtype.kind != "u" or \
+            array.dtype.itemsize != dtypes.by_name(kind).itemsize:
+        raise InvalidArgumentError(f"{where}: {name} is {array.dtype}, not the bits of {kind!r}")
+    return array.view(dtypes.by_name(kind).numpy)
 
 
 @dataclass
@@ -210,14 +228,7 @@ def decode(document: str | None, arrays: Mapping[str, np.ndarray], *,
     for name, array in arrays.items():
         if not name.startswith(TRAINING):
             continue
-        if name in bits:
-            kind = bits[name]
-            if kind not in LOSSY_DTYPES or array.dtype.kind != "u" or \
-                    array.dtype.itemsize != dtypes.by_name(kind).itemsize:
-                raise InvalidArgumentError(f"{where}: {name} is {array.dtype}, not the bits "
-                                           f"of {kind!r}")
-            array = array.view(dtypes.by_name(kind).numpy)
-        tensors[name] = array
+        tensors[name] = from_raw_bits(name, array, bits[name], where) if name in bits else array
     used: set[str] = set()
     state = TrainingState()
     missing = []

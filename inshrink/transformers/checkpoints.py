@@ -24,7 +24,7 @@ from safetensors.torch import save_file as save_safetensors
 from ..errors import CorruptError, InvalidArgumentError
 from ..series.series import MANIFEST, Series
 from ..torch.convert import to_numpy, to_torch
-from ..torch.state import GROUPS, MODEL, OPTIMIZER, STATE, decode_nested, encode_nested
+from ..torch.state import MODEL, decode_optimizer, encode_optimizer
 
 __all__ = ["checkpoint_to_numpy", "restore_checkpoint", "CHECKPOINT_METADATA"]
 
@@ -37,38 +37,6 @@ FILE = "file."
 
 OPTIMIZER_FILE = "optimizer.pt"
 _FORMAT = 1
-
-
-def _optimizer_arrays(state_dict: Any, arrays: dict[str, np.ndarray]) -> dict:
-    """An optimizer state dict's tensors into ``arrays`` (named as :mod:`inshrink.torch` names
-    them, so that policies see their roles); the rest as JSON-able data."""
-    if not isinstance(state_dict, dict) or not all(isinstance(k, str) for k in state_dict):
-        raise InvalidArgumentError("not an optimizer state dict")
-    doc = {}
-    for key, value in state_dict.items():
-        if key == "state" and isinstance(value, dict):
-            # [index, values] pairs: JSON object keys would turn integer indices into strings
-            doc[key] = [[k, encode_nested(v, f"{STATE}{k}", arrays)] for k, v in value.items()]
-        elif key == "param_groups" and isinstance(value, list):
-            doc[key] = [encode_nested(g, f"{GROUPS}{i}", arrays) for i, g in enumerate(value)]
-        else:
-            doc[key] = encode_nested(value, f"{OPTIMIZER}{key}", arrays)
-    return doc
-
-
-def _optimizer_state(doc: dict, tensors: Mapping[str, np.ndarray]) -> dict:
-    """The inverse of :func:`_optimizer_arrays`."""
-    used: set[str] = set()
-    state = {}
-    for key, value in doc.items():
-        if key == "state":
-            state[key] = {k: decode_nested(v, f"{STATE}{k}", tensors, used) for k, v in value}
-        elif key == "param_groups":
-            state[key] = [decode_nested(g, f"{GROUPS}{i}", tensors, used)
-                          for i, g in enumerate(value)]
-        else:
-            state[key] = decode_nested(value, f"{OPTIMIZER}{key}", tensors, used)
-    return state
 
 
 def _read_bytes(path: str) -> np.ndarray:
@@ -118,7 +86,7 @@ def _store_file(full: str, rel: str, arrays: dict[str, np.ndarray]) -> dict:
         try:
             state = torch.load(full, map_location="cpu", weights_only=True)
             found: dict[str, np.ndarray] = {}
-            doc = _optimizer_arrays(state, found)
+            doc = encode_optimizer(state, found)
         except (pickle.UnpicklingError, InvalidArgumentError, RuntimeError):
             pass  # something else than tensors and plain data: kept as it is, below
         else:
@@ -215,7 +183,7 @@ def _write_file(path: str, entry: dict, tensors: Mapping[str, np.ndarray]) -> No
                          metadata=entry.get("metadata"))
     elif kind == "optimizer":
         buffer = io.BytesIO()
-        torch.save(_optimizer_state(entry["state"], tensors), buffer)
+        torch.save(decode_optimizer(entry["state"], tensors, set()), buffer)
         with open(path, "wb") as f:
             f.write(buffer.getvalue())
     elif kind == "file":

@@ -662,6 +662,36 @@ def build_digest2(path: Path) -> dict:
     return contents(result)
 
 
+def digest1_scalar_tensors() -> tuple[Tensors, Tensors]:
+    """A step counter (0-d) and a weight, at two steps."""
+    w = mantissa_noise_f32("digest1-scalar-w", 64)
+    drift = w.copy()
+    drift[::3] *= np.float32(1.001)
+    return ({"step": np.array(3.0, "<f4"), "w": w},
+            {"step": np.array(4.0, "<f4"), "w": drift})
+
+
+@positive("digest1_scalar_base", "keyframe of a keyframe + delta pair identified by decode "
+                                 "digest definition 1, holding a 0-d F32 tensor")
+def build_digest1_scalar_base(path: Path) -> dict:
+    base, _ = digest1_scalar_tensors()
+    write_plain(path, base)
+    return contents(base)
+
+
+@positive("digest1_scalar", "delta file as format 1.2 wrote it (no digest member): base.sha256 "
+                            "is digest1_scalar_base's decode digest by definition 1, whose 0-d "
+                            "tensor is hashed with the shape string (1,) (section 23.1); "
+                            "decode with digest1_scalar_base.ink's tensors as the base",
+          base="digest1_scalar_base")
+def build_digest1_scalar(path: Path) -> dict:
+    base, nxt = digest1_scalar_tensors()
+    base_file = {"file": "digest1_scalar_base.ink",
+                 "sha256": decode_digest(base, {}, version=1)}
+    write_as_delta(path, nxt, base_file, base=base)
+    return contents(nxt)
+
+
 @positive("metadata", "user metadata (Unicode, empty value, escapes) and Unicode tensor names")
 def build_metadata(path: Path) -> dict:
     metadata = {"format": "pt", "note": "h\u00e9llo \u2713 \u65e5\u672c", "empty": "",
@@ -1547,6 +1577,9 @@ ARRAY_NEGATIVE = [
                   _edit_frame(lambda h: h.update(dtype="F24"))),
     ArrayNegative("ndim_limit", "scalar", "LimitExceededError", "A-7",
                   "33 dimensions of size 1", _edit_frame(lambda h: h.update(shape=[1] * 33))),
+    ArrayNegative("empty_huge_shape", "empty", "LimitExceededError", "A-7",
+                  "shape [2^62, 0]: no element, but non-zero dimensions over 2^48 bytes",
+                  _edit_frame(lambda h: h.update(shape=[1 << 62, 0]))),
     ArrayNegative("delta_chain", "f32", "CorruptError", "C-2",
                   'codec [{"id": "xor"}, bytegroup]',
                   _edit_frame(lambda h: h.update(codec=[{"id": "xor"}, *h["codec"]]))),
