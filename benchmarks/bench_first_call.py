@@ -3,6 +3,7 @@ checkpoint of thousands of small tensors costs per core and in the garbage colle
 
     python benchmarks/bench_first_call.py first [--runs 5]
     python benchmarks/bench_first_call.py small [--tensors 2000] [--reps 10]
+    python benchmarks/bench_first_call.py fresh [--runs 5] [--venv PATH] [--upgrade]
 
 ``first``: a small checkpoint (2.1 MB, 164 tensors: 41 parameters of a small model — 96×90
 and 90×96 matrices, biases — their AdamW moments and steps) saved with
@@ -17,6 +18,17 @@ collector's full passes visit). Prints CPU ms per save (least and mean), the col
 per save and collections per save by generation, and MB per CPU second; then the same for
 ``--reps`` loads of the file saved (lines with ``"op": "load"``).
 
+``fresh``: what a new user pays, in CPU seconds (user + system, every thread), median of
+``--runs`` fresh processes each: ``python -c "import inshrink"`` and ``inshrink --help``
+(whole processes, interpreter start included; ``python -c pass`` for reference), and the
+``first`` checkpoint's balanced save (the ``inshrink.save`` call alone and its whole
+process) with an empty Numba cache, then with the cache that save filled. It runs in a
+virtualenv made with ``python -m venv`` holding the newest release of every core dependency
+of pyproject.toml (``pip install --upgrade``) and this tree installed as a user installs it
+(``pip install --no-deps .``, reinstalled each time, no editable finder); ``--venv PATH``
+reuses (or makes) the virtualenv there, ``--upgrade`` upgrades its dependencies again.
+Children run outside the tree with no ``PYTHONPATH``. Prints the versions used.
+
 To compare revisions, run the script with each revision's tree on ``PYTHONPATH``,
 alternating.
 """
@@ -26,11 +38,14 @@ import argparse
 import gc
 import json
 import os
+import resource
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import tomllib  # (Python 3.11+, like the benchmarks' own virtualenv)
 
 import numpy as np
 
@@ -98,6 +113,91 @@ def first(runs: int) -> None:
                   f"{fw:.3f} / {fc:.3f} | {cw:.3f} / {cc:.3f}")
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# the save of ``fresh``: the in-process CPU seconds of the call, then the whole process's
+_FRESH_SAVE = """
+import sys, time
+import numpy as np
+import inshrink
+save = inshrink.save  # (its modules imported here, as import inshrink used to)
+state = dict(np.load(sys.argv[1]))
+c0 = time.process_time()
+save(sys.argv[2], state, policy="balanced")
+print(time.process_time() - c0)
+"""
+
+
+def core_dependencies() -> list[str]:
+    """pyproject.toml's ``[project] dependencies``, markers included."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)["project"]["dependencies"]
+
+
+def prepare_venv(venv: str, upgrade: bool) -> str:
+    """The python of ``venv`` (made when missing) with the newest core dependencies and this
+    tree installed."""
+    python = os.path.join(venv, "bin", "python")
+    made = not os.path.exists(python)
+    if made:
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    if made or upgrade:
+        subprocess.run([*pip, "--upgrade", *core_dependencies()], check=True)
+    # a copy of the tree as measured now, like a user's install (not the editable finder)
+    subprocess.run([*pip, "--no-deps", "--force-reinstall", ROOT], check=True,
+                   cwd=tempfile.gettempdir())
+    return python
+
+
+def child_cpu(args: list[str], env: dict[str, str], cwd: str) -> tuple[float, str]:
+    """The CPU seconds (user + system) of one child process, and its output."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(args, env=env, cwd=cwd, check=True, capture_output=True,
+                         text=True).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), out
+
+
+def fresh(runs: int, venv: str | None, upgrade: bool) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        python = prepare_venv(venv or os.path.join(scratch, "venv"), upgrade)
+        script = os.path.join(os.path.dirname(python), "inshrink")
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("PYTHONPATH", "NUMBA_CACHE_DIR", "VIRTUAL_ENV")}
+        env["XDG_CACHE_HOME"] = os.path.join(scratch, "xdg")  # (no user's kernel cache)
+        versions = subprocess.run(
+            [python, "-c", "import importlib.metadata as m, re, sys; print(sys.version.split()[0],"
+             " *(f'{n}=={m.version(n)}' for n in sys.argv[1:]))",
+             *sorted({d.split(";")[0].split(">")[0].split("=")[0].split("<")[0].strip()
+                      for d in core_dependencies()} | {"inshrink"})],
+            env=env, cwd=scratch, check=True, capture_output=True, text=True).stdout.split()
+        print("python", versions[0], "|", " ".join(versions[1:]))
+        source = os.path.join(scratch, "ckpt.npz")
+        np.savez(source, **small_model_checkpoint())
+        target = os.path.join(scratch, "ckpt.ink")
+        child_cpu([python, "-c", "import inshrink.api"], env, scratch)  # bytecode written
+        times: dict[str, list[float]] = {}
+        for _ in range(runs):
+            for name, args in (("python -c pass", [python, "-c", "pass"]),
+                               ("import inshrink", [python, "-c", "import inshrink"]),
+                               ("inshrink --help", [script, "--help"])):
+                times.setdefault(name, []).append(child_cpu(args, env, scratch)[0])
+            cache_env = {**env, "NUMBA_CACHE_DIR": tempfile.mkdtemp(dir=scratch)}
+            for state in ("empty", "filled"):  # the cache the first save filled
+                total, out = child_cpu([python, "-c", _FRESH_SAVE, source, target],
+                                       cache_env, scratch)
+                times.setdefault(f"first save, cache {state}: save call", []).append(
+                    float(out))
+                times.setdefault(f"first save, cache {state}: whole process", []).append(
+                    total)
+        print(f"CPU s, median of {runs} fresh processes (least-most); load "
+              f"{os.getloadavg()[0]:.2f}")
+        for name, values in times.items():
+            print(f"{name:40s} {statistics.median(values):6.3f} "
+                  f"({min(values):.3f}-{max(values):.3f})")
+
+
 def small(count: int, reps: int) -> None:
     import torch  # noqa: F401  a training process's heap
 
@@ -162,9 +262,16 @@ def main() -> None:
     p_small = sub.add_parser("small", help="saves of many small tensors")
     p_small.add_argument("--tensors", type=int, default=2000)
     p_small.add_argument("--reps", type=int, default=10)
+    p_fresh = sub.add_parser("fresh", help="start-up and first saves in a fresh virtualenv")
+    p_fresh.add_argument("--runs", type=int, default=5)
+    p_fresh.add_argument("--venv", help="the virtualenv to use (made when missing)")
+    p_fresh.add_argument("--upgrade", action="store_true",
+                         help="upgrade the dependencies of an existing --venv")
     args = parser.parse_args()
     if args.mode == "first":
         first(args.runs)
+    elif args.mode == "fresh":
+        fresh(args.runs, args.venv, args.upgrade)
     else:
         small(args.tensors, args.reps)
 

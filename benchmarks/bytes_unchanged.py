@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 WORKER = r"""
 import glob, hashlib, json, os, sys
 import inshrink
+import ml_dtypes  # safetensors.numpy reads bf16 through it (inshrink imports it late)
 from inshrink import PRESETS
 from safetensors.numpy import load_file
 

@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 WORKER = r"""
 import json, os, sys, time
 import inshrink
+import ml_dtypes  # safetensors.numpy reads bf16 through it (inshrink imports it late)
 from safetensors.numpy import load_file
 tensors = load_file(sys.argv[1])
 out = os.path.join(sys.argv[2], "x.ink")

@@ -6,16 +6,25 @@
 >>> with inshrink.open("step_1000.ink") as f:      # doctest: +SKIP
 ...     w = f["model.layers.3.attn.q_proj.weight"]
 """
-from .api import load, open, save
-from .errors import (BaseMismatchError, ChecksumError, CorruptError, InshrinkError, InvalidArgumentError,
-                     LimitExceededError, SeriesLockedError, TensorNotFoundError, TruncatedError,
-                     UnknownCodecError, UnsupportedFeatureError, UnsupportedVersionError)
-from .encode.policy import PRESETS, Policy, QuantConfig
-from .search import Choice, Search, SearchResult, SearchSpace
-from .series.series import Series
-from .io.file import File
-from .io.info import TensorInfo
-from .io.writer import Writer
+from ._lazy import face
+
+# Each name's module is imported when the name is first used (``inshrink.save``, ``from
+# inshrink import File``), so ``import inshrink`` and ``inshrink --help`` cost no numpy and no
+# codec modules; the names are the same objects as before.
+_NAMES = {
+    **dict.fromkeys(["load", "open", "save"], ".api"),
+    **dict.fromkeys(["BaseMismatchError", "ChecksumError", "CorruptError", "InshrinkError",
+                     "InvalidArgumentError", "LimitExceededError", "SeriesLockedError",
+                     "TensorNotFoundError", "TruncatedError", "UnknownCodecError",
+                     "UnsupportedFeatureError", "UnsupportedVersionError"], ".errors"),
+    **dict.fromkeys(["PRESETS", "Policy", "QuantConfig"], ".encode.policy"),
+    **dict.fromkeys(["Choice", "Search", "SearchResult", "SearchSpace"], ".search"),
+    "Series": ".series.series",
+    "File": ".io.file",
+    "TensorInfo": ".io.info",
+    "Writer": ".io.writer",
+}
+__getattr__, __dir__ = face(__name__, _NAMES)
 
 __version__ = "0.1.0"
 

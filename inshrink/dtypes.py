@@ -2,13 +2,20 @@
 
 File dtype names follow safetensors (``F32``, ``BF16``...) so conversion is a lookup.
 Data is always stored little-endian.
+
+bf16 and fp8 are :mod:`ml_dtypes` types, imported when one is first needed (importing
+ml_dtypes costs 0.5-0.9 CPU-s, which a process that never meets such a tensor should not
+pay): the table names them, :attr:`DType.numpy` resolves them, and :func:`of_numpy` only
+looks for them once ``ml_dtypes`` is imported (an array of theirs cannot exist before).
 """
 from __future__ import annotations
 
+import functools
+import sys
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from .errors import InvalidArgumentError, UnknownCodecError
@@ -22,16 +29,26 @@ class DType:
     ----------
     name : str
         Name used in the file index (safetensors spelling).
-    numpy : numpy.dtype
-        Little-endian numpy dtype of one element.
+    spec : str
+        The numpy dtype string (``"<f4"``), or ``"ml_dtypes.<type>"`` for a type of
+        ml_dtypes.
     word : int
         Width in bytes of the float word the sign-rotation works on (a complex number is two
         float words); 0 for integer and bool types, which are never rotated.
     """
 
     name: str
-    numpy: np.dtype
+    spec: str
     word: int
+
+    @functools.cached_property
+    def numpy(self) -> np.dtype:
+        """Little-endian numpy dtype of one element (imports ml_dtypes for bf16/fp8)."""
+        module, _, type_name = self.spec.rpartition(".")
+        if not module:
+            return np.dtype(self.spec)
+        import ml_dtypes  # (not ml_dtypes(), which reads this property)
+        return np.dtype(getattr(ml_dtypes, type_name))
 
     @property
     def itemsize(self) -> int:
@@ -39,33 +56,45 @@ class DType:
 
 
 _TABLE = [
-    DType("F64", np.dtype("<f8"), 8),
-    DType("F32", np.dtype("<f4"), 4),
-    DType("F16", np.dtype("<f2"), 2),
-    DType("BF16", np.dtype(ml_dtypes.bfloat16), 2),
-    DType("F8_E4M3", np.dtype(ml_dtypes.float8_e4m3fn), 1),
-    DType("F8_E5M2", np.dtype(ml_dtypes.float8_e5m2), 1),
-    DType("C64", np.dtype("<c8"), 4),
-    DType("C128", np.dtype("<c16"), 8),
-    DType("I8", np.dtype("i1"), 0),
-    DType("I16", np.dtype("<i2"), 0),
-    DType("I32", np.dtype("<i4"), 0),
-    DType("I64", np.dtype("<i8"), 0),
-    DType("U8", np.dtype("u1"), 0),
-    DType("U16", np.dtype("<u2"), 0),
-    DType("U32", np.dtype("<u4"), 0),
-    DType("U64", np.dtype("<u8"), 0),
-    DType("BOOL", np.dtype("?"), 0),
+    DType("F64", "<f8", 8),
+    DType("F32", "<f4", 4),
+    DType("F16", "<f2", 2),
+    DType("BF16", "ml_dtypes.bfloat16", 2),
+    DType("F8_E4M3", "ml_dtypes.float8_e4m3fn", 1),
+    DType("F8_E5M2", "ml_dtypes.float8_e5m2", 1),
+    DType("C64", "<c8", 4),
+    DType("C128", "<c16", 8),
+    DType("I8", "i1", 0),
+    DType("I16", "<i2", 0),
+    DType("I32", "<i4", 0),
+    DType("I64", "<i8", 0),
+    DType("U8", "u1", 0),
+    DType("U16", "<u2", 0),
+    DType("U32", "<u4", 0),
+    DType("U64", "<u8", 0),
+    DType("BOOL", "?", 0),
 ]
 BY_NAME = {d.name: d for d in _TABLE}
-_BY_NUMPY = {d.numpy: d for d in _TABLE}
+# numpy dtype -> entry; the ml_dtypes entries join it when ml_dtypes is first imported
+# (:func:`ml_dtypes`), so a look-up that misses must call :func:`of_numpy`
+BY_NUMPY = {d.numpy: d for d in _TABLE if not d.spec.startswith("ml_dtypes.")}
 
 # torch dtypes numpy cannot hold natively, viewed through a same-width integer first.
 _TORCH_VIA_INT = {
-    "torch.bfloat16": ("int16", ml_dtypes.bfloat16),
-    "torch.float8_e4m3fn": ("int8", ml_dtypes.float8_e4m3fn),
-    "torch.float8_e5m2": ("int8", ml_dtypes.float8_e5m2),
+    "torch.bfloat16": ("int16", "BF16"),
+    "torch.float8_e4m3fn": ("int8", "F8_E4M3"),
+    "torch.float8_e5m2": ("int8", "F8_E5M2"),
 }
+
+
+def ml_dtypes() -> ModuleType:
+    """The :mod:`ml_dtypes` module, imported on first use; its entries then join
+    :data:`BY_NUMPY`."""
+    import ml_dtypes as module  # a no-op once imported
+
+    if len(BY_NUMPY) < len(_TABLE):
+        BY_NUMPY.update({d.numpy: d for d in _TABLE})
+    return module
 
 
 def by_name(name: str) -> DType:
@@ -78,13 +107,20 @@ def by_name(name: str) -> DType:
 
 def of_numpy(dtype: np.dtype) -> DType:
     """Return the registry entry for a numpy dtype (either byte order)."""
-    dt = np.dtype(dtype)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:  # perhaps a name that ml_dtypes defines ("bfloat16")
+        ml_dtypes()
+        dt = np.dtype(dtype)
     if dt.byteorder == ">":
         dt = dt.newbyteorder("<")
-    try:
-        return _BY_NUMPY[dt]
-    except KeyError:
-        raise InvalidArgumentError(f"unsupported dtype {dt}") from None
+    found = BY_NUMPY.get(dt)
+    if found is None and "ml_dtypes" in sys.modules:  # not one of its types before it is
+        ml_dtypes()
+        found = BY_NUMPY.get(dt)
+    if found is None:
+        raise InvalidArgumentError(f"unsupported dtype {dt}")
+    return found
 
 
 def as_numpy(value: Any) -> np.ndarray:
@@ -110,8 +146,9 @@ def as_numpy(value: Any) -> np.ndarray:
         if torch_dtype in _TORCH_VIA_INT:
             import torch  # only reachable when the caller already uses torch
 
-            int_name, ml_type = _TORCH_VIA_INT[torch_dtype]
-            value = value.contiguous().view(getattr(torch, int_name)).numpy().view(ml_type)
+            int_name, stored = _TORCH_VIA_INT[torch_dtype]
+            value = (value.contiguous().view(getattr(torch, int_name)).numpy()
+                     .view(BY_NAME[stored].numpy))
     if isinstance(value, np.ndarray) and type(value) is not np.ndarray:
         # a subclass may reshape differently (np.matrix stays 2-D): the same memory as a
         # plain array

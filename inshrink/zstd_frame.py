@@ -2,22 +2,34 @@
 decompression (spec/FORMAT.md, rules D-2 ... D-4 for chunks, I-0a and I-0b for the index).
 
 Both the entropy stage (chunk payloads) and the container (the compressed index) read zstd
-frames, and neither may import the other: the rules they share live here.
+frames, and neither may import the other: the rules they share live here, with
+:func:`zstd`, which imports zstandard when a frame is first made or read (not on
+``import inshrink``).
 """
 from __future__ import annotations
 
-import zstandard
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import zstandard
 
 MAX_ZSTD_WINDOW = 1 << 27   # spec "Limits": Window_Size of any zstd frame (chunks and the index)
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def zstd() -> ModuleType:
+    """The :mod:`zstandard` module, imported on first use."""
+    import zstandard as module  # a look-up in sys.modules once imported
+    return module
 
 
 def zstd_frame_parameters(payload) -> zstandard.FrameParameters:
     """The header of the zstd frame ``payload`` starts with; ``zstandard.ZstdError`` if it
     does not start with one (a skippable frame holds no data: it is not one)."""
     if bytes(payload[:4]) != ZSTD_MAGIC:
-        raise zstandard.ZstdError("no zstd frame magic number")
-    return zstandard.get_frame_parameters(payload)
+        raise zstd().ZstdError("no zstd frame magic number")
+    return zstd().get_frame_parameters(payload)
 
 
 def zstd_decompress_frame(decompressor: zstandard.ZstdDecompressor, payload,
@@ -32,7 +44,7 @@ def zstd_decompress_frame(decompressor: zstandard.ZstdDecompressor, payload,
     stream = decompressor.decompressobj()
     out = stream.decompress(payload)
     if not stream.eof:
-        raise zstandard.ZstdError("the frame is incomplete")
+        raise zstd().ZstdError("the frame is incomplete")
     if stream.unused_data:
-        raise zstandard.ZstdError(f"{len(stream.unused_data)} bytes follow the frame")
+        raise zstd().ZstdError(f"{len(stream.unused_data)} bytes follow the frame")
     return out

@@ -150,6 +150,8 @@ def warm_up(directory) -> None:
 
     import inshrink
     import inshrink.dcp.sharded as sharded
+    from kit import start_lossy_kernels
+    start_lossy_kernels()  # compiled here, not in each rank
     warm = os.path.join(directory, ".warm.ink")
     gen = np.random.default_rng(0)
     inshrink.save(warm, {"w.weight": gen.standard_normal((64, 64), np.float32),

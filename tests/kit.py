@@ -51,6 +51,15 @@ MINORS = {"bytegroup": 0, "quant": 1, "xor": 2, "codedelta": 2, "factored": 4, "
 
 # -- numbers ------------------------------------------------------------------------------------
 
+def start_lossy_kernels() -> None:
+    """Start Numba for the kernels a lossy save would first run as numpy stand-ins, so that
+    the next save compiles (or loads) them, as a process that has saved enough does: for a
+    warm-up that must leave nothing to compile later."""
+    from inshrink.kernels import quant as kernels
+    for k in (kernels.sketch_words, kernels.quantize_chunk, kernels.kmeans_1d):
+        k.compiled()
+
+
 def rel_l2(a, b) -> float:
     """||a - b|| / ||a||, in float64."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)

@@ -512,6 +512,7 @@ def test_short_chunks_ranked_by_the_kernel_are_quantized_as_by_numpys_search(mon
     x = (rng.standard_normal(3000) * 1e-3).astype(work)
     x[[5, 17, 400]] = [np.nan, np.inf, -np.inf]
     x[[6, 7, 8]] = [0.0, -0.0, x.max() * 10]
+    monkeypatch.setattr(quantizer, "NUMPY_ELEMENTS", -1)  # quantize_chunk, not its stand-in
     sketch = sketching.Sketch.for_dtype(dtype, QuantConfig().alpha, bins)
     sketch.add(x)
     raw = x.view(np.uint8)
@@ -543,6 +544,7 @@ def test_short_chunks_are_ranked_by_the_kernel_once_a_process_has_ranked_enough(
             return real(*args)
     monkeypatch.setattr(quantizer.kernels, "rank_chunk", Spy())
     monkeypatch.setattr(quantizer, "_SEARCHES_BEFORE_KERNEL", 3)
+    monkeypatch.setattr(quantizer, "NUMPY_ELEMENTS", -1)  # quantize_chunk, not its stand-in
     monkeypatch.setattr(quantizer, "_searches_so_far", 0)
     x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
     sketch = sketching.Sketch.for_dtype(BY_NAME["F32"], QuantConfig().alpha, 16)

@@ -1,5 +1,6 @@
-"""Start-up: importing inshrink and asking for help stay cheap (no Numba, whose CPU target
-imports scipy); kernels compile on first use, one specialisation each."""
+"""Start-up: importing inshrink and asking for help stay cheap (no dependency: ml_dtypes,
+zstandard, numpy and Numba, whose CPU target imports scipy, come when first needed); kernels
+compile on first use, one specialisation each."""
 import os
 import subprocess
 import sys
@@ -10,6 +11,9 @@ import pytest
 from inshrink.kernels import Kernel, kernel
 
 HEAVY = ("numba", "llvmlite", "scipy")
+# imported only when first needed: bf16/fp8 dtypes, kernels, zstd frames (and numpy by
+# inshrink's modules, which neither import nor --help loads)
+LAZY = ("ml_dtypes", "numba", "zstandard", "numpy")
 
 
 def run_python(args, tmp_path, **env):
@@ -32,14 +36,57 @@ def test_import_inshrink_does_not_import_numba(tmp_path):
     assert r.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("args", [["--help"], ["compress", "--help"]])
-def test_cli_help_does_not_import_numba(tmp_path, args):
+def test_import_inshrink_imports_no_dependency(tmp_path):
+    r = run_python(["-c", "import sys, inshrink; print(sorted(m for m in sys.modules "
+                    f"if m.split('.')[0] in {LAZY!r}))"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("args", [["--help"], ["compress", "--help"], ["series", "--help"]])
+def test_cli_help_imports_no_dependency(tmp_path, args):
     r = run_python(["-X", "importtime", "-m", "inshrink", *args], tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "usage" in r.stdout
     modules = imported_modules(r.stderr)
-    assert "inshrink" in modules
-    assert not {m for m in modules if m.split(".")[0] in HEAVY}
+    assert "inshrink.cli.parser" in modules
+    assert not {m for m in modules if m.split(".")[0] in LAZY + HEAVY}
+
+
+def test_dependencies_come_when_first_needed(tmp_path):
+    script = """
+import sys, inshrink
+def loaded():
+    return sorted({m.split(".")[0] for m in sys.modules} & {"ml_dtypes", "zstandard"})
+inshrink.save, inshrink.File, inshrink.Policy
+print(loaded())
+import numpy as np
+inshrink.save("f.ink", {"a": np.arange(10.0)})
+print(loaded())
+inshrink.load("f.ink")
+from inshrink import dtypes
+bf16 = dtypes.by_name("BF16")
+print(loaded())
+print(bf16.numpy, dtypes.of_numpy(bf16.numpy).name, loaded())
+"""
+    r = run_python(["-c", script], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == ["[]", "['zstandard']", "['zstandard']",
+                                     "bfloat16 BF16 ['ml_dtypes', 'zstandard']"]
+
+
+def test_an_ml_dtypes_array_imported_by_the_caller_is_stored(tmp_path):
+    script = """
+import ml_dtypes, numpy as np, inshrink
+x = np.linspace(-1, 1, 4096, dtype=np.float32).astype(ml_dtypes.bfloat16)
+inshrink.save("b.ink", {"x": x, "e4m3": x.astype(ml_dtypes.float8_e4m3fn)})
+back = inshrink.load("b.ink")
+print(back["x"].dtype, back["e4m3"].dtype, np.array_equal(back["x"].view(np.uint16),
+                                                         x.view(np.uint16)))
+"""
+    r = run_python(["-c", script], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["bfloat16", "float8_e4m3fn", "True"]
 
 
 def test_lossless_round_trip_compiles_one_specialisation_per_kernel(tmp_path):
@@ -76,6 +123,20 @@ def test_kernel_is_compiled_on_first_call_and_keeps_the_function():
     add_one(np.arange(3.0), out)
     assert out.tolist() == [1.0, 2.0, 3.0]
     assert add_one.py_func.__name__ == "add_one"
+
+
+def test_due_counts_a_stand_ins_work_until_the_kernel_is_compiled():
+    @kernel
+    def negate(x, out):
+        for i in range(x.shape[0]):
+            out[i] = -x[i]
+
+    assert not negate.due(6, 10) and not negate.due(4, 10)  # 10 done: not more than 10
+    assert negate.due(1, 10) and negate.due(1, 10)  # from then on, and not compiled yet
+    assert not negate.ready
+    other = kernel(negate.py_func)
+    other(np.ones(2), np.empty(2))
+    assert other.ready and other.due(1 << 40, 0)  # compiled: always
 
 
 def test_kernel_with_signatures_rejects_other_argument_types(tmp_path):

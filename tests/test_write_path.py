@@ -16,6 +16,7 @@ from inshrink.container import layout
 from inshrink.container.index import Chunk
 from inshrink.container.reader import ContainerReader
 from inshrink.container.writer import ContainerWriter
+from kit import start_lossy_kernels
 
 
 def _payloads(rng: np.random.Generator) -> list:
@@ -85,6 +86,7 @@ def test_a_save_keeps_few_tracked_objects_per_tensor(tmp_path, threads, chunk_by
     # tensor keeps its index entry (and a lossy one its codec list), not its chunks' lists
     # and named tuples or its encoder (10-15 objects per tensor before).
     tensors = _small_tensors(300)
+    start_lossy_kernels()
     inshrink.save(tmp_path / "warm.ink", dict(list(tensors.items())[:9]), threads=threads,
                   policy=policy)  # imports, compiled kernels, caches: before the count
     gc.collect()

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import zstandard
 
 from ..errors import CorruptError, InvalidArgumentError, UnknownCodecError
-from ..zstd_frame import MAX_ZSTD_WINDOW, zstd_decompress_frame, zstd_frame_parameters
+from ..zstd_frame import MAX_ZSTD_WINDOW, zstd, zstd_decompress_frame, zstd_frame_parameters
+
+if TYPE_CHECKING:
+    import zstandard
 
 ZSTD = "zstd"
 RAW = "raw"
@@ -24,8 +26,9 @@ CODINGS = (ZSTD, RAW)
 # gain comes from Huffman-coded literals. A small hash table and the longest minimum match keep
 # the match finder from wasting time (and bits) on short chance matches: measured about 2x
 # faster than level 1 with a slightly better ratio on exponent planes (docs/decisions.md).
+# (strategy: zstandard.STRATEGY_FAST, set when the first compressor is made)
 _FAST_PARAMS = dict(window_log=17, hash_log=6, chain_log=6, search_log=1, min_match=7,
-                    target_length=0, strategy=zstandard.STRATEGY_FAST)
+                    target_length=0)
 
 _local = threading.local()
 
@@ -37,8 +40,10 @@ def _compressor(level: int | None) -> zstandard.ZstdCompressor:
         _local.compressors = {}
     except KeyError:
         pass
+    zstandard = zstd()
     if level is None:
-        params = zstandard.ZstdCompressionParameters(**_FAST_PARAMS, write_content_size=True)
+        params = zstandard.ZstdCompressionParameters(
+            **_FAST_PARAMS, strategy=zstandard.STRATEGY_FAST, write_content_size=True)
         compressor = zstandard.ZstdCompressor(compression_params=params)
     else:
         compressor = zstandard.ZstdCompressor(level=level, write_content_size=True)
@@ -48,15 +53,16 @@ def _compressor(level: int | None) -> zstandard.ZstdCompressor:
 
 def _decompressor() -> zstandard.ZstdDecompressor:
     if not hasattr(_local, "decompressor"):
-        _local.decompressor = zstandard.ZstdDecompressor()
+        _local.decompressor = zstd().ZstdDecompressor()
     return _local.decompressor
 
 
 def check_level(level: int | None) -> None:
     """Raise :class:`InvalidArgumentError` unless ``level`` is None or a zstd level."""
-    lo, hi = -(1 << 17), zstandard.MAX_COMPRESSION_LEVEL
-    if level is not None and (not isinstance(level, int) or isinstance(level, bool)
-                              or not lo <= level <= hi):
+    if level is None:  # (the default: no zstandard needed to check it)
+        return
+    lo, hi = -(1 << 17), zstd().MAX_COMPRESSION_LEVEL
+    if not isinstance(level, int) or isinstance(level, bool) or not lo <= level <= hi:
         raise InvalidArgumentError(f"level must be None or an integer in [{lo}, {hi}], "
                                    f"got {level!r}")
 
@@ -127,7 +133,7 @@ def decode(coding: str, payload: bytes, size: int) -> bytes:
         raise UnknownCodecError(f"[I-13] unknown chunk coding {coding!r}")
     try:
         params = zstd_frame_parameters(payload)
-    except zstandard.ZstdError as exc:
+    except zstd().ZstdError as exc:  # (evaluated only when an exception is raised)
         raise CorruptError(f"[D-2] bad zstd frame header: {exc}") from None
     if params.dict_id or params.window_size > MAX_ZSTD_WINDOW:
         raise CorruptError(f"[D-2a] zstd frame needs a dictionary ({params.dict_id}) or a "
@@ -137,7 +143,7 @@ def decode(coding: str, payload: bytes, size: int) -> bytes:
                            f"says {size}")
     try:
         out = zstd_decompress_frame(_decompressor(), payload, size)
-    except zstandard.ZstdError as exc:
+    except zstd().ZstdError as exc:
         raise CorruptError(f"[D-4] corrupt zstd frame: {exc}") from None
     if len(out) != size:
         raise CorruptError(f"[D-4] zstd frame decoded to {len(out)} bytes, index says {size}")

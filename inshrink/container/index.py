@@ -15,7 +15,6 @@ from json import encoder as _json_encoder
 from typing import Mapping, NamedTuple
 
 import numpy as np
-import zstandard
 
 from .. import dtypes
 from ..errors import CorruptError, InshrinkError, LimitExceededError, UnknownCodecError
@@ -144,8 +143,8 @@ def pack_index(payload: bytes) -> bytes | None:
     short or the frame would not be smaller."""
     if len(payload) < MIN_COMPRESSED_INDEX:
         return None
-    frame = zstandard.ZstdCompressor(level=INDEX_ZSTD_LEVEL, write_content_size=True,
-                                     write_checksum=False).compress(payload)
+    frame = layout.zstd().ZstdCompressor(level=INDEX_ZSTD_LEVEL, write_content_size=True,
+                                         write_checksum=False).compress(payload)
     return frame if len(frame) < len(payload) else None
 
 
@@ -153,6 +152,7 @@ def unpack_index(frame: bytes, file_size: int) -> bytes:
     """Decompress a ``zindex`` payload after checking that its frame declares a size within
     the index limits for a file of ``file_size`` bytes; typed errors for anything else (spec
     rules I-0a, I-0b)."""
+    zstandard = layout.zstd()
     try:
         params = layout.zstd_frame_parameters(frame)
     except zstandard.ZstdError as exc:

@@ -18,7 +18,7 @@ except ImportError:  # an interpreter or platform without a wheel of isal
 from ..errors import (ChecksumError, CorruptError, TruncatedError, UnsupportedFeatureError,
                       UnsupportedVersionError)
 from ..zstd_frame import (MAX_ZSTD_WINDOW, ZSTD_MAGIC,  # noqa: F401 (the index reads frames)
-                          zstd_decompress_frame, zstd_frame_parameters)
+                          zstd, zstd_decompress_frame, zstd_frame_parameters)
 
 MAGIC = b"\x89INK\r\n\x1a\n"
 VERSION_MAJOR = 1

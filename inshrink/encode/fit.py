@@ -71,6 +71,85 @@ def _uniforms(seed: int, k: int) -> np.ndarray:
     return uniforms
 
 
+# A process's first k-means run in numpy (the same centroids) when centroids times points is
+# at most _NUMPY_KMEANS_SIZE (numpy's iteration works on arrays that large), until they add
+# up to _NUMPY_KMEANS_WORK: compiling kmeans_1d costs ~0.5 s in a fresh environment, numpy
+# ~0.1 us more per centroid, point and iteration (measured 2026-12-02: 80 fits of 64 levels on
+# ~4,200 points, 0.46 s), so only a process that fits a few small tensors gains from it.
+_NUMPY_KMEANS_SIZE = 1 << 18
+_NUMPY_KMEANS_WORK = 1 << 21
+
+
+def _segment_sums(values: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """For each column of ``values`` (rows: points), the sums of its rows
+    ``starts[c]:stops[c]`` for each c, each summed from 0.0 in order, as a loop sums (numpy's
+    sum is pairwise): the last row of a cumulative sum down the segments, padded with zeros.
+    Shape (columns, segments)."""
+    lengths = stops - starts
+    width = int(lengths.max()) if lengths.size else 0
+    steps = np.arange(width)[:, None]
+    inside = steps < lengths
+    rows = np.zeros((width + 1, starts.size, values.shape[1]))  # row 0: a loop's first 0.0
+    rows[1:][inside] = values[(starts + steps)[inside]]
+    return np.cumsum(rows, axis=0)[-1].T
+
+
+@np.errstate(all="ignore")  # (as the kernel: no warnings of underflow)
+def kmeans_numpy(points: np.ndarray, weights: np.ndarray, uniforms: np.ndarray,
+                 centroids: np.ndarray, max_iter: int, tol: float) -> tuple[int, int]:
+    """:func:`inshrink.kernels.quant.kmeans_1d` in numpy, with the same centroids to the bit
+    (every sum in the kernel's order); no scratch array. Returns (centroids, iterations)."""
+    n, k = points.size, uniforms.size
+    m = centroids.size
+    if k > 0:  # k-means++ seeding: each draw by inverse CDF on running sums of the masses
+        mass = weights
+        running = np.cumsum(mass)  # sequential, as the kernel's running sums
+        total = float(running[-1])
+        if not total > 0.0:  # every point weighs 1
+            mass = np.ones(n)
+            running = np.cumsum(mass)
+            total = float(running[-1])
+        ones = mass is not weights
+        nearest = None
+        m = 0
+        while m < k and total > 0.0:
+            base = int(np.searchsorted(running, uniforms[m] * total, side="right"))
+            if base >= n:  # the last point with mass
+                base = int(np.flatnonzero(mass > 0.0)[-1])
+            drawn = points[base]
+            centroids[m] = drawn
+            m += 1
+            if m == k:
+                break
+            gap = points - drawn
+            gap *= gap
+            nearest = gap if nearest is None else np.minimum(nearest, gap)
+            mass = nearest if ones else nearest * weights
+            running = np.cumsum(mass)
+            total = float(running[-1])
+    threshold = tol * (points[n - 1] - points[0] if n > 0 else 0.0)
+    iterations = 0
+    largest_move = math.inf
+    pairs = np.stack((weights, weights * points), axis=1)  # both sums in one gather
+    while True:
+        centroids[:m] = np.sort(centroids[:m])
+        if iterations >= max_iter or largest_move <= threshold:
+            break
+        iterations += 1
+        cluster = centroids[:m]
+        # a point goes to the first centroid whose midpoint with the next is not below it
+        mids = 0.5 * (cluster[:-1] + cluster[1:])
+        owner = np.searchsorted(mids, points, side="left")
+        starts = np.searchsorted(owner, np.arange(m), side="left")
+        stops = np.searchsorted(owner, np.arange(m), side="right")
+        sum_w, sum_wp = _segment_sums(pairs, starts, stops)
+        moved = sum_w > 0.0
+        updated = sum_wp[moved] / sum_w[moved]
+        largest_move = float(np.abs(updated - cluster[moved]).max()) if updated.size else 0.0
+        cluster[moved] = updated
+    return m, iterations
+
+
 def _kmeans(points: np.ndarray, weights: np.ndarray, k: int, seed: int) -> np.ndarray:
     """Weighted k-means++ then Lloyd on sorted 1-D points; at most k sorted centroids."""
     if points.size <= k:
@@ -78,8 +157,12 @@ def _kmeans(points: np.ndarray, weights: np.ndarray, k: int, seed: int) -> np.nd
     centroids = np.empty(k, np.float64)
     if points.size != weights.size:  # the kernel reads both up to len(points)
         raise InvalidArgumentError(f"{points.size} points and {weights.size} weights")
-    m, _ = kernels.kmeans_1d(points, weights, _uniforms(seed, k), centroids, 100, 1e-7,
-                             scratch_array("kmeans", np.float64, 2 * (points.size + k)))
+    if (k * points.size <= _NUMPY_KMEANS_SIZE
+            and not kernels.kmeans_1d.due(k * points.size, _NUMPY_KMEANS_WORK)):
+        m = kmeans_numpy(points, weights, _uniforms(seed, k), centroids, 100, 1e-7)[0]
+    else:
+        m, _ = kernels.kmeans_1d(points, weights, _uniforms(seed, k), centroids, 100, 1e-7,
+                                 scratch_array("kmeans", np.float64, 2 * (points.size + k)))
     centroids = centroids[:m]  # sorted: only equal neighbours to drop (rarely any)
     values = centroids.tolist()
     if any(after == before for before, after in zip(values, values[1:])):

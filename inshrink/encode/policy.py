@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping
 
-from ..dtypes import python_number
 from ..errors import InvalidArgumentError
 from .roles import LOSSY_DTYPES, ROLES, SMALL_MOMENT, SMALL_TENSOR, role_of
 
@@ -75,7 +74,12 @@ class QuantConfig:
         # the one validation of quantization settings: Policy's configs, the array frame
         # and the numcodecs / zarr codecs all take theirs from here
         for name in ("bins", "seed", "protect", "prune", "max_rel_l2", "sigma", "alpha"):
-            object.__setattr__(self, name, python_number(getattr(self, name)))
+            value = getattr(self, name)
+            if type(value) not in (int, float, type(None)):
+                # a numpy scalar, perhaps; only then import dtypes (numpy), so that the
+                # presets, and the command line's --help that reads them, need no numpy
+                from ..dtypes import python_number
+                object.__setattr__(self, name, python_number(value))
         if type(self.bins) is not int or not 0 <= self.bins <= MAX_BINS:
             raise InvalidArgumentError(f"bins must be an integer in [0, {MAX_BINS}]")
         for name in ("prune", "protect"):

@@ -19,7 +19,7 @@ from ..codecs.quant import WORDS, Quant, QuantChunk
 from ..errors import InvalidArgumentError
 from ..kernels import quant as kernels
 from .scratch import scratch_array
-from .sketch import Sketch, work_dtype
+from .sketch import NUMPY_ELEMENTS, Sketch, work_dtype
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,11 @@ class QuantEncoder:
         scratch = scratch_array("positions", np.int64, 2 * x.size)
         positions, others = scratch[:x.size], scratch[x.size:]
         out = np.zeros(7, np.float64)
+        if not kernels.quantize_chunk.due(x.size, NUMPY_ELEMENTS):
+            escaped = quantize_numpy(x, self.boundaries, self._table, self.protect_at,
+                                     self.prune_below, stage.zero_code, stage.escape, force,
+                                     codes, out)
+            return codes, escaped, _stats(x.size, out)
         lut, probes = _NO_TABLE
         if x.dtype == np.float32 and x.size >= _RANK_TABLE_MIN:
             lut, probes = self._rank_table
@@ -131,6 +136,42 @@ class QuantEncoder:
         # as rel_l2 counts a bound not met for them (see ChunkStats.rel_l2)
         with np.errstate(over="ignore", invalid="ignore"):
             return math.sqrt(float(np.dot(counts, (values - decoded) ** 2)) / sketch.sumsq)
+
+
+@np.errstate(all="ignore")  # (the kernel raises and warns of nothing either)
+def quantize_numpy(x: np.ndarray, boundaries: np.ndarray, table: np.ndarray,
+                   protect_at: float, prune_below: float, zero_code: int, escape: int,
+                   force: np.ndarray | None, codes: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """:func:`inshrink.kernels.quant.quantize_chunk` in numpy, with the same codes, escapes
+    and ``out`` to the bit (the squared errors summed in element order, as the kernel sums
+    them): what a process does before it has quantized enough to compile the kernel
+    (:data:`~.sketch.NUMPY_ELEMENTS`). Returns the escaped positions."""
+    v = x.astype(np.float64)
+    rank = np.searchsorted(boundaries, v, side="left")  # (a NaN's is never used)
+    code = np.where((-prune_below < v) & (v < prune_below), zero_code, rank)
+    escaped = ~((-protect_at < v) & (v < protect_at))  # also NaN
+    if force is not None:
+        code[force == 2] = zero_code
+        escaped |= force == 1
+    escaped |= code == escape
+    positions = np.flatnonzero(escaped)
+    finite = np.isfinite(v)
+    code[positions] = np.where(finite[positions], rank[positions], 0)
+    codes[:] = code
+    kept = ~escaped
+    value = v[kept]
+    level = table[code[kept]]
+    error = np.abs(value - level)
+    if error.size:
+        out[0] += np.cumsum(error * error)[-1]  # sequential, not pairwise
+        out[1] = max(out[1], error.max())
+    nonzero = value != 0.0  # (every kept value is finite)
+    out[2] += positions.size
+    out[3] += np.count_nonzero(nonzero & (np.abs(value) < prune_below))
+    out[4] += np.count_nonzero(nonzero & (level == 0.0))
+    out[5] += np.count_nonzero(nonzero & (level != 0.0) & ((value < 0.0) != (level < 0.0)))
+    out[6] += np.count_nonzero(finite & (v != 0.0))
+    return positions
 
 
 _NO_FORCE = np.empty(0, np.int8)

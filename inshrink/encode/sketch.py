@@ -45,6 +45,40 @@ def _geometry(work: np.dtype, alpha: float, bins: int) -> tuple[int, int]:
     return shift, int(_WORDS[work.itemsize][2] >> np.uint64(shift)) + 1
 
 
+# Elements a process sketches (and quantizes) with numpy before it compiles the kernels: about
+# the work one compile pays for (numpy takes ~25 ns an element more here, 100-200 more in
+# quantizer.py; compiling sketch_words costs ~0.2 s, quantize_chunk ~0.8 s, starting Numba
+# ~0.3 s), so a process that saves only a small checkpoint never starts Numba.
+NUMPY_ELEMENTS = 1 << 21
+
+
+@np.errstate(all="ignore")  # (inf or 0, as the kernel computes them, without warnings)
+def sketch_words_numpy(x: np.ndarray, words: np.ndarray, abs_mask: np.uint64,
+                       inf_bits: np.uint64, shift: np.uint64, counts: np.ndarray,
+                       totals: np.ndarray, span: np.ndarray) -> None:
+    """:func:`inshrink.kernels.quant.sketch_words` in numpy, with the same results to the
+    bit (the sum of squares is summed in element order, as the kernel sums it)."""
+    a = words & words.dtype.type(abs_mask)
+    counted = (a != 0) & (a < words.dtype.type(inf_bits))
+    zeros = int(np.count_nonzero(a == 0))
+    totals[0] += zeros
+    totals[1] += x.size - zeros - int(np.count_nonzero(counted))
+    bits = a[counted]
+    if not bits.size:
+        return
+    v = x[counted].astype(np.float64)
+    v *= v
+    totals[2] += np.cumsum(v)[-1]  # sequential, not pairwise: the kernel's sum
+    last = counts.shape[1] - 1
+    index = np.minimum((bits >> words.dtype.type(shift)).astype(np.int64), last)
+    index += (a[counted] != words[counted]) * counts.shape[1]  # the sign picks the row
+    np.add.at(counts.reshape(-1), index, 1)
+    lowest = min(int(bits.min()) >> int(shift), last)
+    highest = min(int(bits.max()) >> int(shift), last)
+    span[0] = min(lowest, int(span[0]))
+    span[1] = max(highest, int(span[1]))
+
+
 @dataclass
 class Sketch:
     """Log-bucket histogram of one tensor's magnitudes per sign, plus the counts the fit
@@ -103,8 +137,10 @@ class Sketch:
         """Count one chunk (``x`` contiguous, in the work dtype)."""
         self.__dict__.pop("buckets", None)  # counts change
         word, abs_mask, inf_bits = _WORDS[self.work.itemsize]
-        kernels.sketch_words(x, x.view(word), abs_mask, inf_bits, np.uint64(self.shift),
-                             self.counts, self.totals, self.span)
+        add = (kernels.sketch_words if kernels.sketch_words.due(x.size, NUMPY_ELEMENTS)
+               else sketch_words_numpy)
+        add(x, x.view(word), abs_mask, inf_bits, np.uint64(self.shift), self.counts,
+            self.totals, self.span)
 
     @functools.cached_property
     def buckets(self) -> "Buckets":

@@ -53,8 +53,6 @@ TINY_TENSOR_BYTES = 16384
 _POOLED_CHUNK_BYTES = 64 << 10
 _NONE_TAKEN = ()  # what such a chunk took from the pool
 
-# numpy dtype -> the stored dtype, for Writer.add's arrays that need no conversion
-_STORED_DTYPES = {d.numpy: d for d in dtypes.BY_NAME.values()}
 
 
 # The longest the calling thread waits for one of a save's first jobs to begin on its newly
@@ -206,8 +204,8 @@ class Writer:
         array must then stay unmodified until :meth:`close`.
         """
         # a C-contiguous array of a stored dtype is what as_numpy would return (the common
-        # case, without its dozen attribute lookups)
-        dtype = (_STORED_DTYPES.get(array.dtype)
+        # case, without its dozen attribute lookups; bf16/fp8 once of_numpy has seen one)
+        dtype = (dtypes.BY_NUMPY.get(array.dtype)
                  if type(array) is np.ndarray and array.flags.c_contiguous else None)
         if dtype is None:
             array = dtypes.as_numpy(array)

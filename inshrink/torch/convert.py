@@ -6,23 +6,23 @@ its chunks against) all read it.
 """
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import torch
 
-from ..dtypes import as_numpy, of_numpy
+from ..dtypes import BY_NAME, as_numpy, of_numpy
 from ..errors import InvalidArgumentError
 
 __all__ = ["to_numpy", "to_torch", "dtype_name"]
 
-# torch dtypes numpy lacks: the ml_dtypes dtype of their values, and the same-width integer
-# both sides view the bits through (neither library wraps the other's type directly)
+# torch dtypes numpy lacks: the stored dtype of their values (an ml_dtypes type, imported
+# when first met), and the same-width integer both sides view the bits through (neither
+# library wraps the other's type directly)
 _WITHOUT_NUMPY = {
-    torch.bfloat16: (np.dtype(ml_dtypes.bfloat16), torch.int16),
-    torch.float8_e4m3fn: (np.dtype(ml_dtypes.float8_e4m3fn), torch.int8),
-    torch.float8_e5m2: (np.dtype(ml_dtypes.float8_e5m2), torch.int8),
+    torch.bfloat16: (BY_NAME["BF16"], torch.int16),
+    torch.float8_e4m3fn: (BY_NAME["F8_E4M3"], torch.int8),
+    torch.float8_e5m2: (BY_NAME["F8_E5M2"], torch.int8),
 }
-_TORCH_OF_NUMPY = {numpy: torch_dtype for torch_dtype, (numpy, _) in _WITHOUT_NUMPY.items()}
+_TORCH_OF_NAME = {stored.name: torch_dtype for torch_dtype, (stored, _) in _WITHOUT_NUMPY.items()}
 
 
 def to_numpy(tensor: torch.Tensor, name: str = "tensor") -> np.ndarray:
@@ -51,8 +51,8 @@ def to_numpy(tensor: torch.Tensor, name: str = "tensor") -> np.ndarray:
     try:
         via = _WITHOUT_NUMPY.get(tensor.dtype)
         if via is not None and not tensor.is_nested:  # (as_numpy refuses nested tensors)
-            numpy_dtype, integer = via
-            return as_numpy(tensor.contiguous().view(integer).numpy().view(numpy_dtype))
+            stored, integer = via
+            return as_numpy(tensor.contiguous().view(integer).numpy().view(stored.numpy))
         return as_numpy(tensor.contiguous())
     except (TypeError, RuntimeError) as exc:  # e.g. complex32, quantized tensors
         raise InvalidArgumentError(f"{name}: cannot convert {tensor.dtype}: {exc}") from None
@@ -75,7 +75,7 @@ def to_torch(array: np.ndarray) -> torch.Tensor:
     array = as_numpy(array)
     if not array.flags.writeable:
         array = array.copy()
-    torch_dtype = _TORCH_OF_NUMPY.get(array.dtype)
+    torch_dtype = _TORCH_OF_NAME.get(of_numpy(array.dtype).name)
     if torch_dtype is not None:
         return torch.from_numpy(array.view(f"<i{array.itemsize}")).view(torch_dtype)
     return torch.from_numpy(array)
