@@ -28,7 +28,13 @@ def test_the_package_face_page_names_every_public_name():
              and not (isinstance(getattr(inshrink, name), type)
                       and issubclass(getattr(inshrink, name), Exception))}
     assert {"save", "File", "Series"} <= names
-    assert not {f"inshrink.{name}" for name in names} - documented("inshrink.md")
+    # a lazy face too: each name by its own module
+    expected = {f"{importlib.util.resolve_name(inshrink._NAMES[name], 'inshrink')}.{name}"
+                for name in names}
+    page = documented("inshrink.md")
+    # a name re-exported by a package face (inshrink.search) is documented where it is defined
+    assert all(any(p.endswith("." + e.rsplit(".", 1)[1]) and p.startswith(e.rsplit(".", 1)[0])
+                   for p in page) for e in expected), expected - page
 
 
 @pytest.mark.parametrize("face,page", [("inshrink.torch", "torch.md"),
