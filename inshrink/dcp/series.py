@@ -76,9 +76,10 @@ from torch.futures import Future
 from .. import digest as _digest
 from ..atomic import release_write_lock
 from .calls import done, make_directory, named
-from .consolidation import RankFiles, checked_output, consolidate_to
+from .chunkmap import MapFiles, checked
+from .consolidation import checked_output, consolidate_to
 from .inspect import describe_metadata
-from .metadata import read_metadata_file
+from .metadata import chunk_map_of, read_metadata_file
 from .names import (METADATA, SERIES_MANIFEST, delta_name, is_delta_file, is_rank_file,
                     is_series_temporary, is_step_dir, rank_of, step_dir)
 from .reader import InkStorageReader
@@ -491,8 +492,9 @@ class InkSeries:
         path = self._path(entry.dir)
         metadata = read_metadata_file(path)
         _check_metadata_files(metadata, entry, path)
-        return consolidate_to(out, path, metadata, _SeriesFiles(self, entry, metadata),
-                               policy, self.threads)
+        layout = checked(chunk_map_of(metadata), os.path.join(path, METADATA))
+        return consolidate_to(out, path, layout, _SeriesFiles(self, entry), policy,
+                              self.threads)
 
     def verify(self) -> list[str]:
         """Decode every file of every step, checking every checksum, every hash the manifest
@@ -551,29 +553,27 @@ class InkSeries:
         return out
 
 
-class _SeriesFiles(RankFiles):
-    """The chunks of a series step, each rank file decoded through its chain once."""
+class _SeriesFiles(MapFiles):
+    """The stored tensors of a series step, each rank file decoded through its chain once."""
 
-    def __init__(self, series: InkSeries, entry: Step, metadata: Metadata) -> None:
-        super().__init__(series._path(entry.dir), metadata, series.threads)
+    def __init__(self, series: InkSeries, entry: Step) -> None:
+        super().__init__(series._path(entry.dir), series.threads)
         self.series, self.entry = series, entry
         self.rank: int | None = None
         self.arrays: dict = {}
 
-    def file_of(self, index: MetadataIndex) -> str:
-        name = self.metadata.storage_data[index]["file"]
-        return os.path.join(self.path, next(f.file for f in self.entry.files if f.name == name))
+    def file_of(self, file: str) -> str:
+        return os.path.join(self.path, next(f.file for f in self.entry.files if f.name == file))
 
-    def read(self, index: MetadataIndex) -> Any:
-        entry = self.metadata.storage_data[index]
-        rank = next(f.rank for f in self.entry.files if f.name == entry["file"])
+    def read(self, file: str, tensor: str) -> Any:
+        rank = next(f.rank for f in self.entry.files if f.name == file)
         if rank != self.rank:  # one decoded rank file at a time
             self.arrays, self.rank = {}, None
             self.arrays, self.rank = self.series.decode(self.entry.step, rank), rank
-        if entry["tensor"] not in self.arrays:
-            raise CorruptError(f"[M-20] {self.file_of(index)}: no tensor named "
-                               f"{entry['tensor']!r}, which {METADATA} names")
-        return self.arrays[entry["tensor"]]
+        if tensor not in self.arrays:
+            raise CorruptError(f"[M-20] {self.file_of(file)}: no tensor named {tensor!r}, "
+                               f"which {METADATA} names")
+        return self.arrays[tensor]
 
     def close(self) -> None:
         self.arrays, self.rank = {}, None
