@@ -3,7 +3,7 @@ and which rank file holds it, readable without torch.
 
 DCP's ``.metadata`` holds the same layout as a torch pickle. :class:`InkStorageWriter` writes
 this JSON document beside it, in the same commit, just before ``.metadata`` (which stays the
-commit marker, written last). :func:`read_chunk_map` reads and checks it (rules K-1 ... K-14
+commit marker, written last). :func:`read_chunk_map` reads and checks it (rules K-1 ... K-13
 of spec/FORMAT.md section 25.1.3, each error naming its rule); :func:`assemble` and
 :func:`iter_assembled` join whole tensors from the rank files with :class:`inshrink.File`;
 :func:`values` gives the plain non-tensor values.
@@ -66,7 +66,7 @@ _MEMBERS = {"tensor": {"fqn", "kind", "dtype", "shape", "chunks"},
             "opaque": {"fqn", "kind", "file", "tensor"}}
 
 
-@dataclass(frozen=True)
+dataclass(frozen=True)
 class Chunk:
     """One stored chunk of a tensor: where it lies, and the rank file and name holding it."""
 
@@ -76,7 +76,7 @@ class Chunk:
     tensor: str
 
 
-@dataclass(frozen=True)
+dataclass(frozen=True)
 class TensorItem:
     """A tensor of the saved state: its whole dtype (a name of the format's dtype registry)
     and shape, and its chunks."""
@@ -87,7 +87,7 @@ class TensorItem:
     chunks: tuple[Chunk, ...]
 
 
-@dataclass(frozen=True)
+dataclass(frozen=True)
 class ValueItem:
     """A saved value that is not a tensor, stored as its ``torch.save`` bytes in ``file``
     under ``tensor``; ``kind`` "value": plain, ``type`` and ``value`` say what it is (bytes
@@ -104,19 +104,19 @@ class ValueItem:
 Item = Union[TensorItem, ValueItem]
 
 
-@dataclass(frozen=True)
+dataclass(frozen=True)
 class ChunkMap:
     """A checkpoint's layout: its save id and its items in saved order."""
 
     save_id: str
     items: tuple[Item, ...]
 
-    @property
+    property
     def files(self) -> list[str]:
         """The rank files it names, sorted."""
         return sorted({c.file for i in self.items for c in _stored(i)})
 
-    @property
+    property
     def chunk_count(self) -> int:
         """Stored chunks: a tensor's chunks, one per non-tensor value."""
         return sum(len(_stored(i)) for i in self.items)
@@ -396,7 +396,7 @@ def read_chunk_map(path: str | os.PathLike, *, check_files: bool = True) -> Chun
     path : str or os.PathLike
         The checkpoint directory.
     check_files : bool
-        Also check that every rank file it names is there and is of its save and rank (K-13;
+        Also check that every rank file it names is there and is of its save and rank (K-12;
         a series' older step holds them as deltas under other names: False).
 
     Returns
@@ -410,7 +410,7 @@ def read_chunk_map(path: str | os.PathLike, *, check_files: bool = True) -> Chun
         of another save.
     IncompleteCheckpointError
         No ``.metadata``, or one of another save: the save that wrote the map did not commit
-        (K-12).
+        (K-11).
     """
     path = _checked_directory(path)
     map_path = os.path.join(path, CHUNK_MAP)
@@ -418,10 +418,10 @@ def read_chunk_map(path: str | os.PathLike, *, check_files: bool = True) -> Chun
         with open(map_path, "rb") as f:
             raw = f.read(MAX_CHUNK_MAP_BYTES + 1)
     except FileNotFoundError:
-        raise CorruptError(f"{map_path}: no chunk map (a checkpoint saved before chunk maps, "
-                           f"or not by InkStorageWriter: read its {METADATA})") from None
+        raise CorruptError(f"[K-1] {map_path}: no chunk map (a checkpoint saved before chunk "
+                           f"maps, or not by InkStorageWriter: read its {METADATA})") from None
     except OSError as exc:
-        raise CorruptError(f"{map_path}: cannot read: {exc.strerror or exc}") from None
+        raise CorruptError(f"[K-1] {map_path}: cannot read: {exc.strerror or exc}") from None
     chunk_map = decode(raw, map_path)
     _check_committed(path, chunk_map)
     if check_files:
@@ -440,7 +440,7 @@ def find_chunk_map(path: str | os.PathLike, *, check_files: bool = True) -> Chun
     IncompleteCheckpointError
         No ``.metadata`` at all: no save committed.
     CorruptError
-        A chunk map that breaks a rule (K-1 ... K-11), or a rank file it names missing.
+        A chunk map that breaks a rule (K-1 ... K-10), or a rank file it names missing.
     """
     path = _checked_directory(path)
     if not os.path.isfile(os.path.join(path, CHUNK_MAP)):
@@ -456,12 +456,12 @@ def find_chunk_map(path: str | os.PathLike, *, check_files: bool = True) -> Chun
 def _checked_directory(path: Any) -> str:
     path = checked_path(path)
     if not os.path.isdir(path):
-        raise CorruptError(f"{path}: not a DCP checkpoint directory")
+        raise CorruptError(f"[K-1] {path}: not a DCP checkpoint directory")
     return path
 
 
 def _check_committed(path: str, chunk_map: ChunkMap) -> None:
-    """The map is of the committed save (K-12): ``.metadata`` is there and holds its save id
+    """The map is of the committed save (K-11): ``.metadata`` is there and holds its save id
     (the writer writes the map, then ``.metadata``: a crash between leaves a new map beside
     the commit marker of the previous save)."""
     marker = os.path.join(path, METADATA)
@@ -469,27 +469,27 @@ def _check_committed(path: str, chunk_map: ChunkMap) -> None:
         with open(marker, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
-        _fail("K-12", marker, f"missing: the save {chunk_map.save_id} did not finish (the "
+        _fail("K-11", marker, f"missing: the save {chunk_map.save_id} did not finish (the "
                               f"checkpoint was never committed)", IncompleteCheckpointError)
     except OSError as exc:
-        raise CorruptError(f"{marker}: cannot read: {exc.strerror or exc}") from None
+        raise CorruptError(f"[K-11] {marker}: cannot read: {exc.strerror or exc}") from None
     if chunk_map.save_id.encode("ascii") not in raw:
-        _fail("K-12", os.path.join(path, CHUNK_MAP), f"the map of save {chunk_map.save_id}, "
+        _fail("K-11", os.path.join(path, CHUNK_MAP), f"the map of save {chunk_map.save_id}, "
                                                      f"which {METADATA} does not name: that "
                                                      f"save did not commit",
               IncompleteCheckpointError)
 
 
 def _check_rank_file(path: str, name: str, chunk_map: ChunkMap) -> dict[str, str]:
-    """A rank file the map names is there and of its save and rank (K-13); its metadata."""
+    """A rank file the map names is there and of its save and rank (K-12); its metadata."""
     full = os.path.join(path, name)
     if not os.path.isfile(full):
-        _fail("K-13", full, f"missing (named by {os.path.join(path, CHUNK_MAP)})")
+        _fail("K-12", full, f"missing (named by {os.path.join(path, CHUNK_MAP)})")
     with File(full, threads=1) as f:
         metadata = f.metadata
     if metadata.get("dcp.save_id") != chunk_map.save_id or metadata.get(
             "dcp.rank") != str(rank_of(name)):
-        _fail("K-13", full, f"its metadata says save {reprlib.repr(metadata.get('dcp.save_id'))}"
+        _fail("K-12", full, f"its metadata says save {reprlib.repr(metadata.get('dcp.save_id'))}"
                             f" of rank {reprlib.repr(metadata.get('dcp.rank'))}, its name "
                             f"save {chunk_map.save_id} of rank {rank_of(name)}")
     return metadata
@@ -510,16 +510,16 @@ class MapFiles:
         return os.path.join(self.path, file)
 
     def read(self, file: str, tensor: str) -> np.ndarray:
-        """The stored tensor ``tensor`` of the rank file ``file`` (K-13, K-14: both are
+        """The stored tensor ``tensor`` of the rank file ``file`` (K-12, K-13: both are
         there)."""
         full = self.file_of(file)
         if file not in self.files:
             if not os.path.isfile(full):
-                _fail("K-13", full, f"missing (named by {os.path.join(self.path, CHUNK_MAP)})")
+                _fail("K-12", full, f"missing (named by {os.path.join(self.path, CHUNK_MAP)})")
             self.files[file] = named(full, lambda: File(full, threads=self.threads))
         f = self.files[file]
         if tensor not in f:
-            _fail("K-14", full, f"no tensor named {tensor!r}, which the checkpoint names")
+            _fail("K-13", full, f"no tensor named {tensor!r}, which the checkpoint names")
         return named(full, lambda: f.read(tensor))
 
     def close(self) -> None:
@@ -536,10 +536,10 @@ class MapFiles:
 
 
 def stored_bytes(source: MapFiles, item: ValueItem) -> np.ndarray:
-    """The ``torch.save`` bytes of a non-tensor item, as the uint8 tensor stored (K-14)."""
+    """The ``torch.save`` bytes of a non-tensor item, as the uint8 tensor stored (K-13)."""
     array = source.read(item.file, item.tensor)
     if array.dtype != np.uint8 or array.ndim != 1:
-        _fail("K-14", source.file_of(item.file), f"{item.tensor!r} is {array.dtype}"
+        _fail("K-13", source.file_of(item.file), f"{item.tensor!r} is {array.dtype}"
                                                  f"{list(array.shape)}, not the bytes of "
                                                  f"{item.fqn!r}")
     return array
@@ -547,12 +547,12 @@ def stored_bytes(source: MapFiles, item: ValueItem) -> np.ndarray:
 
 def joined(source: MapFiles, item: TensorItem) -> np.ndarray:
     """One whole tensor from its chunks, each checked to be stored with the map's dtype and
-    its sizes (K-14)."""
+    its sizes (K-13)."""
     whole = np.empty(item.shape, BY_NAME[item.dtype].numpy)
     for chunk in item.chunks:
         part = source.read(chunk.file, chunk.tensor)
         if part.dtype != whole.dtype or part.shape != chunk.sizes:
-            _fail("K-14", source.file_of(chunk.file), f"{chunk.tensor!r} is {part.dtype}"
+            _fail("K-13", source.file_of(chunk.file), f"{chunk.tensor!r} is {part.dtype}"
                                                       f"{list(part.shape)}, the chunk map says "
                                                       f"{item.dtype}{list(chunk.sizes)}")
         whole[tuple(slice(o, o + n) for o, n in zip(chunk.offsets, chunk.sizes))] = part
@@ -567,7 +567,7 @@ def iter_assembled(path: str | os.PathLike, *, threads: int | None = None
     Raises
     ------
     CorruptError, IncompleteCheckpointError
-        As :func:`read_chunk_map`; a chunk that is not what the map says (K-14).
+        As :func:`read_chunk_map`; a chunk that is not what the map says (K-13).
     """
     chunk_map = read_chunk_map(path)
     with MapFiles(os.fspath(path), threads) as source:
