@@ -66,7 +66,7 @@ _MEMBERS = {"tensor": {"fqn", "kind", "dtype", "shape", "chunks"},
             "opaque": {"fqn", "kind", "file", "tensor"}}
 
 
-dataclass(frozen=True)
+@dataclass(frozen=True)
 class Chunk:
     """One stored chunk of a tensor: where it lies, and the rank file and name holding it."""
 
@@ -76,7 +76,7 @@ class Chunk:
     tensor: str
 
 
-dataclass(frozen=True)
+@dataclass(frozen=True)
 class TensorItem:
     """A tensor of the saved state: its whole dtype (a name of the format's dtype registry)
     and shape, and its chunks."""
@@ -87,7 +87,7 @@ class TensorItem:
     chunks: tuple[Chunk, ...]
 
 
-dataclass(frozen=True)
+@dataclass(frozen=True)
 class ValueItem:
     """A saved value that is not a tensor, stored as its ``torch.save`` bytes in ``file``
     under ``tensor``; ``kind`` "value": plain, ``type`` and ``value`` say what it is (bytes
@@ -104,19 +104,19 @@ class ValueItem:
 Item = Union[TensorItem, ValueItem]
 
 
-dataclass(frozen=True)
+@dataclass(frozen=True)
 class ChunkMap:
     """A checkpoint's layout: its save id and its items in saved order."""
 
     save_id: str
     items: tuple[Item, ...]
 
-    property
+    @property
     def files(self) -> list[str]:
         """The rank files it names, sorted."""
         return sorted({c.file for i in self.items for c in _stored(i)})
 
-    property
+    @property
     def chunk_count(self) -> int:
         """Stored chunks: a tensor's chunks, one per non-tensor value."""
         return sum(len(_stored(i)) for i in self.items)
