@@ -182,8 +182,8 @@ NEGATIVE = [
              lambda doc: _set(_item(doc, "model.w")["chunks"][0], file="rank00002-"
                               + _item(doc, "model.w")["chunks"][0]["file"][10:])),
     Negative("wrong_tensor", "ranks2", "CorruptError", "K-13",
-             "the chunk of `model.s` named by the stored tensor `model.b`",
-             lambda doc: _set(_item(doc, "model.s")["chunks"][0], tensor="model.b")),
+             "the chunk of `model.s` named `model.s#1`, which its rank file does not hold",
+             lambda doc: _set(_item(doc, "model.s")["chunks"][0], tensor="model.s#1")),
 ]
 
 
