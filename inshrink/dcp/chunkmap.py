@@ -469,8 +469,9 @@ def _check_committed(path: str, chunk_map: ChunkMap) -> None:
         with open(marker, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
-        _fail("K-11", marker, f"missing: the save {chunk_map.save_id} did not finish (the "
-                              f"checkpoint was never committed)", IncompleteCheckpointError)
+        raise IncompleteCheckpointError(
+            f"[K-11] {marker} is missing: the save {chunk_map.save_id} into {path} did not "
+            f"finish (the checkpoint was never committed)") from None
     except OSError as exc:
         raise CorruptError(f"[K-11] {marker}: cannot read: {exc.strerror or exc}") from None
     if chunk_map.save_id.encode("ascii") not in raw:
