@@ -143,6 +143,20 @@ def test_series_steps_have_maps_naming_the_logical_rank_files(saved):
                          torch_load(saved / "series" / newer.dir))
 
 
+def test_a_series_step_whose_map_names_other_files_is_refused(saved, tmp_path):
+    from inshrink.dcp.series import InkSeries
+    shutil.copytree(saved / "series", tmp_path / "series")
+    series = InkSeries(tmp_path / "series", threads=1)
+    older = series.checkpoints()[0]
+    path = tmp_path / "series" / older.dir / "chunks.json"
+    doc = json.loads(path.read_bytes())
+    doc["items"][0]["chunks"][0]["file"] = "rank00005-" + doc["save_id"] + ".ink"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(errors.CorruptError, match=r"^\[M-17\] .*rank00005-.*chunks\.json and "
+                                                  r"the series manifest disagree"):
+        series.describe(older.step)
+
+
 # -- crash orders ------------------------------------------------------------------------------
 
 def _crash_between_map_and_commit(monkeypatch, path, state):

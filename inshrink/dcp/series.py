@@ -76,12 +76,12 @@ from torch.futures import Future
 from .. import digest as _digest
 from ..atomic import release_write_lock
 from .calls import done, make_directory, named
-from .chunkmap import MapFiles, checked
+from .chunkmap import MapFiles, checked, find_chunk_map
 from .consolidation import checked_output, consolidate_to
 from .inspect import describe_metadata
 from .metadata import chunk_map_of, read_metadata_file
-from .names import (METADATA, SERIES_MANIFEST, delta_name, is_delta_file, is_rank_file,
-                    is_series_temporary, is_step_dir, rank_of, step_dir)
+from .names import (CHUNK_MAP, METADATA, SERIES_MANIFEST, delta_name, is_delta_file,
+                    is_rank_file, is_series_temporary, is_step_dir, rank_of, step_dir)
 from .reader import InkStorageReader
 from .writer import InkStorageWriter
 from ..errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError,
@@ -580,12 +580,19 @@ class _SeriesFiles(MapFiles):
 
 
 def _check_metadata_files(metadata: Metadata, entry: Step, path: str) -> None:
-    """The step's ``.metadata`` names exactly the rank files the manifest lists for it."""
+    """The step's ``.metadata``, and its chunk map if it has one, name exactly the rank files
+    the manifest lists for it."""
     named = {e["file"] for e in metadata.storage_data.values()}
     listed = {f.name for f in entry.files}
     if named != listed:
         odd = sorted(named ^ listed)[0]
         raise CorruptError(f"[M-17] {os.path.join(path, odd)}: {METADATA} and the series "
+                           f"manifest disagree on the step's rank files (one names it, the "
+                           f"other does not)")
+    layout = find_chunk_map(path, check_files=False)
+    if layout is not None and set(layout.files) != listed:
+        odd = sorted(set(layout.files) ^ listed)[0]
+        raise CorruptError(f"[M-17] {os.path.join(path, odd)}: {CHUNK_MAP} and the series "
                            f"manifest disagree on the step's rank files (one names it, the "
                            f"other does not)")
 
