@@ -169,8 +169,11 @@ def test_two_ranks_info_and_consolidate(tmp_path):
 def test_the_names_the_commands_recognise_are_those_a_save_writes(work):
     from inshrink.dcp import names
     written = sorted(os.listdir(work / "ck"))
-    assert written[0] == names.METADATA and len(written) == 2
-    rank = written[1]
+    assert written[:2] == [names.METADATA, names.CHUNK_MAP] and len(written) == 3
+    rank = written[2]
+    assert not (names.is_rank_name(names.CHUNK_MAP) or names.is_step_dir(names.CHUNK_MAP))
+    assert names.is_chunk_map_temporary(f".{names.CHUNK_MAP}.k2x9a7qz.tmp")
+    assert not names.is_rank_name(f".{names.CHUNK_MAP}.k2x9a7qz.tmp")
     assert names.is_rank_file(rank) and names.is_rank_name(rank) and names.rank_of(rank) == 0
     assert names.rank_file_name(0, rank[10:22]) == rank
     delta = names.delta_name(rank)

@@ -80,10 +80,11 @@ def test_lossless_round_trip_is_bit_exact_for_every_dtype(tmp_path):
         assert loaded[key].dtype == state[key].dtype and loaded[key].shape == state[key].shape
         assert torch.equal(bits(loaded[key]), bits(state[key])), key
     assert torch.equal(loaded["nested"]["deep"]["w"], state["nested"]["deep"]["w"])
-    # one rank file, committed by the metadata written last
+    # one rank file and the chunk map, committed by the metadata written last
     names = sorted(os.listdir(tmp_path / "ckpt"))
-    assert names[0] == METADATA_FILE and len(names) == 2 and names[1].endswith(".ink")
-    with inshrink.open(tmp_path / "ckpt" / names[1]) as f:  # an ordinary .ink file
+    assert names[:2] == [METADATA_FILE, "chunks.json"] and len(names) == 3
+    assert names[2].endswith(".ink")
+    with inshrink.open(tmp_path / "ckpt" / names[2]) as f:  # an ordinary .ink file
         assert torch.equal(torch.from_numpy(f["f32"]), state["f32"])
         assert f.metadata["dcp.rank"] == "0"
 
@@ -281,7 +282,7 @@ def test_saving_again_replaces_the_checkpoint_atomically_and_removes_the_old_fil
     second = {"w": torch.full((3, 3), 2.0)}
     save(second, tmp_path / "ckpt")
     names = set(os.listdir(tmp_path / "ckpt"))
-    assert len(names) == 2 and not (names - {METADATA_FILE}) & old_files
+    assert len(names) == 3 and not (names - {METADATA_FILE, "chunks.json"}) & old_files
     assert torch.equal(load({"w": torch.zeros(3, 3)}, tmp_path / "ckpt")["w"], second["w"])
 
 
@@ -496,7 +497,9 @@ def test_consolidate_names_chunks_that_do_not_cover_a_tensor(tmp_path):
     metadata = read_metadata(tmp_path / "ckpt")
     metadata.state_dict_metadata["w"].size = torch.Size([8, 4])  # a chunk is missing
     (tmp_path / "ckpt" / METADATA_FILE).write_bytes(pickle.dumps(metadata))
-    with pytest.raises(errors.CorruptError, match="do not cover"):
+    (tmp_path / "ckpt" / "chunks.json").unlink()  # the layout of .metadata is checked alike
+    with pytest.raises(errors.CorruptError, match=r"^\[K-9\] .*\.metadata: 'w': its chunks "
+                                                  r"hold 16 elements, not the 32"):
         consolidate(tmp_path / "ckpt", tmp_path / "full.ink")
     assert not (tmp_path / "full.ink").exists()
 

@@ -38,10 +38,11 @@ def spec_rules() -> list[str]:
 
 def _reader_sources() -> list[Path]:
     # io/frame.py reads array frames: its checks are the rules of section 24;
-    # dcp/series.py reads DCP series manifests and steps: section 25
+    # dcp/series.py reads DCP series manifests and steps, dcp/chunkmap.py chunk maps: section 25
     codecs = list((PACKAGE / "codecs").glob("*.py"))
     return sorted([*(PACKAGE / "container").glob("*.py"), *codecs, *(PACKAGE / "io").glob("*.py"),
-                   PACKAGE / "digest.py", PACKAGE / "dcp" / "series.py"])
+                   PACKAGE / "digest.py", PACKAGE / "dcp" / "series.py",
+                   PACKAGE / "dcp" / "chunkmap.py"])
 
 
 def _text_of(node: ast.AST) -> str:
@@ -86,6 +87,7 @@ def test_the_scan_finds_the_reader_checks():
     assert len(sites) > 60
     assert ("index.py", "_parse_chunk") in {(f, fn) for f, fn, _, _ in sites}
     assert ("series.py", "parse_manifest", "M-16") in {(f, fn, r) for f, fn, _, r in sites}
+    assert ("chunkmap.py", "_check_cover", "K-9") in {(f, fn, r) for f, fn, _, r in sites}
     assert {"CorruptError", "LimitExceededError", "BaseMismatchError"} <= FILE_ERRORS
 
 

@@ -1,12 +1,13 @@
 """Sharded torch.distributed.checkpoint directories (inshrink.dcp) and series of them:
 ``inshrink info`` and ``inshrink verify`` of one, and ``inshrink consolidate``. The only
-command module that imports torch, and only when a command reads such a directory."""
+command module that imports torch, and only when a command reads such a directory
+(``consolidate`` of a checkpoint with a chunk map does not)."""
 from __future__ import annotations
 
 import os
 import re
 
-from ..dcp.names import METADATA, STEP_DIR_SHAPE, rank_of, step_of
+from ..dcp.names import CHUNK_MAP, METADATA, STEP_DIR_SHAPE, rank_of, step_of
 from .kinds import is_dcp, is_dcp_series
 from .output import (all_tensors, build_report, clean, count, file_entry, finite,
                      ink_details, lossy_text, number_text, print_json, ratio_text,
@@ -86,6 +87,34 @@ def _tensor_keys(files: list[dict], rows: list[dict] | None = None) -> list:
             fqn = fqns.get((name, t.name)) or re.sub(r"#[0-9]+$", "", t.name)
             keys.append((f.get("step"), fqn))
     return keys
+
+
+def _chunk_map(path: str):
+    """The committed checkpoint's chunk map (read without torch); None if it has none, in
+    which case reading its ``.metadata`` needs torch: UsageError if torch is missing."""
+    from ..dcp.chunkmap import find_chunk_map
+    chunk_map = find_chunk_map(path)
+    if chunk_map is None:
+        import importlib.util
+        try:
+            found = importlib.util.find_spec("torch") is not None
+        except ValueError:  # torch in sys.modules as None: imports of it fail
+            found = False
+        if not found:
+            raise UsageError(f"{path}: no chunk map ({CHUNK_MAP}) of its committed checkpoint "
+                             f"(saved by an older inshrink?): reading its {METADATA} needs "
+                             f"torch, which is not installed")
+    return chunk_map
+
+
+def _map_infos(path: str, chunk_map) -> dict:
+    """{rank file: TensorInfo list} of the files a chunk map names, from their indexes."""
+    from ..io.file import File
+    infos = {}
+    for name in chunk_map.files:
+        with File(os.path.join(path, name), threads=1) as f:
+            infos[name] = f.infos()
+    return infos
 
 
 def _rank_files(path: str, infos: dict) -> list[dict]:
@@ -187,7 +216,14 @@ def cmd_consolidate(args, started: float) -> int:
     located = _step_in_series(src)
     check_output(src, dst, args.force, inside=located[0] if located else src)
     from ..dcp.consolidation import consolidate
-    _, rows, infos = _details(src)
+    chunk_map = None if located else _dcp_call(lambda: _chunk_map(src))
+    if chunk_map is None:  # a series' step, or saved before chunk maps: .metadata, torch
+        _, rows, infos = _details(src)
+        chunk_count = len(rows)
+    else:
+        infos = _map_infos(src, chunk_map)
+        chunk_count = chunk_map.chunk_count
+        rows = None  # the tensors' names in the files say their FQNs (_tensor_keys)
     source = _rank_files(src, infos)
     chunks = [t for f in source for t in f["tensors"]]
     check_lossy_overwrite(args, dst, any(not t.lossless for t in chunks))
@@ -207,7 +243,7 @@ def cmd_consolidate(args, started: float) -> int:
     if args.json:
         print_json(report)
     elif not args.quiet:
-        print(clean(f"{src} -> {dst}: {count(len(source), 'rank file')}, {len(rows)} chunks, "
+        print(clean(f"{src} -> {dst}: {count(len(source), 'rank file')}, {chunk_count} chunks, "
                     f"{files[0]['bytes_in']:,} -> {files[0]['bytes_out']:,} bytes"
                     f"{lossy_text(chunks, _tensor_keys(source, rows))}"))
     return EXIT_OK

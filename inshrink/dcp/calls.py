@@ -1,14 +1,16 @@
 """What the DCP storage layer's modules share where they meet their callers: checkpoint paths
 checked as arguments, inshrink errors that name the file they are about, and results handed
-to DCP as completed futures."""
+to DCP as completed futures. Imports torch only to make a future: the torch-free chunk map
+reader (:mod:`.chunkmap`) uses the rest."""
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, TypeVar
-
-from torch.futures import Future
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from ..errors import InshrinkError, InvalidArgumentError
+
+if TYPE_CHECKING:
+    from torch.futures import Future
 
 __all__ = ["checked_path", "make_directory", "named", "done"]
 
@@ -57,6 +59,7 @@ def named(path: str, call: Callable[[], E]) -> E:
 
 def done(value: E) -> Future[E]:
     """A future that holds ``value`` already: storage layer calls finish before returning."""
+    from torch.futures import Future  # the rest of this module is torch-free
     future: Future[E] = Future()
     future.set_result(value)
     return future

@@ -1,26 +1,24 @@
 """Joining a committed checkpoint's shards into one unsharded .ink or .safetensors file
-(:func:`consolidate`), its chunks read from the rank files (:class:`RankFiles`) or, for a
-series' step, from whatever holds them now."""
+(:func:`consolidate`), its layout read from the chunk map (without torch) or, for a checkpoint
+saved before chunk maps, from ``.metadata`` (with torch); its chunks read from the rank files
+(:class:`~inshrink.dcp.chunkmap.MapFiles`) or, for a series' step, from whatever holds them
+now. Imports torch only for a checkpoint without a chunk map."""
 from __future__ import annotations
 
 import os
 import uuid
 from typing import Any
 
-import numpy as np
-from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, Metadata, MetadataIndex,
-                                                   TensorStorageMetadata)
-
-from ..errors import CorruptError, InvalidArgumentError
+from ..errors import InvalidArgumentError
 from ..encode.policy import Policy
-from ..io.file import File
 from ..io.info import TensorInfo
 from ..io.writer import Writer
-from .calls import checked_path, named
-from .metadata import BYTES_PREFIX, read_metadata
-from .names import METADATA
+from .calls import checked_path
+from .chunkmap import (ChunkMap, MapFiles, TensorItem, checked, find_chunk_map, joined,
+                       stored_bytes)
+from .names import BYTES_PREFIX, METADATA
 
-__all__ = ["consolidate", "checked_output", "consolidate_to", "RankFiles"]
+__all__ = ["consolidate", "checked_output", "consolidate_to", "layout_of"]
 
 def consolidate(path: str | os.PathLike, out: str | os.PathLike, *,
                 policy: Policy | str | None = None,
@@ -49,9 +47,33 @@ def consolidate(path: str | os.PathLike, out: str | os.PathLike, *,
         What the output's index says about each tensor.
     """
     out = checked_output(out, policy)
-    metadata = read_metadata(path)
-    return consolidate_to(out, os.fspath(path), metadata,
-                          RankFiles(os.fspath(path), metadata, threads), policy, threads)
+    chunk_map = layout_of(path)
+    return consolidate_to(out, os.fspath(path), chunk_map, MapFiles(os.fspath(path), threads),
+                          policy, threads)
+
+
+def layout_of(path: str | os.PathLike) -> ChunkMap:
+    """A committed checkpoint's layout: its chunk map, read without torch; for a checkpoint
+    without one (saved before chunk maps), its ``.metadata``, read with torch.
+
+    Raises
+    ------
+    InvalidArgumentError
+        No chunk map, and torch cannot be imported to read ``.metadata``.
+    IncompleteCheckpointError, CorruptError
+        As :func:`inshrink.dcp.chunkmap.read_chunk_map` or
+        :func:`inshrink.dcp.read_metadata`.
+    """
+    chunk_map = find_chunk_map(path)
+    if chunk_map is not None:
+        return chunk_map
+    try:
+        from .metadata import chunk_map_of, read_metadata
+    except ImportError as exc:
+        raise InvalidArgumentError(
+            f"{os.fspath(path)}: no chunk map (chunks.json) of the committed checkpoint; "
+            f"reading its {METADATA} needs torch, which cannot be imported ({exc})") from None
+    return checked(chunk_map_of(read_metadata(path)), os.path.join(os.fspath(path), METADATA))
 
 
 def checked_output(out: Any, policy: Policy | str | None) -> str:
@@ -72,93 +94,38 @@ def checked_output(out: Any, policy: Policy | str | None) -> str:
     return out
 
 
-def consolidate_to(out: str, path: str, metadata: Metadata, source: RankFiles,
+def consolidate_to(out: str, path: str, chunk_map: ChunkMap, source: MapFiles,
                    policy: Policy | str | None, threads: int | None) -> list[TensorInfo]:
-    """:func:`consolidate` of a checkpoint's metadata into a checked ``out``, its chunks
-    read from ``source`` (closed afterwards)."""
+    """:func:`consolidate` of a checkpoint's layout into a checked ``out``, its chunks read
+    from ``source`` (closed afterwards)."""
     try:
         if out.endswith(".safetensors"):
-            return _consolidate_safetensors(path, out, metadata, source, threads)
-        return _consolidate(path, out, metadata, source, policy, threads, keep_bytes=True)
+            return _consolidate_safetensors(path, out, chunk_map, source, threads)
+        return _consolidate(path, out, chunk_map, source, policy, threads, keep_bytes=True)
     finally:
         source.close()
 
 
-class RankFiles:
-    """The chunks of a committed checkpoint, read from its rank files (each opened once; a
-    series reads a step's chunks through a subclass that knows where they are now)."""
-
-    def __init__(self, path: str, metadata: Metadata, threads: int | None) -> None:
-        self.path, self.metadata, self.threads = path, metadata, threads
-        self.files: dict[str, File] = {}
-
-    def file_of(self, index: MetadataIndex) -> str:
-        """The path of the file holding a chunk (for messages)."""
-        return os.path.join(self.path, self.metadata.storage_data[index]["file"])
-
-    def read(self, index: MetadataIndex) -> np.ndarray:
-        """One chunk as stored (a non-tensor item as its uint8 bytes)."""
-        entry = self.metadata.storage_data[index]
-        file_path = os.path.join(self.path, entry["file"])
-        if entry["file"] not in self.files:
-            self.files[entry["file"]] = named(file_path,
-                                              lambda: File(file_path, threads=self.threads))
-        return named(file_path, lambda: self.files[entry["file"]].read(entry["tensor"]))
-
-    def close(self) -> None:
-        """Close the files read so far."""
-        for f in self.files.values():
-            f.close()
-        self.files.clear()
-
-
-def _consolidate(path: str, out: str, metadata: Metadata, source: RankFiles,
+def _consolidate(path: str, out: str, chunk_map: ChunkMap, source: MapFiles,
                  policy: Policy | str | None, threads: int | None,
                  keep_bytes: bool) -> list[TensorInfo]:
     with Writer(out, {"dcp.consolidated_from": os.path.basename(os.path.abspath(path))},
                 threads=threads, policy=policy) as writer:
-        for fqn, item in metadata.state_dict_metadata.items():
-            if isinstance(item, BytesStorageMetadata):
-                if keep_bytes:
-                    writer.add(BYTES_PREFIX + fqn, source.read(MetadataIndex(fqn)))
-                continue
-            writer.add(fqn, _joined(source, metadata, fqn, item))
+        for item in chunk_map.items:
+            if isinstance(item, TensorItem):
+                writer.add(item.fqn, joined(source, item))
+            elif keep_bytes:
+                writer.add(BYTES_PREFIX + item.fqn, stored_bytes(source, item))
         return writer.close()
 
 
-def _joined(source: RankFiles, metadata: Metadata, fqn: str,
-            item: TensorStorageMetadata) -> np.ndarray:
-    """One whole tensor from its chunks (which DCP never lets overlap)."""
-    size = tuple(int(d) for d in item.size)
-    whole = None
-    covered = 0
-    for chunk in item.chunks:
-        index = MetadataIndex(fqn, chunk.offsets)
-        part = source.read(index)
-        where = tuple(slice(int(o), int(o) + int(n)) for o, n in zip(chunk.offsets, chunk.sizes))
-        if whole is None:
-            whole = np.empty(size, part.dtype)
-        if part.dtype != whole.dtype or len(where) != len(size) or any(
-                s.stop > d for s, d in zip(where, size)) or part.shape != tuple(
-                int(n) for n in chunk.sizes):
-            raise CorruptError(f"{source.file_of(index)}: "
-                               f"chunk of {fqn!r} at {list(chunk.offsets)} does not fit "
-                               f"{whole.dtype}{list(size)}")
-        whole[where] = part
-        covered += part.size
-    if whole is None or covered != whole.size:
-        raise CorruptError(f"{os.path.join(source.path, METADATA)}: the chunks of {fqn!r} do "
-                           f"not cover its {list(size)} elements")
-    return whole
-
-
-def _consolidate_safetensors(path: str, out: str, metadata: Metadata, source: RankFiles,
+def _consolidate_safetensors(path: str, out: str, chunk_map: ChunkMap, source: MapFiles,
                              threads: int | None) -> list[TensorInfo]:
     from ..safetensors import decompress_to_safetensors
     directory = os.path.dirname(os.path.abspath(out))
     staging = os.path.join(directory, f".{os.path.basename(out)}.{uuid.uuid4().hex[:8]}.ink")
     try:
-        _consolidate(path, staging, metadata, source, None, threads, keep_bytes=False)
+        _consolidate(path, staging, chunk_map, source, None, threads, keep_bytes=False)
         return decompress_to_safetensors(staging, out, threads=threads)
     finally:
         if os.path.exists(staging):

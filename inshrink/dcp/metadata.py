@@ -15,17 +15,17 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, Metadat
                                                    TensorStorageMetadata)
 
 from ..errors import CorruptError, IncompleteCheckpointError
+from ..torch.convert import dtype_name
 from .calls import checked_path
-from .names import METADATA, delta_name, is_rank_file, is_rank_temporary
+from .chunkmap import Chunk, ChunkMap, TensorItem, ValueItem
+from .names import BYTES_PREFIX, METADATA, delta_name, is_rank_file, is_rank_temporary
 
 __all__ = ["METADATA_FILE", "BYTES_PREFIX", "read_metadata", "read_metadata_file",
-           "check_metadata"]
+           "check_metadata", "chunk_map_of"]
 
 METADATA_FILE = METADATA
 """The commit marker, :data:`inshrink.dcp.names.METADATA`, under its public name."""
 
-BYTES_PREFIX = "__dcp_bytes__."
-"""Tensor-name prefix of non-tensor items (DCP's BYTE_IO write items) in a rank's file."""
 
 _DCP_DATA_MODULES = ("torch.distributed.checkpoint.metadata",
                      "torch.distributed.checkpoint.filesystem")
@@ -157,3 +157,43 @@ def check_metadata(metadata: Any, marker: str) -> None:
             if index not in storage:
                 raise CorruptError(f"{marker}: {fqn!r} chunk at {list(index.offset or ())} "
                                    f"has no storage entry")
+
+
+def chunk_map_of(metadata: Metadata, save_id: str | None = None) -> ChunkMap:
+    """The layout that checked DCP metadata describes, as a chunk map (what the writer writes
+    beside it, and what consolidation reads either way). A storage entry's ``value``, where
+    the writer put one (never in a ``.metadata``), is the typed value of a non-tensor item:
+    ``(type, value)`` of :func:`inshrink.dcp.chunkmap.plain_value`, or None for an opaque one.
+
+    ``save_id``: the save's id (default: the id in the rank file names, else in the metadata's
+    storage meta).
+    """
+    storage = metadata.storage_data
+    if save_id is None:
+        named = sorted({entry["file"][10:22] for entry in storage.values()})
+        meta = metadata.storage_meta
+        save_id = named[0] if named else str(getattr(meta, "save_id", None) or "")
+        if len(save_id) != 12:  # no rank file, and no id of ours: no name needs it
+            save_id = "0" * 12
+    items = []
+    for fqn, item in metadata.state_dict_metadata.items():
+        if isinstance(item, TensorStorageMetadata):
+            chunks = []
+            for chunk in item.chunks:
+                entry = storage[MetadataIndex(fqn, chunk.offsets)]
+                chunks.append(Chunk(tuple(int(d) for d in chunk.offsets),
+                                    tuple(int(d) for d in chunk.sizes),
+                                    entry["file"], entry["tensor"]))
+            items.append(TensorItem(fqn, dtype_name(item.properties.dtype, fqn),
+                                    tuple(int(d) for d in item.size), tuple(chunks)))
+        else:
+            entry = storage[MetadataIndex(fqn)]
+            typed = entry.get("value")
+            if typed is None:
+                items.append(ValueItem(fqn, "opaque", None, None, entry["file"],
+                                       entry["tensor"]))
+            else:
+                kind, value = typed
+                items.append(ValueItem(fqn, "value", kind, value, entry["file"],
+                                       entry["tensor"]))
+    return ChunkMap(save_id, tuple(items))

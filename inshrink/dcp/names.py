@@ -5,8 +5,9 @@ names before it decides to import torch. Every test matches a whole name (never 
 with ASCII digits only, and is false for anything that is not a ``str`` (names read from
 a manifest or from DCP's metadata may be of any type).
 
-A checkpoint directory holds ``.metadata`` (the commit marker) and one file per rank and
-save, ``rank<5 digits>-<12 hex: the save id>.ink``; in a series, the steps are directories
+A checkpoint directory holds ``.metadata`` (the commit marker), ``chunks.json`` (the chunk
+map, readable without torch: :mod:`inshrink.dcp.chunkmap`) and one file per rank and save,
+``rank<5 digits>-<12 hex: the save id>.ink``; in a series, the steps are directories
 ``step_<12 digits>`` beside ``series.json``, and a rank file of an older step is rewritten as
 a delta, ``rank<5 digits>-<12 hex>.d.ink``. Each is written as a hidden temporary beside it,
 ``.<name>.<random>.tmp``, and renamed into place.
@@ -15,12 +16,20 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["METADATA", "SERIES_MANIFEST", "STEP_DIR_SHAPE", "rank_file_name", "delta_name",
-           "step_dir", "is_rank_file", "is_delta_file", "is_rank_temporary",
-           "is_series_temporary", "is_rank_name", "rank_of", "step_of", "is_step_dir"]
+__all__ = ["METADATA", "CHUNK_MAP", "BYTES_PREFIX", "SERIES_MANIFEST", "STEP_DIR_SHAPE",
+           "rank_file_name", "delta_name", "step_dir", "is_rank_file", "is_delta_file",
+           "is_rank_temporary", "is_series_temporary", "is_chunk_map_temporary",
+           "is_rank_name", "rank_of", "step_of", "is_step_dir"]
 
 METADATA = ".metadata"
 """The commit marker: DCP's metadata, written once every rank's file is in place."""
+
+CHUNK_MAP = "chunks.json"
+"""The chunk map: the checkpoint's global layout as JSON, written just before the commit
+marker (no rank file, temporary or step directory can have this name)."""
+
+BYTES_PREFIX = "__dcp_bytes__."
+"""Tensor-name prefix of non-tensor items (DCP's BYTE_IO write items) in a rank's file."""
 
 SERIES_MANIFEST = "series.json"
 """The manifest of a series of sharded checkpoints, beside its step directories."""
@@ -36,6 +45,7 @@ _ANY_RANK_FILE = re.compile(_RANK + r"(?:\.d)?\.ink")
 _RANK_TEMPORARY = re.compile(r"\." + _RANK + r"\.ink\..*\.tmp")
 _ANY_RANK_TEMPORARY = re.compile(r"\." + _RANK + r"(?:\.d)?\.ink\..*\.tmp")
 _SERIES_TEMPORARY = re.compile(r"\.(?:series\.json|" + _RANK + r"(?:\.d)?\.ink)\..*\.tmp")
+_CHUNK_MAP_TEMPORARY = re.compile(r"\.chunks\.json\..*\.tmp")
 _STEP_DIR = re.compile(r"step_([0-9]{12})")
 
 
@@ -76,6 +86,11 @@ def is_rank_temporary(name: object) -> bool:
 def is_series_temporary(name: object) -> bool:
     """Whether ``name`` is the temporary of a series' manifest, a rank file or a delta."""
     return _full(_SERIES_TEMPORARY, name) is not None
+
+
+def is_chunk_map_temporary(name: object) -> bool:
+    """Whether ``name`` is the temporary of a chunk map that a save left."""
+    return _full(_CHUNK_MAP_TEMPORARY, name) is not None
 
 
 def is_rank_name(name: object) -> bool:

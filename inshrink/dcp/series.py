@@ -76,11 +76,12 @@ from torch.futures import Future
 from .. import digest as _digest
 from ..atomic import release_write_lock
 from .calls import done, make_directory, named
-from .consolidation import RankFiles, checked_output, consolidate_to
+from .chunkmap import MapFiles, checked, find_chunk_map
+from .consolidation import checked_output, consolidate_to
 from .inspect import describe_metadata
-from .metadata import read_metadata_file
-from .names import (METADATA, SERIES_MANIFEST, delta_name, is_delta_file, is_rank_file,
-                    is_series_temporary, is_step_dir, rank_of, step_dir)
+from .metadata import chunk_map_of, read_metadata_file
+from .names import (CHUNK_MAP, METADATA, SERIES_MANIFEST, delta_name, is_delta_file,
+                    is_rank_file, is_series_temporary, is_step_dir, rank_of, step_dir)
 from .reader import InkStorageReader
 from .writer import InkStorageWriter
 from ..errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError,
@@ -491,8 +492,9 @@ class InkSeries:
         path = self._path(entry.dir)
         metadata = read_metadata_file(path)
         _check_metadata_files(metadata, entry, path)
-        return consolidate_to(out, path, metadata, _SeriesFiles(self, entry, metadata),
-                               policy, self.threads)
+        layout = checked(chunk_map_of(metadata), os.path.join(path, METADATA))
+        return consolidate_to(out, path, layout, _SeriesFiles(self, entry), policy,
+                              self.threads)
 
     def verify(self) -> list[str]:
         """Decode every file of every step, checking every checksum, every hash the manifest
@@ -551,41 +553,46 @@ class InkSeries:
         return out
 
 
-class _SeriesFiles(RankFiles):
-    """The chunks of a series step, each rank file decoded through its chain once."""
+class _SeriesFiles(MapFiles):
+    """The stored tensors of a series step, each rank file decoded through its chain once."""
 
-    def __init__(self, series: InkSeries, entry: Step, metadata: Metadata) -> None:
-        super().__init__(series._path(entry.dir), metadata, series.threads)
+    def __init__(self, series: InkSeries, entry: Step) -> None:
+        super().__init__(series._path(entry.dir), series.threads)
         self.series, self.entry = series, entry
         self.rank: int | None = None
         self.arrays: dict = {}
 
-    def file_of(self, index: MetadataIndex) -> str:
-        name = self.metadata.storage_data[index]["file"]
-        return os.path.join(self.path, next(f.file for f in self.entry.files if f.name == name))
+    def file_of(self, file: str) -> str:
+        return os.path.join(self.path, next(f.file for f in self.entry.files if f.name == file))
 
-    def read(self, index: MetadataIndex) -> Any:
-        entry = self.metadata.storage_data[index]
-        rank = next(f.rank for f in self.entry.files if f.name == entry["file"])
+    def read(self, file: str, tensor: str) -> Any:
+        rank = next(f.rank for f in self.entry.files if f.name == file)
         if rank != self.rank:  # one decoded rank file at a time
             self.arrays, self.rank = {}, None
             self.arrays, self.rank = self.series.decode(self.entry.step, rank), rank
-        if entry["tensor"] not in self.arrays:
-            raise CorruptError(f"[M-20] {self.file_of(index)}: no tensor named "
-                               f"{entry['tensor']!r}, which {METADATA} names")
-        return self.arrays[entry["tensor"]]
+        if tensor not in self.arrays:
+            raise CorruptError(f"[M-20] {self.file_of(file)}: no tensor named {tensor!r}, "
+                               f"which {METADATA} names")
+        return self.arrays[tensor]
 
     def close(self) -> None:
         self.arrays, self.rank = {}, None
 
 
 def _check_metadata_files(metadata: Metadata, entry: Step, path: str) -> None:
-    """The step's ``.metadata`` names exactly the rank files the manifest lists for it."""
+    """The step's ``.metadata``, and its chunk map if it has one, name exactly the rank files
+    the manifest lists for it."""
     named = {e["file"] for e in metadata.storage_data.values()}
     listed = {f.name for f in entry.files}
     if named != listed:
         odd = sorted(named ^ listed)[0]
         raise CorruptError(f"[M-17] {os.path.join(path, odd)}: {METADATA} and the series "
+                           f"manifest disagree on the step's rank files (one names it, the "
+                           f"other does not)")
+    layout = find_chunk_map(path, check_files=False)
+    if layout is not None and set(layout.files) != listed:
+        odd = sorted(set(layout.files) ^ listed)[0]
+        raise CorruptError(f"[M-17] {os.path.join(path, odd)}: {CHUNK_MAP} and the series "
                            f"manifest disagree on the step's rank files (one names it, the "
                            f"other does not)")
 

@@ -10,12 +10,15 @@ Layout of a checkpoint directory::
 
     .metadata                        DCP's Metadata (pickled, as DCP's FileSystemWriter does);
                                      its storage_data maps every chunk to {"file", "tensor"}
+    chunks.json                      the same layout as JSON, readable without torch
+                                     (:mod:`inshrink.dcp.chunkmap`), written just before
     rank00000-<save id>.ink          rank 0's chunks, one tensor each, named by their
     rank00001-<save id>.ink          fully-qualified name; non-tensor items (step counters,
     ...                              RNG and scheduler state) as uint8 tensors named
                                      ``__dcp_bytes__.<fqn>``
 
-File names carry an id unique to each save, so saving again into the same directory keeps the
+Plain non-tensor values (numbers, strings, bools, None, short bytes) are also typed in
+``chunks.json``; others are marked opaque there. File names carry an id unique to each save, so saving again into the same directory keeps the
 previous checkpoint readable until the new ``.metadata`` replaces it; the files the new
 checkpoint no longer uses are then removed.
 
@@ -25,6 +28,8 @@ checkpoint no longer uses are then removed.
 from __future__ import annotations
 
 import dataclasses
+import io
+import logging
 import os
 import pickle
 import uuid
@@ -36,18 +41,24 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
+import torch
+
 from ..atomic import AtomicFile
-from ..errors import IncompleteCheckpointError, InvalidArgumentError
+from ..errors import IncompleteCheckpointError, InshrinkError, InvalidArgumentError
 from ..encode.policy import Policy
 from ..encode.policy import resolve as resolve_policy
 from ..io.arguments import resolve_threads
 from ..io.writer import Writer
 from ..torch.convert import dtype_name, to_numpy
 from .calls import checked_path, done, make_directory
-from .metadata import BYTES_PREFIX
-from .names import METADATA, is_rank_file, is_rank_temporary, rank_file_name
+from .chunkmap import plain_value, write_chunk_map
+from .metadata import chunk_map_of
+from .names import (BYTES_PREFIX, CHUNK_MAP, METADATA, is_chunk_map_temporary, is_rank_file,
+                    is_rank_temporary, rank_file_name)
 
 __all__ = ["InkStorageWriter"]
+
+_LOG = logging.getLogger("inshrink.dcp")
 
 class InkStorageWriter(StorageWriter):
     """A DCP storage writer that stores each rank's shards in one .ink file.
@@ -130,12 +141,14 @@ class InkStorageWriter(StorageWriter):
         path = os.path.join(self.path, file_name)
         metadata = {"dcp.rank": str(self.rank), "dcp.save_id": file_name[10:22]}
         arrays = {}
+        typed = {}
         with Writer(path, metadata, threads=self.threads, policy=policy,
                     keep_codes=keep_codes) as writer:
             for item, name in zip(items, names):
                 data = planner.resolve_data(item)
                 if item.type == WriteItemType.BYTE_IO:
                     value = np.frombuffer(data.getvalue(), np.uint8)
+                    typed[name] = _typed_value(data.getvalue())
                 else:
                     value = to_numpy(data, item.index.fqn)
                 if keep_codes:
@@ -145,8 +158,11 @@ class InkStorageWriter(StorageWriter):
             report = writer.close()
             codes = writer.codes
         infos = {info.name: info for info in report}
+        # a non-tensor item's typed value travels to the coordinator for the chunk map
         results = [WriteResult(index=item.index, size_in_bytes=infos[name].stored_bytes,
-                               storage_data={"file": file_name, "tensor": name})
+                               storage_data={"file": file_name, "tensor": name,
+                                             **({"value": typed[name]} if name in typed
+                                                else {})})
                    for item, name in zip(items, names)]
         exact = {i.name: arrays[i.name] for i in report if i.lossless} if keep_codes else None
         return results, exact, codes
@@ -179,9 +195,28 @@ class InkStorageWriter(StorageWriter):
         metadata.storage_data = storage
         metadata.storage_meta = self.storage_meta()
         metadata.version = "1.0.0"
-        with AtomicFile(os.path.join(self.path, METADATA)) as target:
+        self._write_chunk_map(metadata)
+        # .metadata keeps DCP's own entries: the typed values are the chunk map's
+        metadata.storage_data = {index: {"file": e["file"], "tensor": e["tensor"]}
+                                 for index, e in storage.items()}
+        with AtomicFile(os.path.join(self.path, METADATA)) as target:  # the commit, last
             pickle.dump(metadata, target.file, protocol=pickle.HIGHEST_PROTOCOL)
         _remove_stale(self.path, files)
+
+    def _write_chunk_map(self, metadata: Metadata) -> None:
+        """``chunks.json``, before the commit marker: it names this save's id, which the new
+        ``.metadata`` holds, so a map beside an older ``.metadata`` (a crash between the two)
+        is known for what it is. A layout that breaks a limit of the map (more than 64 MiB
+        of it) gets no map: the checkpoint is then read through ``.metadata`` only."""
+        try:
+            write_chunk_map(self.path, chunk_map_of(metadata, self.save_id))
+        except InshrinkError as exc:
+            _LOG.warning("%s: no chunk map for this checkpoint (%s); it reads through %s, "
+                         "with torch", self.path, exc, METADATA)
+            try:
+                os.unlink(os.path.join(self.path, CHUNK_MAP))
+            except FileNotFoundError:
+                pass
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=self.path, save_id=self.save_id)
@@ -197,6 +232,17 @@ class InkStorageWriter(StorageWriter):
 
 def _new_save_id() -> str:
     return uuid.uuid4().hex[:12]
+
+
+def _typed_value(raw: bytes) -> tuple[str, object] | None:
+    """(type, value) of a non-tensor item's ``torch.save`` bytes if it is a plain value
+    (:func:`inshrink.dcp.chunkmap.plain_value`), else None. Unpickled by torch's
+    ``weights_only`` loader, which builds plain data only and runs no code."""
+    try:
+        value = torch.load(io.BytesIO(raw), weights_only=True)
+    except Exception:  # anything that loader refuses is opaque
+        return None
+    return plain_value(value)
 
 
 def _stored_names(items: list[WriteItem]) -> list[str]:
@@ -220,7 +266,8 @@ def _remove_stale(directory: str, keep: set[str]) -> None:
     """Remove rank files of earlier saves into this directory, and temporary files that a
     crashed save left (best effort: the new checkpoint is committed already)."""
     for name in os.listdir(directory):
-        if (is_rank_file(name) and name not in keep) or is_rank_temporary(name):
+        if (is_rank_file(name) and name not in keep) or is_rank_temporary(name) or (
+                is_chunk_map_temporary(name)):
             try:
                 os.unlink(os.path.join(directory, name))
             except OSError:
