@@ -12,11 +12,13 @@ three ways:
   as ``AutoModelForCausalLM``): the weight files transformers would read (``model.ink``, or
   the shards a ``model.safetensors.index.json`` names) are decoded in memory and given to
   transformers' own ``from_pretrained`` as its ``state_dict``, the compressed directory being
-  the ``config`` (and the source of ``generation_config.json``). Nothing is written to disk.
+  the ``config`` (and the source of ``generation_config.json``); the files are decoded on
+  another thread while transformers builds the model. Nothing is written to disk.
   Transformers assigns the decoded tensors to the parameters as they are (a copy only where a
   ``dtype`` or a ``device_map`` asks for another dtype or device), ties the tied weights and
   resolves ``dtype="auto"`` from the config as it does for a safetensors directory, so a
-  lossless model gives bit-identical parameters and logits.
+  lossless model gives bit-identical parameters and logits. The decoded tensors being the
+  parameters, a load holds the weights once, plus a chunk being decoded per thread.
 * **Classes that read only the files stored verbatim** (tokenizers, configs, processors,
   feature extractors, image and video processors, ``GenerationConfig`` and their auto
   classes) load the compressed directory itself.
@@ -41,6 +43,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from .. import safetensors as convert
@@ -118,9 +121,9 @@ def from_pretrained(model_class: Any, path: str | os.PathLike, *,
     InvalidArgumentError
         ``path`` is not a directory or holds no ``.ink`` file.
     CorruptError
-        A shard that a ``model.safetensors.index.json`` of ``path`` names is missing, or an
-        index cannot be read (checked before anything is decoded); a weight file is not a
-        valid .ink file (the error names it). Errors of ``model_class.from_pretrained``
+        A shard that a ``model.safetensors.index.json`` of ``path`` names is missing
+        (checked before anything is decoded); a weight file is not a valid .ink file or its
+        records are damaged (the error names the file). Errors of ``model_class.from_pretrained``
         itself are raised as they are (with a note naming ``path`` when they name a
         temporary copy).
     """
@@ -164,6 +167,7 @@ def _direct_plan(model_class: Any, path: str,
     given as a state dict (see the module's documentation)."""
     from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
     from transformers.models.auto.auto_factory import _BaseAutoModelClass, _get_model_class
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     if not isinstance(model_class, type):
         return None
     if any(kwargs.get(k) is not None for k in ("gguf_file", "quantization_config")) \
@@ -189,13 +193,24 @@ def _direct_plan(model_class: Any, path: str,
     elif issubclass(model_class, _BaseAutoModelClass):
         if model_class.__name__ in (settings.get("auto_map") or {}):
             return None  # remote code: transformers fetches it from the directory
-        if not isinstance(config, PretrainedConfig):
-            config = AutoConfig.from_pretrained(config if config is not None else path,
-                                                subfolder=kwargs.get("subfolder") or "",
-                                                trust_remote_code=kwargs.get("trust_remote_code"))
-        if type(config) not in model_class._model_mapping:
-            return None  # transformers' error says which classes it knows
-        cls = _get_model_class(config, model_class._model_mapping)
+        # the config class from the model type, as AutoConfig finds it, without building
+        # a config that the model class then reads again
+        mapping = model_class._model_mapping
+        model_type = settings.get("model_type")
+        config_class = (type(config) if isinstance(config, PretrainedConfig)
+                        else CONFIG_MAPPING[model_type]
+                        if isinstance(model_type, str) and model_type in CONFIG_MAPPING
+                        else None)
+        if config_class is None or config_class not in mapping:
+            return None  # transformers' own error (or inference) from the temporary copy
+        cls = mapping[config_class]
+        if isinstance(cls, (list, tuple)):  # several: the config's architectures choose
+            if not isinstance(config, PretrainedConfig):
+                config = AutoConfig.from_pretrained(
+                    config if config is not None else path,
+                    subfolder=kwargs.get("subfolder") or "",
+                    trust_remote_code=kwargs.get("trust_remote_code"))
+            cls = _get_model_class(config, mapping)
     else:
         return None
     weights = _weight_files(base, kwargs.get("variant"))
@@ -246,43 +261,120 @@ def _index_shards(index: str) -> set | None:
 def _load_model(cls: type, weights: list[str], path: str, threads: int | None,
                 kwargs: dict) -> tuple[Any, dict[str, convert.FileReport]]:
     """``cls.from_pretrained`` with the decoded ``weights`` as its state dict; the reports
-    of the files decoded, by their path relative to ``path``."""
-    from transformers import GenerationConfig
+    of the files decoded, by their path relative to ``path``.
 
-    from ..torch.convert import to_torch
-    state_dict, decoded = {}, {}
-    for weight in weights:
-        arrays, report = _decode(weight, os.path.relpath(weight, path), threads)
-        decoded[report.source] = report
-        # name order within a file, as transformers reads a safetensors file's keys: the
-        # first floating tensor is what dtype="auto" uses when the config says no dtype
-        for name in sorted(arrays):
-            state_dict[name] = to_torch(arrays[name])
-        del arrays
-    kwargs = dict(kwargs)
-    kwargs.setdefault("config", path)  # read as transformers reads it: kwargs update it
-    base = os.path.join(path, kwargs.get("subfolder") or "")
-    if kwargs.get("generation_config") is None and os.path.isfile(
-            os.path.join(base, "generation_config.json")):
-        # with a state dict transformers has no directory to read it from
-        kwargs["generation_config"] = GenerationConfig.from_pretrained(base)
-    loaded = cls.from_pretrained(None, state_dict=state_dict, **kwargs)
+    The files are opened (their headers and indexes checked) here, then decoded on another
+    thread while transformers builds the model, which is about half of its time: the state
+    dict it is given waits for the decoding when first read.
+    """
+    from transformers import GenerationConfig
+    files, decoded = [], {}
+    try:
+        for weight in weights:
+            try:
+                convert.check_ink(weight)
+                files.append(File(weight, threads=threads, mmap=False))
+            except InshrinkError as exc:
+                raise with_path(exc, weight) from None
+            report = _file_report(os.path.relpath(weight, path), weight, None, files[-1])
+            decoded[report.source] = report
+        kwargs = dict(kwargs)
+        kwargs.setdefault("config", path)  # read as transformers reads it: kwargs update it
+        base = os.path.join(path, kwargs.get("subfolder") or "")
+        if kwargs.get("generation_config") is None and os.path.isfile(
+                os.path.join(base, "generation_config.json")):
+            # with a state dict transformers has no directory to read it from
+            kwargs["generation_config"] = GenerationConfig.from_pretrained(base)
+        with ThreadPoolExecutor(1, thread_name_prefix="inshrink-weights") as pool:
+            state_dict = _Decoding(pool.submit(_decode, files))
+            try:
+                loaded = cls.from_pretrained(None, state_dict=state_dict, **kwargs)
+            finally:
+                state_dict.stop()
+    finally:
+        for f in files:
+            f.close()
     model = loaded[0] if kwargs.get("output_loading_info") else loaded
     model.config.name_or_path = path  # as loading the directory sets it
     model.name_or_path = path
     return loaded, decoded
 
 
-def _decode(weight: str, rel: str, threads: int | None) -> tuple[dict, convert.FileReport]:
-    """Every tensor of the .ink file ``weight`` and its report; errors name the file."""
-    try:
-        convert.check_ink(weight)
-        with File(weight, threads=threads, mmap=False) as f:
+def _decode(files: list[File]) -> dict:
+    """Every tensor of ``files`` as a torch tensor (errors name the file); later files'
+    tensors replace earlier ones of the same name, as transformers merges shards."""
+    from ..torch.convert import to_torch
+    state_dict: dict = {}
+    for f in files:
+        try:
             arrays = f.load()
-            report = _file_report(rel, weight, None, f)
-    except InshrinkError as exc:
-        raise with_path(exc, weight) from None
-    return arrays, report
+        except InshrinkError as exc:
+            raise with_path(exc, f.path) from None
+        # name order within a file, as transformers reads a safetensors file's keys: the
+        # first floating tensor is what dtype="auto" uses when the config says no dtype
+        for name in sorted(arrays):
+            state_dict[name] = to_torch(arrays[name])
+    return state_dict
+
+
+class _Decoding(dict):
+    """A state dict being decoded on another thread: every read waits for the decoding
+    to finish (raising its error), then reads the decoded tensors."""
+
+    def __init__(self, decoding: Future) -> None:
+        super().__init__()
+        self._decoding: Future | None = decoding
+
+    def _wait(self) -> "_Decoding":
+        if self._decoding is not None:
+            decoded = self._decoding.result()
+            self._decoding = None
+            dict.update(self, decoded)
+        return self
+
+    def stop(self) -> None:
+        """After the load: give up a decoding nothing read (its error included)."""
+        if self._decoding is not None:
+            self._decoding.cancel()
+            self._decoding.exception()  # waits: the files close after it
+            self._decoding = None
+        dict.clear(self)  # the model holds the tensors it took
+
+    def __getitem__(self, key):
+        return dict.__getitem__(self._wait(), key)
+
+    def __iter__(self):
+        return dict.__iter__(self._wait())
+
+    def __len__(self) -> int:
+        return dict.__len__(self._wait())
+
+    def __contains__(self, key) -> bool:
+        return dict.__contains__(self._wait(), key)
+
+    def __repr__(self) -> str:
+        return dict.__repr__(self._wait())
+
+    def keys(self):
+        return dict.keys(self._wait())
+
+    def values(self):
+        return dict.values(self._wait())
+
+    def items(self):
+        return dict.items(self._wait())
+
+    def get(self, key, default=None):
+        return dict.get(self._wait(), key, default)
+
+    def copy(self) -> dict:
+        return dict(self.items())
+
+    def pop(self, key, *default):
+        return dict.pop(self._wait(), key, *default)
+
+    def __reduce__(self):
+        return dict, (dict(self.items()),)
 
 
 def _file_report(rel: str, source: str, outside: str | None, f: File) -> convert.FileReport:
