@@ -13,17 +13,14 @@ import tempfile  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config,  # noqa: E402
-                          GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                          PreTrainedTokenizerFast)
+                          GPT2LMHeadModel, PreTrainedTokenizerFast)
 
 import inshrink.torch.convert  # noqa: E402
 import inshrink.transformers as ink  # noqa: E402
 import inshrink.transformers.pretrained as pretrained  # noqa: E402
 from inshrink import safetensors as convert  # noqa: E402
 from inshrink.errors import CorruptError  # noqa: E402
-
-torch.set_num_threads(1)
-TOKENS = torch.tensor([[1, 5, 9, 42, 7, 3]])
+from test_transformers import llama, logits  # noqa: E402  (its tiny models)
 
 
 def gpt2(dtype=torch.float32):
@@ -33,20 +30,6 @@ def gpt2(dtype=torch.float32):
     model = GPT2LMHeadModel(config).to(dtype).eval()
     model.generation_config.max_length = 23  # written to generation_config.json
     return model
-
-
-def llama():
-    torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, vocab_size=128,
-                         tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
-                         pad_token_id=0)
-    return LlamaForCausalLM(config).eval()
-
-
-def logits(model):
-    with torch.no_grad():
-        return model(TOKENS).logits
 
 
 def saved(model, tmp_path, **kwargs):
@@ -223,6 +206,13 @@ def test_corrupt_weight_file_names_it(tmp_path, damage):
     shard.write_bytes(bytes(data))
     with pytest.raises(CorruptError, match=str(shard)):
         from_pretrained(AutoModelForCausalLM, packed)
+
+
+def test_variant(tmp_path):
+    plain, packed = saved(gpt2(), tmp_path, variant="v2", max_shard_size="20KB")
+    assert "model.safetensors.index.v2.json" in os.listdir(packed)
+    got = from_pretrained(AutoModelForCausalLM, packed, variant="v2")
+    assert_same_load(AutoModelForCausalLM.from_pretrained(plain, variant="v2"), got)
 
 
 def test_hf_cache_snapshot_links(tmp_path):
