@@ -16,8 +16,10 @@ saved with ``save_pretrained`` and loaded back ``--repeats`` times each, interle
   note says why, and the row is left out.
 
 Printed: sizes and ratios, the median load times and their ratio to the uncompressed load
-(target for lossless: at most 1.5x), and the callback's time per checkpoint as a share of
-the training time between checkpoints.
+(target for lossless: at most 1.2x), the load's CPU time (all threads) and its ratio, the
+peak memory of a load of ``safetensors`` and of ``inshrink``, each in ``--memory-runs`` fresh
+processes (``ru_maxrss`` after the load, and its growth over the same after the imports),
+and the callback's time per checkpoint as a share of the training time between checkpoints.
 
     nice -n 5 python benchmarks/bench_hf.py            # about 3 minutes on 2 cores
     nice -n 5 python benchmarks/bench_hf.py --json results.json
@@ -29,6 +31,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -169,6 +172,77 @@ def zipnn_via_directory(zipped: str):
         shutil.rmtree(work, ignore_errors=True)
 
 
+# one load in a fresh process: its RSS before the load and the peak RSS (VmHWM) after it,
+# in KiB. Not ru_maxrss: Linux carries that over from the parent through fork and exec,
+# so the benchmark's own size would hide the child's. With a warm-up directory (argv[4]),
+# a tiny model of the same kind is loaded the same way first, so that the modules imported
+# on first use, numba and inshrink's kernels are in the RSS before the load; then the peak
+# is reset (clear_refs) to measure what the load itself adds at its highest. The peak is
+# printed again after a forward pass: transformers maps a safetensors file and leaves the
+# weights in the page cache until they are read
+PEAK_RSS = """
+import sys
+import torch
+from transformers import AutoModelForCausalLM
+import inshrink.transformers as ink
+torch.set_num_threads(int(sys.argv[3]))
+def status(field):
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith(field)).split()[1])
+def load(directory):
+    if sys.argv[1] == "safetensors":
+        return AutoModelForCausalLM.from_pretrained(directory)
+    return ink.from_pretrained(AutoModelForCausalLM, directory)
+if sys.argv[4]:
+    load(sys.argv[4])
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+before = status("VmRSS:")
+model = load(sys.argv[2])
+loaded = status("VmHWM:")
+with torch.no_grad():  # every weight read once: a mapped file's pages are then resident too
+    model(torch.arange(32).reshape(1, -1))
+print(before, loaded, status("VmHWM:"))
+"""
+
+
+def peak_rss(loader: str, directory: str, warmup: str, runs: int) -> dict:
+    """Median peak RSS (bytes) of ``runs`` fresh processes that each load ``directory``:
+    cold (the first load of the process) and after a warm-up load of the tiny model
+    ``warmup``, with the growth of the peak over the RSS before the load (see
+    ``PEAK_RSS``)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(inshrink.__file__))]
+        + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    result = {}
+    for mode, first in (("cold", ""), ("warm", warmup)):
+        peaks, grown, used = [], [], []
+        for _ in range(runs):
+            out = subprocess.run([sys.executable, "-c", PEAK_RSS, loader, directory,
+                                  str(torch.get_num_threads()), first], env=env, check=True,
+                                 cwd=tmp_root(), capture_output=True, text=True).stdout.split()
+            before, after, forward = (int(n) << 10 for n in out[-3:])
+            peaks.append(after)
+            grown.append(after - before)
+            used.append(forward - before)
+        result[mode] = {"peak_bytes": statistics.median(peaks),
+                        "load_bytes": statistics.median(grown),
+                        "with_forward_bytes": statistics.median(used)}
+    return result
+
+
+def tiny_model(workdir: str) -> tuple[str, str]:
+    """A tiny GPT-2 of the benchmark's kind, as a safetensors and a compressed directory
+    (the warm-up of :func:`peak_rss`)."""
+    torch.manual_seed(1)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=16, n_embd=64, n_layer=1,
+                                       n_head=1, bos_token_id=0, eos_token_id=0))
+    plain, compressed = os.path.join(workdir, "tiny"), os.path.join(workdir, "tiny-ink")
+    model.save_pretrained(plain)
+    ink.save_pretrained(model, compressed)
+    return plain, compressed
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=200)
@@ -178,6 +252,8 @@ def main() -> None:
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--memory-runs", type=int, default=3,
+                   help="fresh processes per loader for the peak memory (0: not measured)")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
     torch.set_num_threads(min(4, len(os.sched_getaffinity(0))))
@@ -239,11 +315,13 @@ def run(workdir: str, args) -> dict:
             loads["zipnn"] = quiet_zipnn
 
     times = {name: [] for name in loads}
+    cpu = {name: [] for name in loads}
     for _ in range(args.repeats):  # interleaved: drift in the machine's load hits all alike
         for name, load in loads.items():
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             loaded = load()
             times[name].append(time.perf_counter() - started)
+            cpu[name].append(time.process_time() - cpu_started)
             if name == "inshrink":
                 ids = torch.arange(32).reshape(1, -1)
                 model.eval()
@@ -252,18 +330,39 @@ def run(workdir: str, args) -> dict:
                     if not torch.equal(model(ids).logits, loaded(ids).logits):
                         raise SystemExit("inshrink: logits differ from the original's")
     median = {name: statistics.median(t) for name, t in times.items()}
-    base = median["safetensors"]
+    cpu_median = {name: statistics.median(t) for name, t in cpu.items()}
+    base, cpu_base = median["safetensors"], cpu_median["safetensors"]
     print(f"\n{'loader':<12} {'bytes':>12} {'ratio':>7} {'load (median)':>14} "
-          f"{'vs safetensors':>15}")
+          f"{'vs safetensors':>15} {'CPU (median)':>13} {'vs safetensors':>15}")
     for name in loads:
         print(f"{name:<12} {sizes[name]:>12,} {sizes['safetensors'] / sizes[name]:>7.3f} "
-              f"{median[name] * 1000:>11.1f} ms {median[name] / base:>14.2f}x")
+              f"{median[name] * 1000:>11.1f} ms {median[name] / base:>14.2f}x "
+              f"{cpu_median[name] * 1000:>10.1f} ms {cpu_median[name] / cpu_base:>14.2f}x")
     print(f"(median of {args.repeats} loads each; directory bytes include config files; "
           f"inshrink's logits equal the original's)")
+    memory = {}
+    if args.memory_runs > 0:
+        tiny_plain, tiny_ink = tiny_model(workdir)
+        memory = {"safetensors": peak_rss("safetensors", plain, tiny_plain, args.memory_runs),
+                  "inshrink": peak_rss("inshrink", compressed, tiny_ink, args.memory_runs)}
+        weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        largest = max(t.numel() * t.element_size() for t in model.state_dict().values())
+        print(f"\npeak RSS of one load in a fresh process, median of {args.memory_runs} "
+              f"(+ growth during the load / + growth to the end of a forward pass; weights "
+              f"{weights / 2**20:.1f} MiB, largest tensor {largest / 2**20:.2f} MiB): cold = "
+              f"the process's first load, warm = after a tiny model's load (imports and "
+              f"kernels done)")
+        for name, m in memory.items():
+            print(f"{name:<12} " + ", ".join(
+                f"{mode} {m[mode]['peak_bytes'] / 2**20:.1f} MiB "
+                f"(+{m[mode]['load_bytes'] / 2**20:.1f} / "
+                f"+{m[mode]['with_forward_bytes'] / 2**20:.1f})" for mode in ("cold", "warm")))
     return {"training": training, "bytes": sizes, "load_seconds": times,
             "load_median_seconds": median,
             "load_vs_safetensors": {n: median[n] / base for n in median},
-            "torch_threads": torch.get_num_threads()}
+            "load_cpu_seconds": cpu, "load_cpu_vs_safetensors":
+                {n: cpu_median[n] / cpu_base for n in cpu_median},
+            "peak_rss": memory, "torch_threads": torch.get_num_threads()}
 
 
 if __name__ == "__main__":
