@@ -90,3 +90,51 @@ def test_an_empty_delta_tensor_with_a_base_of_the_wrong_shape_is_refused(tmp_pat
             f.read("e")
     with inshrink.File(path, base={"e": np.zeros(0, np.float32)}) as f:
         assert f.read("e").shape == (0,)
+
+
+def _two_step_series(tmp_path: Path):
+    from inshrink.series.series import Series
+    series = Series(tmp_path / "s", keyframe_every=10, threads=1)
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal(256).astype(np.float32)
+    for step in (0, 1):
+        series.save(step, {"w": w + np.float32(step * 1e-3)})
+    delta, whole = series.checkpoints()
+    assert not delta.keyframe and whole.keyframe
+    return series, tmp_path / "s" / delta.file, tmp_path / "s" / whole.file
+
+
+def _relist(directory: Path, name: str) -> None:
+    """The manifest's sha256 and bytes of file ``name`` made to match it again."""
+    from inshrink.series.links import file_sha256
+    manifest = directory / "manifest.json"
+    doc = json.loads(manifest.read_text("utf-8"))
+    for entry in doc["checkpoints"]:
+        if entry["file"] == name:
+            entry["sha256"] = file_sha256(str(directory / name))
+            entry["bytes"] = (directory / name).stat().st_size
+    manifest.write_text(json.dumps(doc), "utf-8")
+
+
+def test_a_delta_steps_file_without_a_base_fails_b3(tmp_path):
+    series, delta, _ = _two_step_series(tmp_path)
+    inshrink.save(delta, {"w": np.zeros(256, np.float32)})  # a whole file where a delta was
+    _relist(delta.parent, delta.name)
+    from inshrink.series.series import Series
+    with pytest.raises(errors.BaseMismatchError, match=r"^\[B-3\] .*a whole file where a delta"):
+        Series(delta.parent).load(0)
+
+
+def test_a_whole_steps_file_with_a_base_fails_b3(tmp_path):
+    series, delta, whole = _two_step_series(tmp_path)
+    whole.write_bytes(delta.read_bytes())  # a delta file where the keyframe was
+    _relist(whole.parent, whole.name)
+    from inshrink.series.series import Series
+    with pytest.raises(errors.BaseMismatchError, match=r"^\[B-3\] .*a delta file .*where a whole"):
+        Series(whole.parent).load(1)
+
+
+def test_a_step_absent_from_the_manifest_is_the_callers_error(tmp_path):
+    series, _, _ = _two_step_series(tmp_path)
+    with pytest.raises(errors.InvalidArgumentError):
+        series.load(7)
