@@ -41,7 +41,8 @@ def _reader_sources() -> list[Path]:
     # dcp/series.py reads DCP series manifests and steps, dcp/chunkmap.py chunk maps: section 25
     codecs = list((PACKAGE / "codecs").glob("*.py"))
     return sorted([*(PACKAGE / "container").glob("*.py"), *codecs, *(PACKAGE / "io").glob("*.py"),
-                   PACKAGE / "digest.py", PACKAGE / "dcp" / "series.py",
+                   PACKAGE / "digest.py", PACKAGE / "series" / "links.py",
+                   PACKAGE / "dcp" / "series.py",
                    PACKAGE / "dcp" / "chunkmap.py"])
 
 
