@@ -421,17 +421,24 @@ def test_a_truncated_rank_file_is_a_typed_error_naming_it(tmp_path):
     assert reader.checkpoint_id == str(tmp_path / "ckpt")
 
 
+def _identity(name: str) -> dict:
+    """The index metadata a rank file of this name has (spec section 25.1.1)."""
+    return {"dcp.rank": str(int(name[4:9])), "dcp.save_id": name[10:22]}
+
+
 def test_a_rank_file_that_disagrees_with_the_metadata_is_named(tmp_path):
     save({"w": torch.ones(4, 4)}, tmp_path / "ckpt")
     name = rank_file(tmp_path / "ckpt")
-    inshrink.save(tmp_path / "ckpt" / name, {"w": torch.ones(2, 8).numpy()})
+    inshrink.save(tmp_path / "ckpt" / name, {"w": torch.ones(2, 8).numpy()},
+                  metadata=_identity(name))
     with pytest.raises(CheckpointException) as info:
         load({"w": torch.zeros(4, 4)}, tmp_path / "ckpt")
     failure = info.value.failures[0][0]
     assert isinstance(failure, errors.CorruptError)
     assert name in str(failure) and "the metadata says" in str(failure)
     # a tensor the metadata names but the file lacks
-    inshrink.save(tmp_path / "ckpt" / name, {"v": torch.ones(4, 4).numpy()})
+    inshrink.save(tmp_path / "ckpt" / name, {"v": torch.ones(4, 4).numpy()},
+                  metadata=_identity(name))
     with pytest.raises(CheckpointException) as info:
         load({"w": torch.zeros(4, 4)}, tmp_path / "ckpt")
     failure = info.value.failures[0][0]
@@ -442,7 +449,8 @@ def test_bytes_read_back_from_a_tensor_entry_are_refused(tmp_path):
     save({"step": 5, "w": torch.ones(4)}, tmp_path / "ckpt")
     name = rank_file(tmp_path / "ckpt")
     inshrink.save(tmp_path / "ckpt" / name, {BYTES_PREFIX + "step": torch.ones(2).numpy(),
-                                              "w": torch.ones(4).numpy()})
+                                              "w": torch.ones(4).numpy()},
+                  metadata=_identity(name))
     with pytest.raises(CheckpointException) as info:
         load({"step": 0, "w": torch.zeros(4)}, tmp_path / "ckpt")
     assert isinstance(info.value.failures[0][0], errors.CorruptError)
@@ -507,3 +515,21 @@ def test_consolidate_names_chunks_that_do_not_cover_a_tensor(tmp_path):
 def test_import_inshrink_does_not_import_torch():
     code = "import sys, inshrink; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_rank_file_whose_metadata_names_another_rank_or_save_is_refused(tmp_path):
+    import json as _json
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "fuzz"))
+    import ink_repair
+    save({"w": torch.arange(8.0)}, tmp_path / "ckpt")
+    path = tmp_path / "ckpt" / rank_file(tmp_path / "ckpt")
+    data = path.read_bytes()
+    offset, index = ink_repair.read_index(data)
+    index["metadata"]["dcp.rank"] = "7"  # another rank's file under this name
+    payload = _json.dumps(index, separators=(",", ":")).encode()
+    data = ink_repair.replace_index(data, offset, payload)
+    path.write_bytes(ink_repair.fix_container(data))
+    with pytest.raises(CheckpointException) as info:
+        load({"w": torch.zeros(8)}, tmp_path / "ckpt")
+    failure = info.value.failures[0][0]
+    assert isinstance(failure, errors.CorruptError) and "rank '7'" in str(failure)

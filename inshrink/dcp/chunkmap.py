@@ -36,7 +36,7 @@ from ..errors import (CorruptError, IncompleteCheckpointError, InshrinkError,
                       LimitExceededError, UnsupportedVersionError)
 from ..io.file import File
 from .calls import checked_path, named
-from .names import BYTES_PREFIX, CHUNK_MAP, METADATA, is_rank_file, rank_of
+from .names import BYTES_PREFIX, CHUNK_MAP, METADATA, identity_problem, is_rank_file, rank_of
 
 __all__ = ["CHUNK_MAP", "FORMAT", "VERSION", "MAX_CHUNK_MAP_BYTES", "MAX_VALUE_BYTES",
            "MAX_GRID_CELLS", "Chunk", "TensorItem", "ValueItem", "ChunkMap", "plain_value",
@@ -488,11 +488,11 @@ def _check_rank_file(path: str, name: str, chunk_map: ChunkMap) -> dict[str, str
         _fail("K-12", full, f"missing (named by {os.path.join(path, CHUNK_MAP)})")
     with File(full, threads=1) as f:
         metadata = f.metadata
-    if metadata.get("dcp.save_id") != chunk_map.save_id or metadata.get(
-            "dcp.rank") != str(rank_of(name)):
-        _fail("K-12", full, f"its metadata says save {reprlib.repr(metadata.get('dcp.save_id'))}"
-                            f" of rank {reprlib.repr(metadata.get('dcp.rank'))}, its name "
-                            f"save {chunk_map.save_id} of rank {rank_of(name)}")
+    # the name's save id is the map's (K-8): the file must say what
+    # its name says
+    problem = identity_problem(name, metadata)
+    if problem is not None:
+        _fail("K-12", full, problem)
     return metadata
 
 

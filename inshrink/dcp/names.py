@@ -15,6 +15,7 @@ a delta, ``rank<5 digits>-<12 hex>.d.ink``. Each is written as a hidden temporar
 from __future__ import annotations
 
 import re
+import reprlib
 
 __all__ = ["METADATA", "CHUNK_MAP", "BYTES_PREFIX", "SERIES_MANIFEST", "STEP_DIR_SHAPE",
            "rank_file_name", "delta_name", "step_dir", "is_rank_file", "is_delta_file",
@@ -103,6 +104,22 @@ def rank_of(name: object) -> int | None:
     """The rank that the rank file or delta file ``name`` belongs to; None for another name."""
     match = _full(_ANY_RANK_FILE, name)
     return None if match is None else int(match.group(1))
+
+
+def save_id_of(name: object) -> str | None:
+    """The save id in the rank file or delta file ``name``; None for another name."""
+    match = _full(_ANY_RANK_FILE, name)
+    return None if match is None else match.group(0)[10:22]
+
+
+def identity_problem(name: str, metadata: dict) -> str | None:
+    """What is wrong with a rank file's ``dcp.rank`` and ``dcp.save_id`` (its index metadata,
+    spec section 25.1.1) against its name ``name``; None when they agree."""
+    rank, save_id = metadata.get("dcp.rank"), metadata.get("dcp.save_id")
+    if rank == str(rank_of(name)) and save_id == save_id_of(name):
+        return None
+    return (f"its metadata says save {reprlib.repr(save_id)} of rank {reprlib.repr(rank)}, its "
+            f"name save {save_id_of(name)} of rank {rank_of(name)}")
 
 
 def step_of(name: object) -> int | None:

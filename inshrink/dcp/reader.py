@@ -27,7 +27,7 @@ from ..torch.convert import to_torch
 from .calls import checked_path, done, named
 from .inspect import describe
 from .metadata import check_metadata, read_metadata
-from .names import METADATA
+from .names import METADATA, identity_problem
 
 __all__ = ["InkStorageReader", "READ_BATCH_BYTES"]
 
@@ -135,6 +135,9 @@ class InkStorageReader(StorageReader):
         """Decode the wanted tensors of one rank file and hand them to their read items."""
         path = os.path.join(self.path, file_name)
         with named(path, lambda: File(path, threads=self.threads)) as f:
+            problem = identity_problem(file_name, f.metadata)
+            if problem is not None:  # spec section 25.1.1: a file of another rank or save
+                raise CorruptError(f"{path}: {problem}")
             for batch in _batches(path, f, list(tensors)):
                 # the tensors of a batch share the decoder threads
                 arrays = named(path, lambda: f.load(names=batch))
