@@ -221,6 +221,55 @@ def test_keep_last_retains_the_newest_steps(tmp_path):
     assert ckpt.restore(3) == 3 and scheduler.last_epoch == 3
 
 
+@pytest.mark.parametrize("policy, async_", [(None, False), ("balanced", True)])
+def test_keep_weights_keeps_older_steps_as_the_models_tensors_only(tmp_path, policy, async_):
+    model, optimizer, scheduler = make()
+    ckpt = Checkpointer(tmp_path / "c", model, optimizer, scheduler, policy=policy,
+                        keep_last=2, keep_weights=3, grad_ema=False, async_=async_)
+    kept = {}
+    for step in range(1, 8):
+        train(model, optimizer, scheduler, Loader(), 1)
+        ckpt.save(step)
+        ckpt.wait()
+        kept[step] = {n: p.detach().clone() for n, p in model.state_dict().items()}
+    assert ckpt.steps() == [6, 7] and ckpt.weights_steps() == [3, 4, 5, 6, 7]
+    weights = Series(tmp_path / "c" / Checkpointer.WEIGHTS)
+    assert all(n.startswith("model.") for n in weights.load(3))
+    with pytest.raises(errors.InvalidArgumentError, match=r"step 3 keeps the model's weights"):
+        ckpt.restore(3)
+    with pytest.raises(errors.InvalidArgumentError):
+        ckpt.restore_model(2)  # gone: 3 weights-only steps before the 2 whole ones
+    whole = Series(tmp_path / "c").load(6)
+    for step in (3, 6):
+        assert ckpt.restore_model(step) == step
+        for name, value in model.state_dict().items():
+            if policy is None:  # lossless: the weights as they were
+                assert torch.equal(value, kept[step][name]), (step, name)
+            if step == 6:  # the same values as the whole checkpoint's
+                assert np.array_equal(value.numpy(), whole["model." + name]), name
+    assert ckpt.restore() == 7  # the training state of a whole step, as before
+    ckpt.close()
+
+
+def test_keep_weights_saves_space_and_needs_keep_last(tmp_path):
+    sizes = {}
+    for label, kwargs in (("whole", {"keep_last": 5}),
+                          ("weights", {"keep_last": 2, "keep_weights": 3})):
+        model, optimizer, scheduler = make()
+        ckpt = Checkpointer(tmp_path / label, model, optimizer, scheduler, grad_ema=False,
+                            **kwargs)
+        for step in range(1, 8):
+            train(model, optimizer, scheduler, Loader(), 1)
+            ckpt.save(step)
+        sizes[label] = sum(f.stat().st_size for f in (tmp_path / label).rglob("*.ink"))
+    assert sizes["weights"] < sizes["whole"]
+    model, optimizer, scheduler = make()
+    for bad in ({"keep_weights": 2}, {"keep_last": 2, "keep_weights": 0},
+                {"keep_last": 2, "keep_weights": True}):
+        with pytest.raises(errors.InvalidArgumentError, match="keep_weights"):
+            Checkpointer(tmp_path / "bad", model, optimizer, **bad)
+
+
 # -- the stored form ---------------------------------------------------------------------
 
 _leaves = (st.none() | st.booleans() | st.integers(-2 ** 63, 2 ** 64)

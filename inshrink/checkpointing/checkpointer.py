@@ -203,6 +203,15 @@ class Checkpointer:
         twice), loaded with the staged weights, so that training is never disturbed.
     keep_last : int, optional
         After each save, keep only this many newest steps (and the files they need).
+    keep_weights : int, optional
+        With ``keep_last``: also keep the model's tensors (no optimizer or training state) of
+        this many steps before the ``keep_last`` newest, in a series of their own in
+        ``directory/weights`` (see :attr:`WEIGHTS`). Each save writes the model's tensors
+        there too (the same policy as the checkpoint, or ``weights_policy``; the same policy
+        gives the same values). :meth:`restore_model` loads such a step; :meth:`restore`
+        refuses it. Not available in the sharded mode.
+    weights_policy : Policy, str or None
+        The policy of those weights-only steps (default: the checkpoint's own).
     sharded : bool or None
         Use the sharded mode (Notes). None: when a process group of more than one rank is
         initialized or a parameter is a DTensor.
@@ -268,7 +277,8 @@ class Checkpointer:
                  max_rel_l2: float | None = None, epsilon_follows_lr: bool | float = 2,
                  threads: int | None = None, rng: bool = True, async_: bool = False,
                  keep_last: int | None = None, sharded: bool | None = None,
-                 total_steps: int | None = None) -> None:
+                 total_steps: int | None = None, keep_weights: int | None = None,
+                 weights_policy: Policy | str | None = None) -> None:
         require_module(model)
         sharded = self._check_training_args(model, optimizer, scheduler, extra, rng, async_,
                                             keep_last, sharded, eval_batches)
@@ -312,6 +322,20 @@ class Checkpointer:
         else:
             self.series = Series(directory, policy, keyframe_every=keyframe_every,
                                  threads=threads)
+        self.keep_weights = keep_weights
+        self.weights_policy = weights_policy
+        self.weights: Series | None = None  # the weights-only steps (keep_weights)
+        if keep_weights is not None:
+            if type(keep_weights) is not int or keep_weights < 1 or keep_last is None:
+                raise InvalidArgumentError("keep_weights must be a positive integer, with "
+                                           "keep_last")
+            if sharded:
+                raise InvalidArgumentError("keep_weights is not available in the sharded "
+                                           "mode")
+            self.weights = Series(os.path.join(self.series.directory, self.WEIGHTS),
+                                  weights_policy, keyframe_every=keyframe_every,
+                                  threads=threads)
+        if self.series is not None:
             latest = self.series.latest()
             if self.search is not None and latest is not None:  # a resumed run
                 self.search.resume(self.series.metadata(latest),
@@ -412,9 +436,20 @@ class Checkpointer:
         """Where the checkpoints are."""
         return self.series.directory if self.series is not None else self._sharded.directory
 
+    WEIGHTS = "weights"
+    """The subdirectory of the weights-only steps (``keep_weights``): a Series of its own,
+    which ``inshrink series ls|restore`` also read."""
+
     def steps(self) -> list[int]:
         """The saved (committed) steps, ascending."""
         return self.series.steps() if self.series is not None else self._sharded.steps()
+
+    def weights_steps(self) -> list[int]:
+        """The steps whose model :meth:`restore_model` can load, ascending: every saved step,
+        and with ``keep_weights`` the weights-only ones before them."""
+        if self.weights is None:
+            return self.steps()
+        return sorted(set(self.steps()) | set(self.weights.steps()))
 
     def save(self, step: int) -> dict[str, Any]:
         """Checkpoint the training state as ``step`` (after every saved step): the model, the
@@ -491,6 +526,12 @@ class Checkpointer:
         size = self.series.checkpoints()[-1].bytes
         if self.keep_last is not None:
             self.series.retain(self.keep_last)
+        if self.weights is not None:  # from the same arrays: the same values, if same policy
+            weights = {n: a for n, a in state.items() if n.startswith(MODEL)}
+            self.weights.save(step, weights, metadata=metadata, importance=importance,
+                              policy=self.weights_policy if self.weights_policy is not None
+                              else policy if policy is not None else self.series.policy)
+            self.weights.retain(self.keep_last + self.keep_weights)
         return {"step": step, "bytes": size, "search": report,
                 "seconds": time.perf_counter() - started}
 
@@ -558,6 +599,30 @@ class Checkpointer:
         except Exception:
             _LOG.exception("Checkpointer(%s): the last save failed", self.directory)
 
+    def restore_model(self, step: int | None = None) -> int:
+        """Load the model's tensors of ``step`` (default: the latest) into the model only, from
+        a whole checkpoint or a weights-only step (``keep_weights``); return the step.
+
+        Raises
+        ------
+        InvalidArgumentError
+            No such step, or its tensors do not match the model (names, shapes).
+        """
+        self.wait()
+        if self._sharded is not None:
+            raise InvalidArgumentError("restore_model is not available in the sharded mode: "
+                                       "restore() loads the model with the training state")
+        known = self.weights_steps()
+        if step is None:
+            if not known:
+                raise InvalidArgumentError(f"no checkpoint in {self.series.directory}")
+            step = known[-1]
+        source = self.series if step in self.series.steps() or self.weights is None \
+            else self.weights
+        tensors = {n: a for n, a in source.load(step).items() if n.startswith(MODEL)}
+        load_state(tensors, source.metadata(step), self.model, None)
+        return step
+
     def restore(self, step: int | None = None) -> int:
         """Load ``step`` (default: the latest) into the model, the optimizer, the scheduler,
         the extras and (``rng``) the random generators; return the step.
@@ -583,6 +648,13 @@ class Checkpointer:
             step = self.series.latest()
             if step is None:
                 raise InvalidArgumentError(f"no checkpoint in {self.series.directory}")
+        if self.weights is not None and step not in self.series.steps() \
+                and step in self.weights.steps():
+            raise InvalidArgumentError(
+                f"{self.series.directory}: step {step} keeps the model's weights only "
+                f"(keep_weights): its optimizer and training state are no longer kept; "
+                f"restore_model({step}) loads the model, restore() resumes from one of "
+                f"{self.series.steps()}")
         tensors = self.series.load(step)
         metadata = self.series.metadata(step)
         training = decode(metadata.get(TRAINING_METADATA),

@@ -1,0 +1,68 @@
+"""Disk space of a run's checkpoints with weights-only retention, against keeping whole steps.
+
+    python benchmarks/bench_retention.py [--task lm-adamw95-cosine] [--policy balanced]
+
+Trains one task of ``fidelity_tasks.py`` (a byte-level LM with AdamW by default) with a
+checkpoint every twentieth of the run through ``inshrink.torch.Checkpointer`` and compares,
+at the end of the run, the bytes on disk of
+
+* ``keep_last=10``: the ten newest steps whole (model, optimizer and training state);
+* ``keep_last=2, keep_weights=8``: the two newest whole and the eight before them as the
+  model's tensors only (``directory/weights``),
+
+both keeping ten steps' models. Prints the bytes of each and their ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fidelity_tasks  # noqa: E402
+
+from inshrink.torch import Checkpointer  # noqa: E402
+
+
+def disk_bytes(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
+
+def run(task_name: str, policy: str | None, out: Path, **retention) -> int:
+    task = fidelity_tasks.make_task(task_name, seed=0)
+    every = task.ckpt_every
+    with Checkpointer(out, task.model, task.optimizer, policy=policy, grad_ema=False,
+                      **retention) as ckpt:
+        for step in range(1, task.steps + 1):
+            task.train_step(step)
+            if step % every == 0:
+                ckpt.save(step)
+    return disk_bytes(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="lm-adamw95-cosine", choices=sorted(fidelity_tasks.TASKS))
+    parser.add_argument("--policy", default="balanced", help="a preset, or 'lossless'")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    policy = None if args.policy == "lossless" else args.policy
+    started = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        whole = run(args.task, policy, Path(tmp) / "whole", keep_last=10)
+        thin = run(args.task, policy, Path(tmp) / "thin", keep_last=2, keep_weights=8)
+    print(f"task {args.task}, policy {args.policy}, {time.strftime('%Y-%m-%d %H:%M')}, "
+          f"load {os.getloadavg()[0]:.2f}, {time.time() - started:.0f} s")
+    print("| retention | bytes on disk |\n|---|---:|")
+    print(f"| keep_last=10 | {whole:,} |")
+    print(f"| keep_last=2, keep_weights=8 | {thin:,} ({thin / whole:.2f}× of it) |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
