@@ -51,7 +51,7 @@ class Callback(TrainerCallback):
         the Trainer's directories), deleting older ones after each save
         (:meth:`inshrink.Series.retain`); None: keep every step.
     **series_kwargs
-        ``keyframe_every``, ``threads``, ``search``: see :class:`inshrink.Series`.
+        ``keyframe_every``, ``threads``: see :class:`inshrink.Series`.
 
     Attributes
     ----------
