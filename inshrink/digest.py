@@ -131,8 +131,7 @@ def version_of(base: Mapping | None, where: str = "a delta file") -> int:
     version = base.get("digest", 1)
     if version not in VERSIONS:
         raise BaseMismatchError(f"[B-3] {where}: the base is identified by decode digest "
-                                f"definition "
-                                f"{version!r}, which this reader does not implement "
+                                f"definition {version!r}, which this reader does not implement "
                                 f"(it knows {', '.join(map(str, VERSIONS))})")
     return version
 

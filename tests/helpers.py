@@ -149,7 +149,7 @@ def warm_up(directory) -> None:
     import torch.distributed.fsdp  # noqa: F401
 
     import inshrink
-    import inshrink.dcp.sharded as sharded
+    import inshrink.dcp.sharded  # noqa: F401 - imported once here, not in each rank
     from kit import start_lossy_kernels
     start_lossy_kernels()  # compiled here, not in each rank
     warm = os.path.join(directory, ".warm.ink")

@@ -48,7 +48,7 @@ def _dcp_call(call):
 def _details(path: str, threads: int | None = None, verify: bool = False):
     """(metadata, chunk rows, {rank file: TensorInfo list}) of a committed checkpoint,
     checked against each file's index (decoded in full with ``verify``)."""
-    from ..dcp.inspect import describe, verify as verify_checkpoint
+    from ..dcp.inspect import describe_metadata, verify_rank_files
     from ..dcp.metadata import read_metadata, read_metadata_file
     from ..errors import CorruptError
     from ..io.file import File
@@ -61,12 +61,11 @@ def _details(path: str, threads: int | None = None, verify: bool = False):
                 series.decode(step, file.rank)
         metadata = read_metadata_file(path)
     else:
-        rows = _dcp_call(lambda: describe(path))
-        problems = _dcp_call(lambda: verify_checkpoint(path, threads=threads)) if verify \
-            else []
+        metadata = _dcp_call(lambda: read_metadata(path))  # read once, for all of it
+        rows = _dcp_call(lambda: describe_metadata(metadata, path))
+        problems = verify_rank_files(metadata, path, threads) if verify else []
         if problems:
             raise CorruptError("; ".join(problems))
-        metadata = read_metadata(path)
     infos = {}
     for name in sorted({r["file"] for r in rows}):
         with File(os.path.join(path, name), threads=1) as f:

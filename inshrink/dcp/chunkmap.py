@@ -36,7 +36,7 @@ from ..errors import (CorruptError, IncompleteCheckpointError, InshrinkError,
                       LimitExceededError, UnsupportedVersionError)
 from ..io.file import File
 from .calls import checked_path, named
-from .names import BYTES_PREFIX, CHUNK_MAP, METADATA, identity_problem, is_rank_file, rank_of
+from .names import BYTES_PREFIX, CHUNK_MAP, METADATA, identity_problem, is_rank_file
 
 __all__ = ["CHUNK_MAP", "FORMAT", "VERSION", "MAX_CHUNK_MAP_BYTES", "MAX_VALUE_BYTES",
            "MAX_GRID_CELLS", "Chunk", "TensorItem", "ValueItem", "ChunkMap", "plain_value",

@@ -16,7 +16,7 @@ from .calls import named
 from .metadata import read_metadata
 from .names import METADATA
 
-__all__ = ["describe", "describe_metadata", "verify"]
+__all__ = ["describe", "describe_metadata", "verify", "verify_rank_files"]
 
 def _chunks(metadata: Metadata) -> Iterator[tuple[MetadataIndex, tuple[int, ...] | None]]:
     """Every stored chunk's index and sizes (None for a non-tensor item)."""
@@ -111,6 +111,12 @@ def verify(path: str | os.PathLike, threads: int | None = None) -> list[str]:
         raise
     except (InshrinkError, OSError) as exc:  # no metadata, a missing file, a wrong index
         return [f"{type(exc).__name__}: {exc}"]
+    return verify_rank_files(metadata, path, threads)
+
+
+def verify_rank_files(metadata: Metadata, path: str, threads: int | None = None) -> list[str]:
+    """:func:`verify`'s decoding of every rank file that ``metadata`` (read and described
+    already) names: the problems, each naming its file."""
     problems = []
     for name in sorted({e["file"] for e in metadata.storage_data.values()}):
         file_path = os.path.join(path, name)

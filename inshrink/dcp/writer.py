@@ -18,8 +18,8 @@ Layout of a checkpoint directory::
                                      ``__dcp_bytes__.<fqn>``
 
 Plain non-tensor values (numbers, strings, bools, None, short bytes) are also typed in
-``chunks.json``; others are marked opaque there. File names carry an id unique to each save, so saving again into the same directory keeps the
-previous checkpoint readable until the new ``.metadata`` replaces it; the files the new
+``chunks.json``; others are marked opaque there. File names carry an id unique to each save,
+so saving again into the same directory keeps the previous checkpoint readable until the new ``.metadata`` replaces it; the files the new
 checkpoint no longer uses are then removed.
 
 >>> import torch.distributed.checkpoint as dcp                       # doctest: +SKIP

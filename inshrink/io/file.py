@@ -387,8 +387,7 @@ class File:
         out = np.empty(entry.numel, np.uint16)
         self._begin_read()
         try:
-            if pipeline.is_delta:
-                self._check_bases([entry])
+            self._check_bases([entry])
             for c in range(entry.chunk_count):
                 start, stop = entry.chunk_range(c)
                 ref = self._chunk_base_codes(entry, c) if pipeline.is_delta else None

@@ -30,7 +30,7 @@ import re
 import reprlib
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -299,17 +299,16 @@ class Series:
         series (:meth:`inshrink.search.Search.choose`; ``metadata=result.metadata()`` stores
         its report with the checkpoint).
 
-        The checkpoint is written and the manifest switched under the lock (:class:`Series`, Notes): raises
-        :class:`inshrink.errors.SeriesLockedError` if another writer holds it. On any failure
+        The checkpoint is written and the manifest switched under the lock (:class:`Series`,
+        Notes): raises :class:`inshrink.errors.SeriesLockedError` if another writer holds it. On any failure
         the series is unchanged and no file of this save is left behind.
         """
-        check_new_step(step)
         if not isinstance(tensors, Mapping):
             raise InvalidArgumentError("tensors must be a mapping of names to arrays")
         for what, value in (("metadata", metadata), ("importance", importance)):
             if value is not None and not isinstance(value, Mapping):
                 raise InvalidArgumentError(f"{what} must be a mapping or None")
-        self.check_step(step)  # early, from what this object knows
+        self.check_step(step)  # a valid step, after every one this object knows
         importance = dict(importance or {})
         policy = self.policy if policy is None else policy
         metadata = dict(metadata or {})

@@ -14,7 +14,7 @@ import os
 import pickle
 import shutil
 import tempfile
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 import torch

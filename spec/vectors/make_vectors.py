@@ -557,11 +557,13 @@ def build_delta_base(path: Path) -> dict:
           base="delta_base")
 def build_delta(path: Path) -> dict:
     base, nxt = delta_tensors()
-    with tempfile.TemporaryDirectory() as tmp:
-        base_path = Path(tmp) / "delta_base.ink"
-        write_plain(base_path, base)
-        # written by format 1.2: decode digest definition 1, no "digest" member
-        base_file = {"file": "delta_base.ink", "sha256": decode_digest(base, {}, version=1)}
+    return write_definition_1_delta(path, base, nxt, "delta_base.ink")
+
+
+def write_definition_1_delta(path: Path, base: Tensors, nxt: Tensors, base_name: str) -> dict:
+    """``nxt`` as a delta against ``base``, as format 1.2 wrote it: ``base.sha256`` by decode
+    digest definition 1, no ``digest`` member."""
+    base_file = {"file": base_name, "sha256": decode_digest(base, {}, version=1)}
     write_as_delta(path, nxt, base_file, base=base)
     return contents(nxt)
 
@@ -686,10 +688,7 @@ def build_digest1_scalar_base(path: Path) -> dict:
           base="digest1_scalar_base")
 def build_digest1_scalar(path: Path) -> dict:
     base, nxt = digest1_scalar_tensors()
-    base_file = {"file": "digest1_scalar_base.ink",
-                 "sha256": decode_digest(base, {}, version=1)}
-    write_as_delta(path, nxt, base_file, base=base)
-    return contents(nxt)
+    return write_definition_1_delta(path, base, nxt, "digest1_scalar_base.ink")
 
 
 @positive("metadata", "user metadata (Unicode, empty value, escapes) and Unicode tensor names")
