@@ -361,6 +361,10 @@ def _search_summary(step: int, info) -> dict:
                    baseline=rep.get("baseline"), drop=chosen.get("drop"),
                    weights_ratio=chosen.get("ratio"), search_seconds=rep.get("seconds"),
                    allocation=rep.get("allocation"),
+                   moments={role: (m.get(role) or {}).get("chosen", "fixed")
+                            for role in ("exp_avg", "exp_avg_sq")
+                            for m in [rep.get("moments") or {}]} if rep.get("moments")
+                   else None,
                    tried=[[*(e["choice"][k] for k in ("bins", "embedding_bins", "prune",
                                                       "protect")), e.get("drop"), e["feasible"]]
                           for e in rep.get("evaluations") or []])

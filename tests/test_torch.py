@@ -635,12 +635,12 @@ def test_epsilon_bounds_the_run_and_is_shared_by_the_restores(tmp_path):
 
 
 def first_moment_kept(tmp_path, space=None):
-    """Share of the first moment's entries a Checkpointer keeps non-zero at three saves, the
-    learning rate at its peak, 3/4 and 1/4 of it."""
+    """Share of the first moment's entries a Checkpointer with the fixed moment configurations
+    keeps non-zero at three saves, the learning rate at its peak, 3/4 and 1/4 of it."""
     model = mlp()
     optimizer = adamw(model)
     ckpt = Checkpointer(tmp_path / "c", model, optimizer, eval_batches=[data(64, seed=500)],
-                        max_evals=2, grad_ema=False, space=space)
+                        max_evals=2, grad_ema=False, space=space, moments="fixed")
     nonzero = []
     for step, lr in ((1, 2e-3), (2, 1.5e-3), (3, 5e-4)):
         for group in optimizer.param_groups:
@@ -670,7 +670,7 @@ def test_second_moment_is_stored_at_four_levels_by_default(tmp_path):
     model = mlp()
     optimizer = adamw(model)
     ckpt = Checkpointer(tmp_path / "c", model, optimizer, eval_batches=[data(64, seed=500)],
-                        max_evals=1, grad_ema=False)
+                        max_evals=1, grad_ema=False, moments="fixed")
     train(model, optimizer, 3)
     ckpt.save(1)
     second = ckpt.series.load(1)["optimizer.state.0.exp_avg_sq"]  # the hidden layer's matrix

@@ -28,12 +28,14 @@ from ..torch.quality import CRITERIA, quality_from
 from ..torch.state import MODEL, load_state, require_module, require_optimizer, state_to_numpy
 from ..torch.training import TRAINING, TRAINING_METADATA, capture, check_extra, decode
 from .budget import EPSILON_FLOOR, LATE_LR, Budget, run_length
+from .moments import optimizer_moments
 
 # EPSILON_FLOOR and LATE_LR, the bound's rules, live in .budget
 __all__ = ["Checkpointer", "SEARCH_METADATA", "PEAK_LR_METADATA", "TRAINING_METADATA",
            "EPSILON_FLOOR", "LATE_LR"]
 
 PEAK_LR_METADATA = "inshrink.torch.peak_lr"
+MOMENT_MODES = ("measured", "fixed")
 _LOG = logging.getLogger("inshrink.torch")
 
 
@@ -139,12 +141,13 @@ class Checkpointer:
         schedule), and the damage of several restores adds up, so each checkpoint gets
         ``epsilon / restores`` of immediate quality change on ``eval_batches`` (in either
         direction: an improvement on a few batches is luck), scaled by
-        ``epsilon_follows_lr``. The optimizer moments' share of the damage is not bounded by
-        ``epsilon`` (a model-quality callback cannot see them): it is kept small by their
-        fixed configurations (``space``). Measured with 10 restores of weights and optimizer
-        state, ``epsilon=0.05`` and the default ``restores``, the recommended settings ended
-        within 1% of the uninterrupted run on 12 of 12 runs (four small tasks, three seeds;
-        the largest +0.95%, benchmarks/RESULTS.md): a measurement, not a guarantee.
+        ``epsilon_follows_lr``. The optimizer moments act on the updates after a restore, which
+        a model-quality callback cannot see: with ``moments="measured"`` they get the
+        cheapest configuration whose displacement of the weights stays within the weights'
+        own error (see ``moments``). Measured with 10 restores of weights and optimizer
+        state in 20 checkpoints, 3 seeds (the fidelity benchmark, benchmarks/RESULTS.md), the
+        final loss of two small language models moved by up to about 0.4·ε (+1.86% at the
+        default 0.05 on one of them, +0.66% at 0.02): a measurement, not a guarantee.
     restores : int
         The share of ``epsilon`` each checkpoint gets is ``1 / restores`` (default 5: on the
         measured tasks, 10 restores at ε / 5 each ended as well as at ε / 10 and compressed
@@ -212,6 +215,13 @@ class Checkpointer:
         refuses it. Not available in the sharded mode.
     weights_policy : Policy, str or None
         The policy of those weights-only steps (default: the checkpoint's own).
+    moments : {"measured", "fixed"}
+        With ``eval_batches``: how the optimizer moments are configured. "measured" (the
+        default): per checkpoint, the cheapest configuration whose effect on the next updates
+        (the weights' displacement they cause, :mod:`inshrink.search.moments`) stays within
+        the weights' own error at the searched configuration, for Adam-like optimizers and
+        SGD with momentum (others: as "fixed"). "fixed": the search space's configurations
+        (``space``), early and late in the run.
     sharded : bool or None
         Use the sharded mode (Notes). None: when a process group of more than one rank is
         initialized or a parameter is a DTensor.
@@ -278,7 +288,8 @@ class Checkpointer:
                  threads: int | None = None, rng: bool = True, async_: bool = False,
                  keep_last: int | None = None, sharded: bool | None = None,
                  total_steps: int | None = None, keep_weights: int | None = None,
-                 weights_policy: Policy | str | None = None) -> None:
+                 weights_policy: Policy | str | None = None,
+                 moments: str = "measured") -> None:
         require_module(model)
         sharded = self._check_training_args(model, optimizer, scheduler, extra, rng, async_,
                                             keep_last, sharded, eval_batches)
@@ -296,6 +307,10 @@ class Checkpointer:
                                        f"{criterion!r}")
         if type(restores) is not int or restores < 1:
             raise InvalidArgumentError("restores must be a positive integer")
+        if moments not in MOMENT_MODES:
+            raise InvalidArgumentError(f"moments must be one of {MOMENT_MODES}, got "
+                                       f"{moments!r}")
+        self.moments = moments
         if max_rel_l2 is not None and eval_batches is None:
             raise InvalidArgumentError("max_rel_l2 bounds the configuration search, which "
                                        "needs eval_batches")
@@ -497,6 +512,12 @@ class Checkpointer:
                               self.max_rel_l2)
             metadata[PEAK_LR_METADATA] = repr(self.peak_lr)
         importance, curvature = self._importance(state), self._curvature(state)
+        moments = None
+        if self.search is not None and self.optimizer is not None and \
+                self.moments == "measured":  # the hyperparameters of this step, now
+            left = self.budget.total_steps - step if self.budget.total_steps else None
+            moments = optimizer_moments(self.model, self.optimizer,
+                                        None if left is None else max(1, left))
         if self._executor is not None:  # the staging copy: training goes on meanwhile
             state = {name: np.array(array, copy=True) for name, array in state.items()}
         if self.ema is not None:  # the next checkpoint is expected as far ahead as this one
@@ -504,10 +525,11 @@ class Checkpointer:
             self.ema.start_interval(gap)
         self._last_step = step
         return self._run(step, lambda: self._write(step, state, metadata, importance,
-                                                   curvature), started)
+                                                   curvature, moments), started)
 
     def _write(self, step: int, state: dict[str, np.ndarray], metadata: dict[str, str],
-               importance: dict | None, curvature: dict | None) -> dict[str, Any]:
+               importance: dict | None, curvature: dict | None,
+               moments: list | None = None) -> dict[str, Any]:
         """Search, quantize and write one staged checkpoint (in the background if async)."""
         started = time.perf_counter()
         if self._evaluated is not self.model:  # the copy the search evaluates: as staged
@@ -519,7 +541,7 @@ class Checkpointer:
         policy, report = None, None
         if self.search is not None:
             self.series.check_step(step)  # before a long search
-            result = self.search.choose(state, self.quality, importance, curvature)
+            result = self.search.choose(state, self.quality, importance, curvature, moments)
             policy, report = result.policy, result.report
             metadata = {**metadata, **result.metadata()}
         self.series.save(step, state, metadata=metadata, importance=importance, policy=policy)

@@ -21,13 +21,16 @@ them and calls the callback, so a chosen configuration is one whose *actual* enc
 measured within ``epsilon`` (a callback with ``bounded``, :class:`~.space.BoundedQuality`,
 may stop on a candidate once it is proven infeasible); a hard cap bounds the evaluations, and
 when nothing feasible is found the weights are stored losslessly. Optimizer moments are not
-seen by a model-quality callback: they get the fixed configurations of the search space. All
+seen by a model-quality callback: given their optimizer's hyperparameters (:class:`Moments`)
+they get per checkpoint the cheapest configuration whose effect on the next updates stays
+within the weights' own error (:mod:`.moments`), else the search space's fixed ones. All
 weight tensors share a configuration's bins unless ``SearchSpace.per_tensor_bins`` spreads
 them by curvature (:func:`~.allocation.allocation`). The decisions behind the rules are
 recorded in ``docs/decisions.md``.
 
 The package: :mod:`.space` (the cube, :class:`Choice`), :mod:`.allocation` (per-tensor bits),
-:mod:`.roundtrip` (candidates encoded and decoded in memory), :mod:`.evaluate` (candidate
+:mod:`.roundtrip` (candidates encoded and decoded in memory), :mod:`.moments` (the
+optimizer moments' configuration), :mod:`.evaluate` (candidate
 evaluations under the search's :class:`~.evaluate.Settings`, expected sizes), :mod:`.predict`
 (predicted quality drops), :mod:`.walk` (the guided and neighbourhood walks),
 :mod:`.choose` (:class:`Search`) and :mod:`.stored` (the report in a checkpoint's metadata).
@@ -36,6 +39,7 @@ This face names what a caller uses; the other names are imported from their modu
 from .._lazy import face
 from .allocation import allocation  # the function: else the name is its module's
 from .choose import Search, SearchResult
+from .moments import Moments
 from .space import BoundedQuality, Choice, Quality, SearchSpace
 from .stored import SEARCH_KEY
 
@@ -49,5 +53,5 @@ _INTERNALS = {
     **dict.fromkeys(["NEIGHBOURHOOD", "SIGNIFICANT", "guided", "neighbourhood"], ".walk"),
 }
 __getattr__, __dir__ = face(__name__, _INTERNALS)
-__all__ = ["BoundedQuality", "Choice", "Quality", "SEARCH_KEY", "Search", "SearchResult",
+__all__ = ["BoundedQuality", "Choice", "Moments", "Quality", "SEARCH_KEY", "Search", "SearchResult",
            "SearchSpace"]

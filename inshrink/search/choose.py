@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -15,6 +15,7 @@ from ..errors import InvalidArgumentError
 from ..encode.policy import LOSSY_DTYPES, Policy, QuantConfig, role_of
 from .allocation import allocation
 from .evaluate import Evaluator, Settings, SizeTable
+from .moments import DEFAULT_SHARE, Moments, choose_moments
 from .predict import DropModel
 from .space import Choice, Quality, SearchSpace
 from .stored import report_metadata, stored_choice
@@ -161,7 +162,9 @@ class Search:
 
     def choose(self, tensors: Mapping[str, Any], quality: Quality | None,
                importance: Mapping[str, Any] | None = None,
-               curvature: Mapping[str, Any] | None = None) -> SearchResult:
+               curvature: Mapping[str, Any] | None = None,
+               moments: Sequence[Moments] | None = None,
+               moment_share: float = DEFAULT_SHARE) -> SearchResult:
         """Choose the configuration for one checkpoint.
 
         Parameters
@@ -184,6 +187,14 @@ class Search:
             ``space.per_tensor_bins``, sensitive tensors get more bins than the
             configuration's and insensitive ones fewer (:func:`allocation`). Tensors left out
             keep the configuration's bins.
+        moments : sequence of Moments, optional
+            The optimizer's parameters as :mod:`inshrink.search.moments` describes them: the
+            moments' configurations are then chosen per checkpoint by the displacement of
+            the weights they would cause, within ``moment_share`` of the weights' own error
+            at the chosen configuration (:func:`~inshrink.search.moments.choose_moments`;
+            no quality evaluation). None: the search space's fixed configurations.
+        moment_share : float
+            See :func:`~inshrink.search.moments.choose_moments`.
 
         Returns
         -------
@@ -207,6 +218,9 @@ class Search:
             raise InvalidArgumentError("tensors must be a mapping of names to arrays")
         if importance is not None and not isinstance(importance, Mapping):
             raise InvalidArgumentError("importance must be a mapping of tensor names to scores")
+        if moments is not None and (isinstance(moments, (str, bytes, Mapping)) or
+                                    not all(isinstance(g, Moments) for g in moments)):
+            raise InvalidArgumentError("moments must be a sequence of Moments")
         arrays = {name: dtypes.as_numpy(v) for name, v in tensors.items()}
         roles = {name: role_of(name, dtypes.of_numpy(a.dtype).name, a.shape)
                  for name, a in arrays.items()}
@@ -256,6 +270,14 @@ class Search:
         report["chosen"] = choice.to_dict() if choice else None
         policy = choice.policy(self.space, shifts) if choice else \
             Policy(dict(self.space.moments()))  # weights lossless, moments as configured
+        if moments is not None:
+            error = 0.0
+            if choice is not None:  # the kept encodings: normally nothing is encoded again
+                decoded = ev.roundtrip(choice)[0]
+                error = math.sqrt(sum(float(np.linalg.norm(
+                    decoded[n].astype(np.float64) - searched[n])) ** 2 for n in searched))
+            policy, report["moments"] = choose_moments(arrays, list(moments), error, policy,
+                                                       moment_share)
         report["shift_bits"] = {name: round(bits, 3) for name, (_, bits) in shifts.items()}
         report["allocation"] = {name: c.bins for name, c in policy.tensors.items()}
         report["seconds"] = time.perf_counter() - started
