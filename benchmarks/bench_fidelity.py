@@ -23,7 +23,9 @@ Configurations (``--configs`` adds more, ``--only`` replaces the list):
 ``search``         the recommended mode of docs/torch.md: ``eval_batches=task.calib_batches``,
                    ``criterion="kl"`` (every task's outputs are logits), ``epsilon_follows_lr=1``,
                    the default ``epsilon``; ``search:epsilon=0.01,restores=10`` passes other
-                   Checkpointer arguments
+                   Checkpointer arguments (``moments=fixed`` among them), and two that
+                   change its search space: ``moments_exact=true`` (the moments lossless:
+                   the weights' share of the damage alone), ``no_prune=true`` (no pruning)
 =================  ==========================================================================
 
 A run's degradation is (final test loss − ref's, same seed) / ref's. Per task and
@@ -114,7 +116,17 @@ def checkpointer(task: fm.Task, config: dict, directory: str):
     elif config["kind"] == "search":
         kwargs.update(eval_batches=task.calib_batches, loss_fn=task.loss_fn, criterion="kl",
                       epsilon_follows_lr=1)
-        kwargs.update(config["args"])
+        args = dict(config["args"])
+        space = {}
+        if args.pop("moments_exact", False):  # the weights' share of the damage alone
+            space.update(exp_avg=None, exp_avg_sq=None, late_exp_avg=None)
+            kwargs["moments"] = "fixed"
+        if args.pop("no_prune", False):  # the search space without pruning
+            space["prune"] = (0.0,)
+        if space:
+            from inshrink.search import SearchSpace
+            kwargs["space"] = SearchSpace(**space)
+        kwargs.update(args)
     return Checkpointer(directory, task.model, task.optimizer, **kwargs)
 
 
