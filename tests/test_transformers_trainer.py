@@ -195,3 +195,41 @@ def test_verify_step_compares_what_was_saved(tmp_path):
     assert "relative L2 error" in callback.verify_step(1, moved, report)
     assert "not the saved ones" in callback.verify_step(1, {"model.w": arrays["model.w"]},
                                                         report)
+
+
+def test_keep_weights_keeps_older_models_without_training_state(tmp_path):
+    callback = ink.Callback(tmp_path / "series", keep_last=1, keep_weights=2)
+    args = TrainingArguments(str(tmp_path / "out"), max_steps=8, per_device_train_batch_size=4,
+                             save_strategy="steps", save_steps=2, report_to=[], use_cpu=True,
+                             logging_strategy="no", disable_tqdm=True, seed=0)
+    Trainer(model(), args, train_dataset=data(), callbacks=[callback]).train()
+    assert callback.series.steps() == [8]
+    assert callback.weights.steps() == [4, 6, 8]  # keep_last + keep_weights
+    assert callback.weights_steps() == callback.weights.steps()
+    older = callback.weights_steps()[0]
+    with pytest.raises(InvalidArgumentError, match=f"step {older} .*weights only"):
+        callback.restore(tmp_path / "resume", step=older)
+    assert not (tmp_path / "resume").exists()
+    written = callback.restore_model(tmp_path / "model", step=older)
+    names = set(os.listdir(written))
+    assert "model.safetensors" in names and "config.json" in names
+    assert not names & {"optimizer.pt", "scheduler.pt", "trainer_state.json",
+                        "training_args.bin"} and not any(n.startswith("rng_state") for n in names)
+    original = tmp_path / "out" / f"checkpoint-{older}"
+    loaded = GPT2LMHeadModel.from_pretrained(written)
+    expected = GPT2LMHeadModel.from_pretrained(original)
+    for (name, a), (_, b) in zip(loaded.state_dict().items(), expected.state_dict().items()):
+        assert torch.equal(a, b), name  # lossless by default: the same weights
+    # a whole step's model comes from the checkpoint itself
+    latest = callback.restore_model(tmp_path / "latest")
+    assert torch.equal(GPT2LMHeadModel.from_pretrained(latest).transformer.wte.weight,
+                       GPT2LMHeadModel.from_pretrained(
+                           tmp_path / "out" / "checkpoint-8").transformer.wte.weight)
+    with pytest.raises(InvalidArgumentError, match="exists"):
+        callback.restore_model(tmp_path / "latest")
+    with pytest.raises(InvalidArgumentError, match="no step 3"):
+        callback.restore_model(tmp_path / "none", step=3)
+    with pytest.raises(InvalidArgumentError, match="keep_weights"):
+        ink.Callback(tmp_path / "bad", keep_weights=2)  # without keep_last
+    with pytest.raises(InvalidArgumentError, match="keep_weights"):
+        ink.Callback(tmp_path / "bad2", keep_last=1, keep_weights=0)

@@ -15,7 +15,8 @@ from transformers import TrainerCallback
 from ..errors import InshrinkError, InvalidArgumentError
 from ..encode.policy import Policy
 from ..series.series import Series
-from .checkpoints import checkpoint_to_numpy, restore_checkpoint
+from .checkpoints import (checkpoint_files, checkpoint_to_numpy,
+                          model_files, restore_checkpoint, write_checkpoint)
 
 __all__ = ["Callback"]
 
@@ -50,6 +51,15 @@ class Callback(TrainerCallback):
         Keep only the newest this many steps in the series (as ``save_total_limit`` does for
         the Trainer's directories), deleting older ones after each save
         (:meth:`inshrink.Series.retain`); None: keep every step.
+    keep_weights : int, optional
+        With ``keep_last``: also keep the model of this many steps before the ``keep_last``
+        newest, without the optimizer, scheduler, RNG and trainer state, in a series of its
+        own in ``series_dir/weights`` (:attr:`WEIGHTS`). Each save writes the model's files
+        there too (its safetensors files, config and tokenizer files; the same policy as the
+        checkpoint, or ``weights_policy``). :meth:`restore_model` writes such a step as a
+        model directory (for ``from_pretrained``); :meth:`restore` refuses it by name.
+    weights_policy : Policy, str or None
+        The policy of those weights-only steps (default: the checkpoint's own).
     **series_kwargs
         ``keyframe_every``, ``threads``: see :class:`inshrink.Series`.
 
@@ -67,12 +77,27 @@ class Callback(TrainerCallback):
     >>> trainer.train(resume_from_checkpoint=cb.restore("out/resume"))    # doctest: +SKIP
     """
 
+    WEIGHTS = "weights"
+    """The subdirectory of the weights-only steps (``keep_weights``): a Series of its own."""
+
     def __init__(self, series_dir: str | os.PathLike, policy: Policy | str | None = None, *,
                  remove_checkpoint: bool = False, keep_last: int | None = None,
+                 keep_weights: int | None = None,
+                 weights_policy: Policy | str | None = None,
                  **series_kwargs: Any) -> None:
         if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
             raise InvalidArgumentError("keep_last must be a positive integer or None")
+        if keep_weights is not None and (type(keep_weights) is not int or keep_weights < 1
+                                         or keep_last is None):
+            raise InvalidArgumentError("keep_weights must be a positive integer, with "
+                                       "keep_last")
         self.series = Series(series_dir, policy, **series_kwargs)
+        self.keep_weights = keep_weights
+        self.weights: Series | None = None  # the weights-only steps (keep_weights)
+        if keep_weights is not None:
+            self.weights = Series(os.path.join(self.series.directory, self.WEIGHTS),
+                                  weights_policy if weights_policy is not None else policy,
+                                  **series_kwargs)
         self.remove_checkpoint = remove_checkpoint
         self.keep_last = keep_last
         self.reports: dict[int, list] = {}
@@ -101,6 +126,9 @@ class Callback(TrainerCallback):
             raise InvalidArgumentError(f"{directory}: the Trainer's checkpoint is missing")
         arrays, metadata = checkpoint_to_numpy(directory)
         self.reports[step] = report = self.series.save(step, arrays, metadata)
+        if self.weights is not None:
+            self.weights.save(step, *model_files(arrays, metadata))
+            self.weights.retain(self.keep_last + self.keep_weights)
         problem, digests = self._verify(step, arrays, report)
         del arrays  # one checkpoint in memory at a time
         self._settle_previous()  # rewritten as a delta against this step by the save
@@ -182,11 +210,53 @@ class Callback(TrainerCallback):
                             f"{bound:.4g}"), {}
         return None, {name: _digest(a) for name, a in decoded.items()}
 
+    def weights_steps(self) -> list[int]:
+        """Every step whose model can be loaded (:meth:`restore_model`): the whole ones and,
+        with ``keep_weights``, the weights-only ones before them."""
+        steps = set(self.series.steps())
+        if self.weights is not None:
+            steps.update(self.weights.steps())
+        return sorted(steps)
+
     def restore(self, directory: str | os.PathLike, step: int | None = None, *,
                 overwrite: bool = False) -> str:
         """Write checkpoint ``step`` (default: the latest) as a Trainer checkpoint directory;
-        see :func:`restore_checkpoint`. Returns ``directory``."""
+        see :func:`restore_checkpoint`. Returns ``directory``.
+
+        Raises
+        ------
+        InvalidArgumentError
+            ``step`` is a weights-only step (``keep_weights``): its training state is gone.
+        """
+        if step is not None and self.weights is not None and \
+                step not in self.series.steps() and step in self.weights.steps():
+            raise InvalidArgumentError(
+                f"step {step} of {self.series.directory} is kept as weights only "
+                f"(keep_weights): its optimizer, scheduler and trainer state are no longer "
+                f"kept; restore_model(directory, {step}) writes its model, or restore one of "
+                f"the whole steps {self.series.steps()}")
         return restore_checkpoint(self.series, directory, step, overwrite=overwrite)
+
+    def restore_model(self, directory: str | os.PathLike, step: int | None = None, *,
+                      overwrite: bool = False) -> str:
+        """Write the model of ``step`` (default: the latest) as a model directory
+        (safetensors, config and tokenizer files, for ``from_pretrained``), from a whole
+        checkpoint or a weights-only step (``keep_weights``). Returns ``directory``."""
+        steps = self.weights_steps()
+        step = (steps[-1] if steps else None) if step is None else step
+        if step is None:
+            raise InvalidArgumentError(f"the series {self.series.directory} is empty")
+        if step not in steps:
+            raise InvalidArgumentError(f"no step {step} in {self.series.directory} (steps "
+                                       f"with a model: {steps})")
+        if os.path.lexists(directory) and not overwrite:
+            raise InvalidArgumentError(f"{os.fspath(directory)} exists (pass overwrite=True "
+                                       f"to replace it)")
+        # a whole step keeps the checkpoint's own values (weights_policy may be lossier)
+        source = self.series if step in self.series.steps() else self.weights
+        arrays, metadata = model_files(source.load(step), source.metadata(step))
+        return write_checkpoint(checkpoint_files(metadata), arrays, directory,
+                                f"step {step} of {source.directory}")
 
 
 def _digest(array: np.ndarray) -> bytes:

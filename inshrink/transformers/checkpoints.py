@@ -96,7 +96,7 @@ def _store_file(full: str, rel: str, arrays: dict[str, np.ndarray]) -> dict:
     return {"path": rel, "kind": "file"}
 
 
-def _checkpoint_doc(metadata: Mapping[str, str]) -> list[dict]:
+def checkpoint_files(metadata: Mapping[str, str]) -> list[dict]:
     if CHECKPOINT_METADATA not in metadata:  # a step of another kind of series
         raise CorruptError(f"not a Trainer checkpoint saved by inshrink.transformers (no "
                            f"{CHECKPOINT_METADATA!r} metadata)")
@@ -152,8 +152,17 @@ def restore_checkpoint(series: Series | str | os.PathLike, directory: str | os.P
     step = series.latest() if step is None else step
     if step is None:
         raise InvalidArgumentError(f"the series {series.directory} is empty")
-    files = _checkpoint_doc(series.metadata(step))
-    tensors = series.load(step)
+    files = checkpoint_files(series.metadata(step))
+    return write_checkpoint(files, series.load(step), directory,
+                            f"step {step} of {series.directory}")
+
+
+def write_checkpoint(files: list[dict], tensors: Mapping[str, np.ndarray],
+                     directory: str | os.PathLike, where: str) -> str:
+    """Write the files a checkpoint's :data:`CHECKPOINT_METADATA` lists from its tensors,
+    into a directory built beside ``directory`` and renamed into place (the caller checked
+    whether it may be replaced). ``where`` names the step in errors."""
+    directory = os.fspath(directory)
     target = os.path.abspath(directory)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     work = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
@@ -165,14 +174,40 @@ def restore_checkpoint(series: Series | str | os.PathLike, directory: str | os.P
             shutil.rmtree(target)
         os.replace(work, target)
     except KeyError as exc:
-        raise CorruptError(f"step {step} of {series.directory}: {CHECKPOINT_METADATA!r} "
+        raise CorruptError(f"{where}: {CHECKPOINT_METADATA!r} "
                            f"names {exc}, which the checkpoint lacks") from None
     except (TypeError, ValueError, AttributeError) as exc:  # metadata of another shape
-        raise CorruptError(f"step {step} of {series.directory}: {CHECKPOINT_METADATA!r} "
+        raise CorruptError(f"{where}: {CHECKPOINT_METADATA!r} "
                            f"is malformed ({type(exc).__name__}: {exc})") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return directory
+
+
+TRAINING_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "trainer_state.json",
+                  "training_args.bin")
+"""A Trainer checkpoint's files that hold training state, not the model (with the RNG states,
+``rng_state*.pth``)."""
+
+
+def is_training_file(path: str) -> bool:
+    """Whether a checkpoint's file (its path inside the directory) is training state."""
+    name = path.rsplit("/", 1)[-1]
+    return name in TRAINING_FILES or (name.startswith("rng_state") and name.endswith(".pth"))
+
+
+def model_files(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str]
+                ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The part of a checkpoint (:func:`checkpoint_to_numpy`'s output) that makes a model
+    directory: its safetensors files and every file that is not training state (config,
+    generation config, tokenizer); :func:`restore_checkpoint` writes it back as such."""
+    files = [e for e in checkpoint_files(metadata)
+             if e.get("kind") != "optimizer" and not is_training_file(e["path"])]
+    names = {MODEL + n for e in files if e.get("kind") == "safetensors" for n in e["tensors"]}
+    names |= {FILE + e["path"] for e in files if e.get("kind") == "file"}
+    doc = {"format": _FORMAT, "files": files}
+    return ({n: a for n, a in arrays.items() if n in names},
+            {CHECKPOINT_METADATA: json.dumps(doc)})
 
 
 def _write_file(path: str, entry: dict, tensors: Mapping[str, np.ndarray]) -> None:
