@@ -234,13 +234,69 @@ def _three(rank, world, directory):
                                                                     state))})
 
 
+def _local_sum(model):
+    return float(sum(p.to_local().double().sum() if hasattr(p, "to_local") else p.double().sum()
+                     for p in model.parameters()))
+
+
+def _weights(rank, world, directory):
+    """keep_weights in the sharded mode: the model of older steps, without the training state."""
+    model, optim, sched = _sharded(world, seed=1)
+    torch.manual_seed(200 + rank)
+    counter = Counter()
+    ckpt = Checkpointer(os.path.join(directory, "ckpt"), model, optim, sched,
+                        extra={"counter": counter}, async_=True, keep_last=1, keep_weights=2)
+    sums = {}
+    for step in (1, 2, 3, 4):
+        _train(model, optim, sched, counter, 1)
+        sums[step] = _local_sum(model)
+        ckpt.save(step)
+    ckpt.wait()
+    refused = None
+    try:
+        ckpt.restore(2)
+    except errors.InshrinkError as exc:
+        refused = {"type": type(exc).__name__, "message": str(exc)}
+    _train(model, optim, sched, counter, 1)
+    restored = ckpt.restore_model(2)
+    back = _local_sum(model)
+    try:
+        ckpt.restore_model(1)  # beyond keep_last + keep_weights: gone
+        gone = None
+    except errors.InshrinkError as exc:
+        gone = type(exc).__name__
+    steps, weights_steps = ckpt.steps(), ckpt.weights_steps()
+    ckpt.close()
+    _write(directory, "weights", rank, {"refused": refused, "restored": restored,
+                                        "sum_saved": sums[2], "sum_restored": back,
+                                        "gone": gone, "steps": steps,
+                                        "weights_steps": weights_steps})
+
+
 SCENARIOS = {  # name: ((world size, rank function), ...)
     "resume": ((2, _first), (2, _second), (3, _three)),
+    "weights": ((2, _weights),),
 }
 
 
 if __name__ == "__main__":
     scenario_main(SCENARIOS)
+
+
+def test_sharded_keep_weights_keeps_older_models_only(tmp_path):
+    run_scenario(HERE, "weights", tmp_path, TIMEOUT)
+    for rank in (0, 1):
+        got = read(tmp_path, f"weights_{rank}.json")
+        assert got["steps"] == [4] and got["weights_steps"] == [2, 3, 4], got
+        assert got["refused"]["type"] == "InvalidArgumentError"
+        assert "step 2 keeps the model's weights only" in got["refused"]["message"]
+        assert got["restored"] == 2 and got["sum_restored"] == got["sum_saved"]  # lossless
+        assert got["gone"] == "InvalidArgumentError"
+    weights = sorted(n for n in os.listdir(tmp_path / "ckpt" / "weights")
+                     if not n.startswith("."))
+    assert weights == ["step_000000000002", "step_000000000003", "step_000000000004"]
+    fqns = {row["fqn"] for row in describe(tmp_path / "ckpt" / "weights" / weights[0])}
+    assert fqns and not any(f.startswith("optim") for f in fqns)
 
 
 @pytest.mark.parametrize("keep_last", [None, 1])

@@ -212,7 +212,8 @@ class Checkpointer:
         ``directory/weights`` (see :attr:`WEIGHTS`). Each save writes the model's tensors
         there too (the same policy as the checkpoint, or ``weights_policy``; the same policy
         gives the same values). :meth:`restore_model` loads such a step; :meth:`restore`
-        refuses it. Not available in the sharded mode.
+        refuses it. In the sharded mode the model's steps are DCP checkpoints in
+        ``directory/weights``, written after each whole step.
     weights_policy : Policy, str or None
         The policy of those weights-only steps (default: the checkpoint's own).
     moments : {"measured", "fixed"}
@@ -340,16 +341,21 @@ class Checkpointer:
         self.keep_weights = keep_weights
         self.weights_policy = weights_policy
         self.weights: Series | None = None  # the weights-only steps (keep_weights)
+        self._sharded_weights = None  # the same in the sharded mode: DCP checkpoints
         if keep_weights is not None:
             if type(keep_weights) is not int or keep_weights < 1 or keep_last is None:
                 raise InvalidArgumentError("keep_weights must be a positive integer, with "
                                            "keep_last")
-            if sharded:
-                raise InvalidArgumentError("keep_weights is not available in the sharded "
-                                           "mode")
-            self.weights = Series(os.path.join(self.series.directory, self.WEIGHTS),
-                                  weights_policy, keyframe_every=keyframe_every,
-                                  threads=threads)
+            if sharded:  # the model alone, written beside each whole step
+                from ..dcp.sharded import ShardedCheckpoints
+                self._sharded_weights = ShardedCheckpoints(
+                    os.path.join(self._sharded.directory, self.WEIGHTS), model, None, None,
+                    {}, False, weights_policy if weights_policy is not None else policy,
+                    keep_last + keep_weights, threads, background=async_)
+            else:
+                self.weights = Series(os.path.join(self.series.directory, self.WEIGHTS),
+                                      weights_policy, keyframe_every=keyframe_every,
+                                      threads=threads)
         if self.series is not None:
             latest = self.series.latest()
             if self.search is not None and latest is not None:  # a resumed run
@@ -380,8 +386,9 @@ class Checkpointer:
             # thread and the save's process group end before the interpreter
             _at_thread_exit(_close_at_exit)
             _EXIT_HOOK.append(True)
-        if self._sharded is not None:  # its group destroyed when dropped, or at exit
-            weakref.finalize(self, self._sharded.close)
+        for shards in (self._sharded, self._sharded_weights):
+            if shards is not None:  # its group destroyed when dropped, or at exit
+                weakref.finalize(self, shards.close)
 
     @staticmethod
     def _check_training_args(model: torch.nn.Module, optimizer: Any, scheduler: Any,
@@ -462,9 +469,10 @@ class Checkpointer:
     def weights_steps(self) -> list[int]:
         """The steps whose model :meth:`restore_model` can load, ascending: every saved step,
         and with ``keep_weights`` the weights-only ones before them."""
-        if self.weights is None:
+        weights = self.weights if self.weights is not None else self._sharded_weights
+        if weights is None:
             return self.steps()
-        return sorted(set(self.steps()) | set(self.weights.steps()))
+        return sorted(set(self.steps()) | set(weights.steps()))
 
     def save(self, step: int) -> dict[str, Any]:
         """Checkpoint the training state as ``step`` (after every saved step): the model, the
@@ -495,6 +503,14 @@ class Checkpointer:
             self._announced = True
         if self._sharded is not None:
             job = self._sharded.stage(step, copy=self._executor is not None)
+            if self._sharded_weights is not None:  # staged now, written after the whole step
+                whole = job
+                weights = self._sharded_weights.stage(step, copy=self._executor is not None)
+
+                def job() -> dict[str, Any]:
+                    report = whole()
+                    weights()
+                    return report
             self._last_step = step
             return self._run(step, job, started)
         if type(step) is not int or not 0 <= step <= MAX_STEP:  # here, not in the background
@@ -606,8 +622,9 @@ class Checkpointer:
             self._closed = True
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
-            if self._sharded is not None:
-                self._sharded.close()
+            for shards in (self._sharded, self._sharded_weights):
+                if shards is not None:
+                    shards.close()
 
     def __enter__(self) -> "Checkpointer":
         return self
@@ -632,8 +649,15 @@ class Checkpointer:
         """
         self.wait()
         if self._sharded is not None:
-            raise InvalidArgumentError("restore_model is not available in the sharded mode: "
-                                       "restore() loads the model with the training state")
+            if self._sharded_weights is None:
+                raise InvalidArgumentError("restore_model in the sharded mode needs "
+                                           "keep_weights: restore() loads the model with the "
+                                           "training state")
+            known = self._sharded_weights.steps()  # every step's model is written there
+            if step is not None and step not in known:
+                raise InvalidArgumentError(f"no model of step {step} in "
+                                           f"{self._sharded_weights.directory} (steps: {known})")
+            return self._sharded_weights.restore(step)
         known = self.weights_steps()
         if step is None:
             if not known:
@@ -663,6 +687,13 @@ class Checkpointer:
         """
         self.wait()
         if self._sharded is not None:
+            if step is not None and self._sharded_weights is not None and \
+                    step not in self._sharded.steps() and step in self._sharded_weights.steps():
+                raise InvalidArgumentError(
+                    f"{self._sharded.directory}: step {step} keeps the model's weights only "
+                    f"(keep_weights): its optimizer and training state are no longer kept; "
+                    f"restore_model({step}) loads the model, restore() resumes from one of "
+                    f"{self._sharded.steps()}")
             step = self._sharded.restore(step)
             self._last_step = step
             return step
