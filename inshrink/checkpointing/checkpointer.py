@@ -21,6 +21,7 @@ from ..encode.policy import Policy, resolve
 from ..search.choose import Search
 from ..search.space import Quality, SearchSpace
 from ..search.stored import SEARCH_KEY as SEARCH_METADATA
+from ..series.retention import refuse_weights_only
 from ..series.series import MAX_STEP, Series
 from ..torch.convert import to_torch
 from ..torch.gradients import GradientEMA
@@ -687,13 +688,9 @@ class Checkpointer:
         """
         self.wait()
         if self._sharded is not None:
-            if step is not None and self._sharded_weights is not None and \
-                    step not in self._sharded.steps() and step in self._sharded_weights.steps():
-                raise InvalidArgumentError(
-                    f"{self._sharded.directory}: step {step} keeps the model's weights only "
-                    f"(keep_weights): its optimizer and training state are no longer kept; "
-                    f"restore_model({step}) loads the model, restore() resumes from one of "
-                    f"{self._sharded.steps()}")
+            if self._sharded_weights is not None:
+                refuse_weights_only(step, self._sharded.steps(), self._sharded_weights.steps(),
+                                    self._sharded.directory, f"restore_model({step})")
             step = self._sharded.restore(step)
             self._last_step = step
             return step
@@ -701,13 +698,9 @@ class Checkpointer:
             step = self.series.latest()
             if step is None:
                 raise InvalidArgumentError(f"no checkpoint in {self.series.directory}")
-        if self.weights is not None and step not in self.series.steps() \
-                and step in self.weights.steps():
-            raise InvalidArgumentError(
-                f"{self.series.directory}: step {step} keeps the model's weights only "
-                f"(keep_weights): its optimizer and training state are no longer kept; "
-                f"restore_model({step}) loads the model, restore() resumes from one of "
-                f"{self.series.steps()}")
+        if self.weights is not None:
+            refuse_weights_only(step, self.series.steps(), self.weights.steps(),
+                                self.series.directory, f"restore_model({step})")
         tensors = self.series.load(step)
         metadata = self.series.metadata(step)
         training = decode(metadata.get(TRAINING_METADATA),

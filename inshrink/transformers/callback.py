@@ -14,6 +14,7 @@ from transformers import TrainerCallback
 
 from ..errors import InshrinkError, InvalidArgumentError
 from ..encode.policy import Policy
+from ..series.retention import refuse_weights_only
 from ..series.series import Series
 from .checkpoints import (checkpoint_files, checkpoint_to_numpy,
                           model_files, restore_checkpoint, write_checkpoint)
@@ -228,13 +229,9 @@ class Callback(TrainerCallback):
         InvalidArgumentError
             ``step`` is a weights-only step (``keep_weights``): its training state is gone.
         """
-        if step is not None and self.weights is not None and \
-                step not in self.series.steps() and step in self.weights.steps():
-            raise InvalidArgumentError(
-                f"step {step} of {self.series.directory} is kept as weights only "
-                f"(keep_weights): its optimizer, scheduler and trainer state are no longer "
-                f"kept; restore_model(directory, {step}) writes its model, or restore one of "
-                f"the whole steps {self.series.steps()}")
+        if self.weights is not None:
+            refuse_weights_only(step, self.series.steps(), self.weights.steps(),
+                                self.series.directory, f"restore_model(directory, {step})")
         return restore_checkpoint(self.series, directory, step, overwrite=overwrite)
 
     def restore_model(self, directory: str | os.PathLike, step: int | None = None, *,
