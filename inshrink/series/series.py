@@ -496,7 +496,12 @@ class Series:
         return [e.step for e in removed]
 
     def retain(self, last: int) -> list[int]:
-        """Keep the ``last`` newest steps (and what they need); delete the rest."""
+        """Keep the ``last`` newest steps (and what they need); delete the rest.
+
+        A series does not know which of a step's tensors are the model: keeping older steps
+        as the model only is the job of whoever does (``Checkpointer(keep_weights=...)`` and
+        ``inshrink.transformers.Callback(keep_weights=...)`` keep a second series of the
+        model's tensors beside this one, see :mod:`inshrink.series.retention`)."""
         if type(last) is not int or last < 1:
             raise InvalidArgumentError("last must be a positive integer")
         with self._writing():  # the newest steps as they are under the lock
