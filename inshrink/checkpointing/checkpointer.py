@@ -66,6 +66,15 @@ def _close_at_exit() -> None:
                            ckpt.directory)
 
 
+def _release(executor: ThreadPoolExecutor | None, sharded: Any) -> None:
+    """A dropped Checkpointer's background thread stopped and its process group destroyed."""
+    if executor is not None:  # joined, unless dropped by that very thread
+        executor.shutdown(wait=threading.current_thread() not in
+                          getattr(executor, "_threads", ()))
+    if sharded is not None:
+        sharded.close()
+
+
 def _at_thread_exit(callback: Callable[[], None]) -> None:
     """``callback`` at interpreter exit, before non-daemon threads are joined: where
     concurrent.futures shuts its pools down (``threading._register_atexit``, Python 3.9+;
@@ -378,8 +387,10 @@ class Checkpointer:
             if async_ else None
         self._pending: tuple[int, Future] | None = None
         self._closed = False
-        if self._sharded is not None:  # its group destroyed when dropped, or at exit
-            weakref.finalize(self, self._sharded.close)
+        if self._executor is not None or self._sharded is not None:
+            # dropped unclosed (nothing pending: a pending save holds it): its thread and
+            # group end then, not at the interpreter's finalization
+            weakref.finalize(self, _release, self._executor, self._sharded)
         if async_ or self._sharded is not None:
             with _PENDING_LOCK:
                 _OPEN.add(self)
