@@ -5,13 +5,16 @@ Run as a script, this file is the launcher (``python test_checkpointer_exit.py D
 it imports torch once, then per run forks two ranks with ``os.fork``, which leave through
 the interpreter's whole exit (threading shutdown, atexit, finalization), as a ``torchrun``
 rank does; torch.multiprocessing's ranks leave through ``os._exit``, which skips all that.
-It prints one line per rank: run, mode, rank, wait status.
+It prints one line per rank: run, mode, rank, wait status. Each rank also checks, after
+the Checkpointer's exit hook, that nothing of ours is left running (exit status 3 if it is).
+``python test_checkpointer_exit.py --rank DIR MODE`` is one rank, for ``torchrun``.
 """
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -32,6 +35,15 @@ def _rank(directory: str, how: str) -> None:
     from inshrink.torch import Checkpointer
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    dist.barrier()
+    default_group, deadline = _gloo_threads(), time.monotonic() + 2
+    while time.monotonic() < deadline:  # its threads name themselves once started
+        time.sleep(0.05)
+        default_group, before = _gloo_threads(), default_group
+        if default_group == before >= 3:
+            break
+    # registered before the Checkpointer's exit hook, so run after it (newest first)
+    threading._register_atexit(_nothing_left_behind, default_group)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     for layer in model:
@@ -51,8 +63,36 @@ def _rank(directory: str, how: str) -> None:
         with Checkpointer(directory, model, optim, async_=True, keep_last=2) as ckpt:
             train_and_save(ckpt)
         dist.destroy_process_group()
+    elif how == "wait":  # the last save waited for, the Checkpointer never closed
+        ckpt = Checkpointer(directory, model, optim, async_=True, keep_last=2)
+        train_and_save(ckpt)
+        ckpt.wait()
     else:  # what a script may do: neither close() nor destroy_process_group()
         train_and_save(Checkpointer(directory, model, optim, async_=True, keep_last=2))
+
+
+def _gloo_threads() -> int:
+    """This process's gloo threads (worker and transport loops), by their native names."""
+    count = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                count += f.read().startswith(("pt_gloo", "gloo"))
+        except OSError:  # the thread ended meanwhile
+            pass
+    return count
+
+
+def _nothing_left_behind(default_group: int) -> None:
+    """After the Checkpointer's exit hook: no thread of ours runs and no gloo thread beyond
+    the default group's is left for the interpreter's finalization; else exit status 3."""
+    ours = [t.name for t in threading.enumerate() if t.name.startswith("inshrink")]
+    gloo = _gloo_threads()
+    if ours or gloo > default_group:
+        sys.stderr.write(f"left at exit: threads {ours}, {gloo} gloo threads "
+                         f"(the default group's: {default_group})\n")
+        sys.stderr.flush()
+        os._exit(3)
 
 
 def _free_port() -> int:
@@ -67,7 +107,7 @@ def _launch(directory: str, runs: int) -> None:
 
     import inshrink.torch  # noqa: F401
     for run in range(runs):
-        how = "with" if run % 2 else "end"
+        how = ("end", "with", "wait")[run % 3]
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                           WORLD_SIZE="2")
         pids = []
@@ -114,5 +154,29 @@ def test_two_rank_async_runs_always_exit_cleanly(tmp_path):
     print(f"{RUNS} runs in {time.monotonic() - began:.1f} s")
 
 
+TORCHRUN_RUNS = 3
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/task")
+def test_torchrun_ranks_exit_cleanly(tmp_path):
+    """The same, launched by torchrun itself: each mode once, every rank exits 0."""
+    pytest.importorskip("torch.distributed.run")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+        os.path.dirname(os.path.dirname(HERE)), os.environ.get("PYTHONPATH")]))}
+    for run, how in enumerate(("end", "with", "wait")[:TORCHRUN_RUNS]):
+        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                            "2", "--master_port", str(_free_port()), HERE, "--rank",
+                            str(tmp_path / f"run{run}"), how], capture_output=True, text=True,
+                           timeout=120, env=env)
+        output = r.stdout + r.stderr
+        assert "terminate called" not in output and "left at exit" not in output, output[-3000:]
+        assert r.returncode == 0, (how, output[-3000:])
+        assert sorted(os.listdir(tmp_path / f"run{run}")) == ["step_000000000002",
+                                                               "step_000000000003"], how
+
+
 if __name__ == "__main__":
-    _launch(sys.argv[1], int(sys.argv[2]))
+    if sys.argv[1] == "--rank":  # a torchrun rank
+        _rank(sys.argv[2], sys.argv[3])
+    else:
+        _launch(sys.argv[1], int(sys.argv[2]))

@@ -43,23 +43,40 @@ _LOG = logging.getLogger("inshrink.torch")
 # Checkpointers with a save in the background: held (strongly) until it is waited for, so
 # that a script which drops its Checkpointer mid-save still gets the save finished at exit
 _PENDING: set["Checkpointer"] = set()
+# every async or sharded Checkpointer not closed yet (weakly): closed at exit, so that no
+# thread or process group of ours is left to the interpreter's finalization
+_OPEN: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
 _PENDING_LOCK = threading.Lock()
 _EXIT_HOOK: list[bool] = []
 
 
 def _close_at_exit() -> None:
     """Interpreter exit: finish the background saves of Checkpointers their script did not
-    close, and release their threads and process groups. Runs before concurrent.futures
-    refuses new work at exit (which failed a pending save silently: DCP and the writer
-    submit to thread pools) and before the process groups are torn down."""
+    close, and release their threads and process groups, in the main thread. Runs before
+    concurrent.futures refuses new work at exit (which failed a pending save silently: DCP
+    and the writer submit to thread pools), before ``atexit`` and before any process group
+    is torn down: once it returns, no thread of ours runs, so none can be in a collective
+    while the interpreter finalizes, and the background saves' gloo groups are destroyed
+    (their worker threads joined) while the interpreter is still whole."""
     with _PENDING_LOCK:
-        pending = list(_PENDING)
+        pending = list(_PENDING)  # first the saves in flight, then the idle ones
+        pending += [ckpt for ckpt in list(_OPEN) if ckpt not in _PENDING]
     for ckpt in pending:
         try:
             ckpt.close()
         except Exception:  # noqa: BLE001 - nothing to raise to at exit: said loudly instead
             _LOG.exception("Checkpointer(%s): the save pending at exit failed",
                            ckpt.directory)
+
+
+def _release(executor: ThreadPoolExecutor | None, *sharded: Any) -> None:
+    """A dropped Checkpointer's background thread stopped and its process groups destroyed."""
+    if executor is not None:  # joined, unless dropped by that very thread
+        executor.shutdown(wait=threading.current_thread() not in
+                          getattr(executor, "_threads", ()))
+    for shards in sharded:
+        if shards is not None:
+            shards.close()
 
 
 def _at_thread_exit(callback: Callable[[], None]) -> None:
@@ -268,6 +285,17 @@ class Checkpointer:
     saves run ``dcp.save`` in the background thread on a gloo process group of their own,
     created by the constructor.
 
+    **Exit.** A script should end with :meth:`close` (or leave a ``with`` block) on every
+    rank, then ``torch.distributed.destroy_process_group()``. One that does not still gets
+    its last save: at interpreter exit, in the main thread, before ``atexit`` and before any
+    process group is torn down, every Checkpointer left open is closed (the save in flight
+    finished, its thread joined, the background saves' group destroyed, with its gloo
+    threads); no thread of ours runs after that, so none is in a collective while the
+    interpreter finalizes. The default process group stays the script's: a gloo group left
+    undestroyed is torn down in the interpreter's finalization with its threads running,
+    which torch may end with "terminate called without an active exception" (an abort, exit
+    status 134), whatever the Checkpointer did. See docs/torch.md.
+
     The sharded mode runs **no configuration search**: the ``policy`` applies per shard
     (lossless by default) and ``eval_batches`` is refused. A collective search would need
     every rank to quantize its shards with each candidate, every rank to take part in the
@@ -382,14 +410,17 @@ class Checkpointer:
             if async_ else None
         self._pending: tuple[int, Future] | None = None
         self._closed = False
-        if async_ and not _EXIT_HOOK:
-            # a script that ends without close(): its pending save still finishes, and the
-            # thread and the save's process group end before the interpreter
-            _at_thread_exit(_close_at_exit)
-            _EXIT_HOOK.append(True)
-        for shards in (self._sharded, self._sharded_weights):
-            if shards is not None:  # its group destroyed when dropped, or at exit
-                weakref.finalize(self, shards.close)
+        if self._executor is not None or self._sharded is not None:
+            # dropped unclosed (nothing pending: a pending save holds it): its thread and
+            # groups end then, not at the interpreter's finalization
+            weakref.finalize(self, _release, self._executor, self._sharded,
+                             self._sharded_weights)
+        if async_ or self._sharded is not None:
+            with _PENDING_LOCK:
+                _OPEN.add(self)
+            if not _EXIT_HOOK:
+                _at_thread_exit(_close_at_exit)
+                _EXIT_HOOK.append(True)
 
     @staticmethod
     def _check_training_args(model: torch.nn.Module, optimizer: Any, scheduler: Any,
@@ -614,13 +645,16 @@ class Checkpointer:
         an error; restoring is not.
 
         Call it, or use the Checkpointer in a ``with`` block, before the process group is
-        destroyed. A Checkpointer left open is closed at interpreter exit, before thread
-        pools stop taking work (its pending save still finishes; a failure is logged, as
-        there is nobody to raise it to)."""
+        destroyed. A Checkpointer left open is closed at interpreter exit, in the main
+        thread, before thread pools stop taking work and before ``atexit`` (its pending save
+        still finishes; a failure is logged, as there is nobody to raise it to): see Notes,
+        **Exit**."""
         try:
             self.wait()
         finally:
             self._closed = True
+            with _PENDING_LOCK:
+                _OPEN.discard(self)
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
             for shards in (self._sharded, self._sharded_weights):
