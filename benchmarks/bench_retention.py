@@ -8,14 +8,17 @@ at the end of the run, the bytes on disk of
 
 * ``keep_last=10``: the ten newest steps whole (model, optimizer and training state);
 * ``keep_last=2, keep_weights=8``: the two newest whole and the eight before them as the
-  model's tensors only (``directory/weights``),
+  model's tensors only (``directory/weights``, a second series the Checkpointer writes);
+* ``Series.retain(2, keep_weights=8)`` of the first series: the eight older steps rewritten
+  in place as their model's tensors (``step_….w.ink``), bit for bit,
 
-both keeping ten steps' models. Prints the bytes of each and their ratio.
+all keeping ten steps' models. Prints the bytes of each and their ratio to the first.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -26,7 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fidelity_tasks  # noqa: E402
 
+from inshrink.series import Series  # noqa: E402
 from inshrink.torch import Checkpointer  # noqa: E402
+from inshrink.torch.state import MODEL  # noqa: E402
 
 
 def disk_bytes(directory: Path) -> int:
@@ -56,11 +61,23 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         whole = run(args.task, policy, Path(tmp) / "whole", keep_last=10)
         thin = run(args.task, policy, Path(tmp) / "thin", keep_last=2, keep_weights=8)
+        shutil.copytree(Path(tmp) / "whole", Path(tmp) / "in_place")
+        series = Series(Path(tmp) / "in_place")
+        before = {step: series.load(step) for step in series.steps()}
+        rewrite = time.perf_counter()
+        series.retain(2, keep_weights=8, model=lambda name: name.startswith(MODEL))
+        rewrite = time.perf_counter() - rewrite
+        for step in series.steps():  # the models as they were, bit for bit
+            for name, array in series.load(step).items():
+                assert array.tobytes() == before[step][name].tobytes(), (step, name)
+        in_place = disk_bytes(Path(tmp) / "in_place")
     print(f"task {args.task}, policy {args.policy}, {time.strftime('%Y-%m-%d %H:%M')}, "
           f"load {os.getloadavg()[0]:.2f}, {time.time() - started:.0f} s")
     print("| retention | bytes on disk |\n|---|---:|")
     print(f"| keep_last=10 | {whole:,} |")
     print(f"| keep_last=2, keep_weights=8 | {thin:,} ({thin / whole:.2f}× of it) |")
+    print(f"| Series.retain(2, keep_weights=8) | {in_place:,} ({in_place / whole:.2f}× of it; "
+          f"rewritten in {rewrite:.2f} s) |")
     return 0
 
 

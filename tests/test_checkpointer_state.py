@@ -226,27 +226,34 @@ def test_keep_weights_keeps_older_steps_as_the_models_tensors_only(tmp_path, pol
     model, optimizer, scheduler = make()
     ckpt = Checkpointer(tmp_path / "c", model, optimizer, scheduler, policy=policy,
                         keep_last=2, keep_weights=3, grad_ema=False, async_=async_)
-    kept = {}
+    kept, stored = {}, {}
     for step in range(1, 8):
         train(model, optimizer, scheduler, Loader(), 1)
         ckpt.save(step)
         ckpt.wait()
         kept[step] = {n: p.detach().clone() for n, p in model.state_dict().items()}
+        stored[step] = Series(tmp_path / "c").load(step)  # as the whole step decodes
     assert ckpt.steps() == [6, 7] and ckpt.weights_steps() == [3, 4, 5, 6, 7]
-    weights = Series(tmp_path / "c" / Checkpointer.WEIGHTS)
-    assert all(n.startswith("model.") for n in weights.load(3))
+    series = Series(tmp_path / "c")  # one directory: the older steps rewritten in place
+    assert series.weights_steps() == [3, 4, 5] and series.steps() == [3, 4, 5, 6, 7]
+    assert not (tmp_path / "c" / Checkpointer.WEIGHTS).exists()
+    for step in (3, 4, 5):  # the model's tensors only, as the whole step decoded them
+        got = series.load(step)
+        assert got.keys() == {n for n in stored[step] if n.startswith("model.")}
+        for name, array in got.items():
+            assert array.tobytes() == stored[step][name].tobytes(), (step, name)
+    assert series.verify() == []
     with pytest.raises(errors.InvalidArgumentError, match=r"step 3 keeps the model's weights"):
         ckpt.restore(3)
     with pytest.raises(errors.InvalidArgumentError):
         ckpt.restore_model(2)  # gone: 3 weights-only steps before the 2 whole ones
-    whole = Series(tmp_path / "c").load(6)
     for step in (3, 6):
         assert ckpt.restore_model(step) == step
         for name, value in model.state_dict().items():
             if policy is None:  # lossless: the weights as they were
                 assert torch.equal(value, kept[step][name]), (step, name)
-            if step == 6:  # the same values as the whole checkpoint's
-                assert np.array_equal(value.numpy(), whole["model." + name]), name
+            # the same values as the whole checkpoint's
+            assert np.array_equal(value.numpy(), stored[step]["model." + name]), name
     assert ckpt.restore() == 7  # the training state of a whole step, as before
     ckpt.close()
 

@@ -14,7 +14,7 @@ KEYS = {"command", "ok", "inputs", "outputs", "bytes_in", "bytes_out", "tensor_b
         "problems"}
 FILE_KEYS = {"input", "output", "bytes_in", "bytes_out", "copied", "ok", "error",
              "format_version", "metadata", "tensors"}
-SERIES_KEYS = {"step", "keyframe", "base"}
+SERIES_KEYS = {"step", "keyframe", "base", "weights_only"}
 TENSOR_KEYS = {"name", "dtype", "shape", "codec", "nbytes", "stored_bytes", "ratio", "role",
                "lossy", "error"}
 

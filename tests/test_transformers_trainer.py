@@ -15,6 +15,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 import inshrink  # noqa: E402
 import inshrink.transformers as ink
+from inshrink.transformers.checkpoints import is_model_tensor  # noqa: E402
 from inshrink.errors import CorruptError, InvalidArgumentError  # noqa: E402
 
 torch.set_num_threads(1)
@@ -203,9 +204,14 @@ def test_keep_weights_keeps_older_models_without_training_state(tmp_path):
                              save_strategy="steps", save_steps=2, report_to=[], use_cpu=True,
                              logging_strategy="no", disable_tqdm=True, seed=0)
     Trainer(model(), args, train_dataset=data(), callbacks=[callback]).train()
-    assert callback.series.steps() == [8]
-    assert callback.weights.steps() == [4, 6, 8]  # keep_last + keep_weights
-    assert callback.weights_steps() == callback.weights.steps()
+    # keep_last + keep_weights steps, the older ones rewritten in place as the model only
+    assert callback.series.steps() == callback.weights_steps() == [4, 6, 8]
+    assert callback.series.weights_steps() == [4, 6]
+    whole = set(callback.series.load(8))
+    model_only = {n for n in whole if is_model_tensor(n)}
+    assert model_only and whole - model_only  # the optimizer's and trainer's state
+    for step in (4, 6):
+        assert set(callback.series.load(step)) == model_only
     older = callback.weights_steps()[0]
     with pytest.raises(InvalidArgumentError, match=f"step {older} .*weights only"):
         callback.restore(tmp_path / "resume", step=older)

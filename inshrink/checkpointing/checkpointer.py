@@ -226,14 +226,16 @@ class Checkpointer:
         After each save, keep only this many newest steps (and the files they need).
     keep_weights : int, optional
         With ``keep_last``: also keep the model's tensors (no optimizer or training state) of
-        this many steps before the ``keep_last`` newest, in a series of their own in
-        ``directory/weights`` (see :attr:`WEIGHTS`). Each save writes the model's tensors
-        there too (the same policy as the checkpoint, or ``weights_policy``; the same policy
-        gives the same values). :meth:`restore_model` loads such a step; :meth:`restore`
-        refuses it. In the sharded mode the model's steps are DCP checkpoints in
-        ``directory/weights``, written after each whole step.
+        this many steps before the ``keep_last`` newest. A step leaving the ``keep_last``
+        newest is rewritten in place as its model only (:meth:`inshrink.series.Series.retain`:
+        the same values, bit for bit, unless ``weights_policy``). :meth:`restore_model` loads
+        such a step; :meth:`restore` refuses it. In the sharded mode the model's steps are DCP
+        checkpoints in ``directory/weights`` (see :attr:`WEIGHTS`), written after each whole
+        step.
     weights_policy : Policy, str or None
-        The policy of those weights-only steps (default: the checkpoint's own).
+        Encode the weights-only steps again with this policy, from the values the checkpoint
+        decodes to (a lossier one saves more). Default: as the checkpoint stored them; in
+        the sharded mode, the checkpoint's own policy.
     moments : {"measured", "fixed"}
         With ``eval_batches``: how the optimizer moments are configured. "measured" (the
         default): per checkpoint, the cheapest configuration whose effect on the next updates
@@ -369,7 +371,6 @@ class Checkpointer:
                                  threads=threads)
         self.keep_weights = keep_weights
         self.weights_policy = weights_policy
-        self.weights: Series | None = None  # the weights-only steps (keep_weights)
         self._sharded_weights = None  # the same in the sharded mode: DCP checkpoints
         if keep_weights is not None:
             if type(keep_weights) is not int or keep_weights < 1 or keep_last is None:
@@ -382,9 +383,7 @@ class Checkpointer:
                     {}, False, weights_policy if weights_policy is not None else policy,
                     keep_last + keep_weights, threads, background=async_)
             else:
-                self.weights = Series(os.path.join(self.series.directory, self.WEIGHTS),
-                                      weights_policy, keyframe_every=keyframe_every,
-                                      threads=threads)
+                resolve(weights_policy)  # a bad policy fails here, not at a save
         if self.series is not None:
             latest = self.series.latest()
             if self.search is not None and latest is not None:  # a resumed run
@@ -491,20 +490,24 @@ class Checkpointer:
         return self.series.directory if self.series is not None else self._sharded.directory
 
     WEIGHTS = "weights"
-    """The subdirectory of the weights-only steps (``keep_weights``): a Series of its own,
-    which ``inshrink series ls|restore`` also read."""
+    """In the sharded mode, the subdirectory of the model's steps (``keep_weights``): a
+    series of DCP checkpoints of its own."""
 
     def steps(self) -> list[int]:
-        """The saved (committed) steps, ascending."""
-        return self.series.steps() if self.series is not None else self._sharded.steps()
+        """The saved (committed) steps with their whole training state, ascending."""
+        if self.series is None:
+            return self._sharded.steps()
+        models = set(self.series.weights_steps())
+        return [s for s in self.series.steps() if s not in models]
 
     def weights_steps(self) -> list[int]:
         """The steps whose model :meth:`restore_model` can load, ascending: every saved step,
         and with ``keep_weights`` the weights-only ones before them."""
-        weights = self.weights if self.weights is not None else self._sharded_weights
-        if weights is None:
+        if self.series is not None:
+            return self.series.steps()
+        if self._sharded_weights is None:
             return self.steps()
-        return sorted(set(self.steps()) | set(weights.steps()))
+        return sorted(set(self.steps()) | set(self._sharded_weights.steps()))
 
     def save(self, step: int) -> dict[str, Any]:
         """Checkpoint the training state as ``step`` (after every saved step): the model, the
@@ -594,14 +597,11 @@ class Checkpointer:
             metadata = {**metadata, **result.metadata()}
         self.series.save(step, state, metadata=metadata, importance=importance, policy=policy)
         size = self.series.checkpoints()[-1].bytes
-        if self.keep_last is not None:
+        if self.keep_weights is not None:
+            self.series.retain(self.keep_last, self.keep_weights, model=_is_model,
+                               policy=self.weights_policy)
+        elif self.keep_last is not None:
             self.series.retain(self.keep_last)
-        if self.weights is not None:  # from the same arrays: the same values, if same policy
-            weights = {n: a for n, a in state.items() if n.startswith(MODEL)}
-            self.weights.save(step, weights, metadata=metadata, importance=importance,
-                              policy=self.weights_policy if self.weights_policy is not None
-                              else policy if policy is not None else self.series.policy)
-            self.weights.retain(self.keep_last + self.keep_weights)
         return {"step": step, "bytes": size, "search": report,
                 "seconds": time.perf_counter() - started}
 
@@ -698,10 +698,11 @@ class Checkpointer:
             if not known:
                 raise InvalidArgumentError(f"no checkpoint in {self.series.directory}")
             step = known[-1]
-        source = self.series if step in self.series.steps() or self.weights is None \
-            else self.weights
-        tensors = {n: a for n, a in source.load(step).items() if n.startswith(MODEL)}
-        load_state(tensors, source.metadata(step), self.model, None)
+        if step not in known:
+            raise InvalidArgumentError(f"no step {step} in {self.series.directory} "
+                                       f"(steps: {known})")
+        tensors = {n: a for n, a in self.series.load(step).items() if _is_model(n)}
+        load_state(tensors, self.series.metadata(step), self.model, None)
         return step
 
     def restore(self, step: int | None = None) -> int:
@@ -732,9 +733,8 @@ class Checkpointer:
             step = self.series.latest()
             if step is None:
                 raise InvalidArgumentError(f"no checkpoint in {self.series.directory}")
-        if self.weights is not None:
-            refuse_weights_only(step, self.series.steps(), self.weights.steps(),
-                                self.series.directory, f"restore_model({step})")
+        refuse_weights_only(step, self.steps(), self.series.weights_steps(),
+                            self.series.directory, f"restore_model({step})")
         tensors = self.series.load(step)
         metadata = self.series.metadata(step)
         training = decode(metadata.get(TRAINING_METADATA),
@@ -751,3 +751,8 @@ class Checkpointer:
             self.ema.start_interval(self.ema.interval)
         self._last_step = step
         return step
+
+
+def _is_model(name: str) -> bool:
+    """Whether a state tensor is the model's (what a weights-only step keeps)."""
+    return name.startswith(MODEL)

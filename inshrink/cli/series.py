@@ -32,10 +32,11 @@ def cmd_series(args, started: float) -> int:
     if args.json:
         print_json(report)
     elif args.series_command == "ls":
-        print(f"{'step':>12}  {'kind':<8} {'bytes':>14}  base")
+        print(f"{'step':>12}  {'kind':<8} {'bytes':>14}  {'state':<7}  base")
         for f in files:
             print(clean(f"{f['step']:>12}  {'keyframe' if f['keyframe'] else 'delta':<8} "
-                        f"{f['bytes_in']:>14,}  {f['base'] or '-'}"))
+                        f"{f['bytes_in']:>14,}  {'model' if f['weights_only'] else 'whole':<7}"
+                        f"  {f['base'] or '-'}"))
         for problem in report["problems"]:  # the reason of exit status 1
             print(clean(f"inshrink: error: {problem}"), file=sys.stderr)
     else:
@@ -48,7 +49,8 @@ def _checkpoint_file(directory: str, entry) -> dict:
     """The report entry of one checkpoint of the series, from its file's index."""
     from ..errors import InshrinkError
     path = os.path.join(directory, entry.file)
-    extra = dict(step=entry.step, keyframe=entry.keyframe, base=entry.base)
+    extra = dict(step=entry.step, keyframe=entry.keyframe, base=entry.base,
+                 weights_only=entry.weights_only)
     try:
         details = ink_details(path)
     except (InshrinkError, OSError) as exc:
@@ -135,12 +137,13 @@ def _restore(args, series, started: float) -> int:
     files = [file_entry(source["input"], dst, source["bytes_in"], size,
                         tensors=source["tensors"], format_version=source["format_version"],
                         metadata=source["metadata"], step=step, keyframe=entry.keyframe,
-                        base=entry.base)]
+                        base=entry.base, weights_only=entry.weights_only)]
     report = build_report("series restore", started, [args.directory], [dst], files,
                           sum(t.nbytes for t in source["tensors"]), source["bytes_in"])
     if args.json:
         print_json(report)
     else:
         print(clean(f"step {step} -> {dst}: {size:,} bytes"
+                    f"{' (the model only: a weights-only step)' if entry.weights_only else ''}"
                     f"{lossy_text(all_tensors(report))}"))
     return EXIT_OK

@@ -1,14 +1,18 @@
-"""Rewrite a standalone .ink file as a delta file against another checkpoint.
+"""Rewrite a standalone .ink file as a delta file against another checkpoint, and some tensors
+of a delta file as a standalone file.
 
 A series keeps its newest checkpoint whole; when a newer one arrives, the previous one is
 rewritten here as a delta against it: quantized tensors get their codes stream re-coded as a
 code delta (their escape streams are copied as they are), lossless tensors are XORed with the
 new checkpoint's, anything else is copied chunk by chunk. The delta stages are the codec
 layer's (:mod:`inshrink.codecs.delta`), and so is the rule for keeping a delta.
+:func:`write_standalone` undoes the delta stages of the tensors it keeps (a series keeps an old
+step as its model only): the same decoded values and codes, no base.
 """
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Iterator, Mapping
 
 import numpy as np
@@ -17,7 +21,7 @@ from ..codecs import delta as deltas
 from ..codecs.chain import Pipeline, pipeline_for
 from ..codecs.entropy import Entropy
 from ..codecs.lossless import ByteGroup
-from ..codecs.quant import Quant
+from ..codecs.quant import Quant, packing_bits
 from ..container.index import TensorEntry
 from ..container.reader import ContainerReader
 from ..container.writer import ContainerWriter
@@ -76,6 +80,84 @@ def write_delta(src: str | os.PathLike, dst: str | os.PathLike, *,
         raise
     finally:
         reader.close()
+
+
+def write_standalone(src: str | os.PathLike, dst: str | os.PathLike, names: list[str], *,
+                     src_exact: Mapping[str, np.ndarray], src_codes: Mapping[str, np.ndarray],
+                     level: int | None = None) -> None:
+    """Write ``dst``: the tensors ``names`` of the file ``src`` (whole or a delta file), none
+    of them a delta: each decodes to what it decodes to in ``src``, bit for bit.
+
+    ``src_exact``/``src_codes`` are what ``src`` decodes to (against its base, if it has one):
+    its lossless tensors and the codes of its quantized ones. A tensor stored as a delta is
+    encoded again without its delta stage (a quantized one keeps its levels and escapes, its
+    codes stream re-coded); any other is copied chunk by chunk. The index metadata is kept."""
+    reader = ContainerReader(src)
+    writer = ContainerWriter(dst)
+    entropy = Entropy(level)
+    try:
+        by_name = {entry.name: entry for entry in reader.index.tensors}
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            raise InvalidArgumentError(f"{src}: no tensor {missing[0]!r}")
+        pipelines = []
+        for name in names:
+            entry = by_name[name]
+            new = TensorEntry(entry.name, entry.dtype, entry.shape, entry.codec,
+                              entry.chunk_elements, [[] for _ in entry.streams], entry.report)
+            pipeline = pipeline_for(entry)
+            if pipeline.is_delta:
+                pipeline = _without_delta(reader, writer, entry, new, pipeline, src_exact,
+                                          src_codes, entropy)
+                new.codec = pipeline.chain()
+            else:
+                for stream, out in zip(entry.streams, new.streams):
+                    for c in stream:
+                        out.append(writer.write_chunk(c[4], reader.read_chunk(c),  # coding
+                                                      c[3], c[2]))  # size, crc
+            pipelines.append(pipeline)
+            writer.tensors.append(new)
+        reports = any(t.report is not None for t in writer.tensors)
+        # the safetensors header describes every tensor of the source: not this subset
+        writer.commit(reader.index.metadata, None, None, file_minor(pipelines, reports))
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        reader.close()
+
+
+def _without_delta(reader, writer, entry, new, pipeline, src_exact, src_codes,
+                   entropy) -> Pipeline:
+    """Encode the delta-coded tensor ``entry`` of ``reader``'s file again into ``new`` as a
+    standalone one, from what it decodes to; return its pipeline."""
+    if isinstance(pipeline.stage, Quant):
+        codes = src_codes.get(entry.name)
+        if not isinstance(codes, np.ndarray) or codes.shape != (entry.numel,):
+            raise InvalidArgumentError(f"src_codes[{entry.name!r}]: the codes of a quantized "
+                                       f"tensor of {entry.numel} elements are needed")
+        stage = replace(pipeline.stage, bits=packing_bits(len(pipeline.stage.levels)))
+        plain = Pipeline(stage, None, entropy)
+        for c in range(entry.chunk_count):
+            start, stop = entry.chunk_range(c)
+            new.streams[0].append(writer.write_chunk(*plain.encode_codes(codes[start:stop])))
+            for k in (1, 2):  # the escapes do not depend on the delta
+                old = entry.streams[k][c]
+                new.streams[k].append(writer.write_chunk(old[4], reader.read_chunk(old),
+                                                         old[3], old[2]))  # size, crc
+        return plain
+    exact = src_exact.get(entry.name)
+    if (not isinstance(exact, np.ndarray) or exact.dtype != entry.dtype.numpy
+            or exact.shape != entry.shape):
+        raise InvalidArgumentError(f"src_exact[{entry.name!r}]: the decoded tensor is needed")
+    plain = Pipeline(pipeline.stage, None, entropy)
+    mine = np.ascontiguousarray(exact).reshape(-1).view(np.uint8)
+    itemsize = entry.dtype.itemsize
+    for c in range(entry.chunk_count):
+        start, stop = (i * itemsize for i in entry.chunk_range(c))
+        for stream, (coding, payload, size) in zip(new.streams, plain.encode(mine[start:stop])):
+            stream.append(writer.write_chunk(coding, payload, size))
+    return plain
 
 
 class Decoded(Mapping):

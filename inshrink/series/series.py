@@ -19,6 +19,10 @@ lock (``flock``) on ``.lock`` in the directory and re-read the manifest under it
 process writing at the same moment gets a :class:`SeriesLockedError` at once instead of
 waiting (a save may take minutes) or silently dropping the other's steps.
 
+:meth:`Series.retain` can keep older steps as their model only (``keep_weights``): such a step's
+file is rewritten as a whole ``step_….w.ink`` holding the model's tensors as they decoded
+before (no base, never a base), and the manifest says version 2 while it lists one.
+
 The rules this series shares with the DCP series (:class:`inshrink.dcp.InkSeries`) are in
 :mod:`.keyframes`, :mod:`.manifest`, :mod:`.links` and :mod:`.directory`.
 """
@@ -30,7 +34,7 @@ import re
 import reprlib
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Collection, Iterator, Mapping
 
 import numpy as np
 
@@ -40,7 +44,7 @@ from ..dtypes import as_numpy
 from ..encode.policy import Policy, resolve
 from ..errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError,
                       SeriesLockedError)
-from ..io.rebase import Decoded, write_delta
+from ..io.rebase import Decoded, write_delta, write_standalone
 from ..io.arguments import resolve_threads
 from ..io.file import File
 from ..io.info import TensorInfo
@@ -53,12 +57,16 @@ from .manifest import (MAX_MANIFEST_BYTES, MAX_STEP, check_after, check_new_step
                        find_entry, has_exactly, read_manifest, step_problem, write_manifest)
 
 __all__ = ["Series", "Checkpoint", "MANIFEST", "LOCK", "SEARCH_KEY", "SERIES_FORMAT",
-           "SERIES_VERSION", "RETAIN_BYTES", "MAX_MANIFEST_BYTES", "MAX_STEP", "checkpoint_file",
+           "SERIES_VERSION", "WEIGHTS_VERSION", "RETAIN_BYTES", "MAX_MANIFEST_BYTES", "MAX_STEP",
+           "checkpoint_file",
            "decode_manifest", "parse_manifest", "decode_digest", "decode_link", "file_sha256"]
 
 MANIFEST = "manifest.json"
 SERIES_FORMAT = "inshrink-series"
 SERIES_VERSION = 1
+WEIGHTS_VERSION = 2
+"""The manifest version of a series that lists a weights-only step (a ``.w.ink`` file): a
+reader of version 1 refuses it rather than read such a step as a whole training state."""
 RETAIN_BYTES = 96 << 20
 """Between saves, a series keeps what the next delta refers to (the newest checkpoint's codes
 and lossless tensors) in memory up to this many bytes; the rest is decoded back from its file
@@ -67,10 +75,10 @@ kept of the previous checkpoint and the new one's codes) besides one tensor bein
 within the largest tensor + 256 MB whatever the checkpoint's size."""
 _ENTRY_KEYS = frozenset(("step", "file", "keyframe", "base", "sha256", "bytes"))
 # ASCII digits and \A...\Z: "$" would accept a trailing newline, "\d" any Unicode digit
-_FILE = re.compile(r"\Astep_[0-9]{12}(\.d)?\.ink\Z", re.ASCII)
+_FILE = re.compile(r"\Astep_[0-9]{12}(\.w)?(\.d)?\.ink\Z", re.ASCII)
 # AtomicFile's temporaries of the series' own files: "." + name + "." + mkstemp's 8 characters
-_TEMPORARY = re.compile(r"\A\.(step_[0-9]{12}(\.d)?\.ink|manifest\.json)\.[a-z0-9_]{8}\.tmp\Z",
-                        re.ASCII)
+_TEMPORARY = re.compile(
+    r"\A\.(step_[0-9]{12}(\.w)?(\.d)?\.ink|manifest\.json)\.[a-z0-9_]{8}\.tmp\Z", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,11 @@ class Checkpoint:
     base: str | None
     sha256: str
     bytes: int
+
+    @property
+    def weights_only(self) -> bool:
+        """Whether the step keeps its model's tensors only (:meth:`Series.retain`)."""
+        return ".w." in self.file
 
 
 def decode_manifest(raw: bytes, path: str = MANIFEST) -> list[Checkpoint]:
@@ -106,9 +119,9 @@ def parse_manifest(doc: Any, path: str = MANIFEST) -> list[Checkpoint]:
     if type(doc) is not dict or doc.get("format") != SERIES_FORMAT:
         raise CorruptError(f"{path}: not a series manifest")
     version = doc.get("version")
-    if type(version) is not int or version != SERIES_VERSION:
-        raise CorruptError(f"{path}: not a version {SERIES_VERSION} series manifest "
-                           f"(version {reprlib.repr(version)})")
+    if type(version) is not int or version not in (SERIES_VERSION, WEIGHTS_VERSION):
+        raise CorruptError(f"{path}: not a version {SERIES_VERSION} or {WEIGHTS_VERSION} "
+                           f"series manifest (version {reprlib.repr(version)})")
     checkpoints = doc.get("checkpoints")
     if type(checkpoints) is not list:
         raise bad("'checkpoints' must be a list")
@@ -126,6 +139,9 @@ def parse_manifest(doc: Any, path: str = MANIFEST) -> list[Checkpoint]:
         if keyframe != (base is None) or not (base is None or type(base) is str):
             raise bad(f"step {step}: a keyframe has base null, a delta a file name")
         expected = checkpoint_file(step, delta=not keyframe)
+        if version == WEIGHTS_VERSION and e["file"] == checkpoint_file(
+                step, delta=not keyframe, weights=True):
+            expected = e["file"]  # a weights-only step, under its own name
         if e["file"] != expected:
             raise bad(f"step {step}: file must be {expected!r}, not {reprlib.repr(e['file'])}")
         if (why := file_problem(step, sha256, size)) is not None:
@@ -145,12 +161,16 @@ def parse_manifest(doc: Any, path: str = MANIFEST) -> list[Checkpoint]:
             if len(path_of_e) > len(entries):
                 raise bad(f"step {e.step}: its base links form a cycle")
         reaches_keyframe.update(path_of_e)
+        if e.base is not None and by_file[e.base].weights_only != e.weights_only:
+            raise bad(f"step {e.step}: its base {e.base} must be a step that "
+                      f"{'keeps its model only' if e.weights_only else 'is kept whole'} too")
     return entries
 
 
-def checkpoint_file(step: int, delta: bool = False) -> str:
-    """The file name of ``step`` in a series: whole (keyframe) or delta."""
-    return f"step_{step:012d}{'.d' if delta else ''}.ink"
+def checkpoint_file(step: int, delta: bool = False, weights: bool = False) -> str:
+    """The file name of ``step`` in a series: whole (keyframe) or delta, of a whole step or
+    (``weights``) of one that keeps its model only."""
+    return f"step_{step:012d}{'.w' if weights else ''}{'.d' if delta else ''}.ink"
 
 
 class Series:
@@ -257,7 +277,9 @@ class Series:
         return [] if raw is None else decode_manifest(raw, path)
 
     def _write_manifest(self, entries: list[Checkpoint]) -> None:
-        write_manifest(self._path(MANIFEST), SERIES_FORMAT, SERIES_VERSION, entries)
+        version = (WEIGHTS_VERSION if any(e.weights_only for e in entries)
+                   else SERIES_VERSION)
+        write_manifest(self._path(MANIFEST), SERIES_FORMAT, version, entries)
         self._checkpoints = entries
 
     # -- queries ---------------------------------------------------------------------------
@@ -276,10 +298,18 @@ class Series:
     def _entry(self, step: int) -> Checkpoint:
         return find_entry(self._checkpoints, step, self.directory)
 
+    def weights_steps(self) -> list[int]:
+        """The steps kept as their model only (:meth:`retain` with ``keep_weights``): loading
+        one gives the model's tensors, not a training state."""
+        return [e.step for e in self._checkpoints if e.weights_only]
+
     def chain(self, step: int) -> list[Checkpoint]:
         """The checkpoints a restore of ``step`` reads: its keyframe first, ``step`` last."""
-        by_file = {e.file: e for e in self._checkpoints}
-        chain = [self._entry(step)]
+        return self._chain(self._checkpoints, step)
+
+    def _chain(self, entries: list[Checkpoint], step: int) -> list[Checkpoint]:
+        by_file = {e.file: e for e in entries}
+        chain = [find_entry(entries, step, self.directory)]
         while chain[-1].base is not None:
             chain.append(by_file[chain[-1].base])
             if len(chain) > len(by_file):
@@ -300,8 +330,8 @@ class Series:
         its report with the checkpoint).
 
         The checkpoint is written and the manifest switched under the lock (:class:`Series`,
-        Notes): raises :class:`inshrink.errors.SeriesLockedError` if another writer holds it. On any failure
-        the series is unchanged and no file of this save is left behind.
+        Notes): raises :class:`inshrink.errors.SeriesLockedError` if another writer holds
+        it. On any failure the series is unchanged and no file of this save is left behind.
         """
         if not isinstance(tensors, Mapping):
             raise InvalidArgumentError("tensors must be a mapping of names to arrays")
@@ -323,7 +353,9 @@ class Series:
                 exact = {i.name: arrays[i.name] for i in report if i.lossless}
                 entries = list(self._checkpoints)
                 replaced = None
-                if previous_becomes_delta(entries, self.keyframe_every):
+                # the chain of whole steps (never a weights-only step: they are older)
+                if previous_becomes_delta([e for e in entries if not e.weights_only],
+                                          self.keyframe_every):
                     replaced = entries[-1]
                     rewritten = self._rewrite_as_delta(replaced, newest, exact, codes, written)
                     entries = [replace(e, base=rewritten.file) if e.base == replaced.file
@@ -399,7 +431,7 @@ class Series:
         """Write ``entry`` (the whole file before ``base``) again as a delta file against the
         newer checkpoint ``base``. What either one decodes to and is not in memory is decoded
         from its file tensor by tensor, as the delta needs it."""
-        name = checkpoint_file(entry.step, delta=True)
+        name = checkpoint_file(entry.step, delta=True, weights=entry.weights_only)
         written.append(name)
         path = self._path(name)
         with ExitStack() as files:
@@ -484,28 +516,129 @@ class Series:
         with self._writing():
             return self._delete(steps)
 
-    def _delete(self, steps: list[int]) -> list[int]:
-        doomed = {self._entry(s).step for s in steps}
-        keep = [e for e in self._checkpoints if e.step not in doomed]
-        needed = {c.file for e in keep for c in self.chain(e.step)}
-        survivors = [e for e in self._checkpoints if e.step not in doomed or e.file in needed]
-        removed = [e for e in self._checkpoints if e not in survivors]
+    def _delete(self, steps: list[int], entries: list[Checkpoint] | None = None,
+                replaced: list[Checkpoint] = ()) -> list[int]:
+        """Forget ``steps`` of ``entries`` (default: the manifest's), whose files some of
+        ``replaced`` were rewritten to (these are removed once the new manifest is in
+        place); return the steps whose files were removed."""
+        entries = self._checkpoints if entries is None else entries
+        doomed = {find_entry(entries, s, self.directory).step for s in steps}
+        keep = [e for e in entries if e.step not in doomed]
+        needed = {c.file for e in keep for c in self._chain(entries, e.step)}
+        survivors = [e for e in entries if e.step not in doomed or e.file in needed]
+        removed = [e for e in entries if e not in survivors]
         self._write_manifest(survivors)  # first the manifest, then the files
-        for e in removed:
+        for e in [*removed, *replaced]:
             remove(self._path(e.file))
         return [e.step for e in removed]
 
-    def retain(self, last: int) -> list[int]:
-        """Keep the ``last`` newest steps (and what they need); delete the rest.
+    def retain(self, last: int, keep_weights: int | None = None,
+               model: Callable[[str], bool] | Collection[str] | None = None,
+               policy: Policy | str | None = None) -> list[int]:
+        """Keep the ``last`` newest steps (and what they need); delete the rest, or keep up to
+        ``keep_weights`` of the steps before them as their model only.
 
-        A series does not know which of a step's tensors are the model: keeping older steps
-        as the model only is the job of whoever does (``Checkpointer(keep_weights=...)`` and
-        ``inshrink.transformers.Callback(keep_weights=...)`` keep a second series of the
-        model's tensors beside this one, see :mod:`inshrink.series.retention`)."""
+        Parameters
+        ----------
+        last : int
+            The newest steps kept whole: what resuming training needs.
+        keep_weights : int, optional
+            How many steps before those to keep as their model's tensors only. Each is
+            rewritten, once, as a whole file of those tensors (``step_….w.ink``), atomically:
+            the manifest names the new file before the old one is removed. Older steps are
+            deleted.
+        model : callable or collection of str
+            Which tensors are the model: a predicate on a tensor's name, or the names. Needed
+            with ``keep_weights``; a step with none of them is an error (nothing is changed).
+        policy : Policy or str, optional
+            Encode the model's tensors again with this policy (a lossier one saves more).
+            Default: as they are, bit for bit (quantized tensors keep their levels and codes).
+
+        Returns
+        -------
+        list of int
+            The steps deleted.
+
+        Notes
+        -----
+        Rewriting a step decodes its chain once (as loading it would). A step already kept
+        as its model stays as it is; a later call with a larger ``last`` cannot make it
+        whole again. :meth:`weights_steps` lists such steps; :meth:`load` of one returns
+        its model's tensors. Holds the series' lock (:class:`Series`, Notes).
+        """
         if type(last) is not int or last < 1:
             raise InvalidArgumentError("last must be a positive integer")
-        with self._writing():  # the newest steps as they are under the lock
-            return self._delete(self.steps()[:-last])
+        if keep_weights is None:
+            if model is not None or policy is not None:
+                raise InvalidArgumentError("model and policy are for keep_weights")
+            with self._writing():  # the newest steps as they are under the lock
+                return self._delete(self.steps()[:-last])
+        if type(keep_weights) is not int or keep_weights < 1:
+            raise InvalidArgumentError("keep_weights must be a positive integer")
+        selected = _model_selector(model)
+        resolve(policy)
+        with self._writing():
+            older = self.steps()[:-last]
+            weights = older[-keep_weights:]
+            entries = list(self._checkpoints)
+            written: list[str] = []
+            replaced: list[Checkpoint] = []
+            try:
+                for step in weights:  # oldest first: each becomes the others' base
+                    self._add_weights_only(entries, step, selected, policy, written, replaced)
+                return self._delete(older[:-keep_weights], entries, replaced)
+            except BaseException:
+                self._discard(written)
+                raise
+
+    def _add_weights_only(self, entries: list[Checkpoint], step: int,
+                          selected: Callable[[str], bool], policy: Policy | str | None,
+                          written: list[str], replaced: list[Checkpoint]) -> None:
+        """Rewrite ``step`` of ``entries`` (in place) as a weights-only step, unless it is
+        one, and the newest weights-only step before it, if whole, as a delta against it
+        (the keyframe rule of whole steps, :mod:`.keyframes`). The files these replace go
+        to ``replaced``."""
+        i = next(i for i, e in enumerate(entries) if e.step == step)
+        if entries[i].weights_only:
+            return
+        replaced.append(entries[i])
+        entries[i] = new = self._rewrite_weights_only(entries[i], selected, policy, written)
+        chain = [e for e in entries[:i + 1] if e.weights_only]
+        if not previous_becomes_delta(chain[:-1], self.keyframe_every):
+            return
+        previous = chain[-2]
+        with ExitStack() as files:
+            f = files.enter_context(File(self._path(new.file), mmap=False,
+                                         threads=self.threads))
+            rewritten = self._rewrite_as_delta(previous, new, Decoded(f, codes=False),
+                                               Decoded(f, codes=True), written)
+        replaced.append(previous)
+        entries[:] = [rewritten if e is previous else
+                      replace(e, base=rewritten.file) if e.base == previous.file else e
+                      for e in entries]
+
+    def _rewrite_weights_only(self, entry: Checkpoint, selected: Callable[[str], bool],
+                              policy: Policy | str | None, written: list[str]) -> Checkpoint:
+        """Write the model's tensors of ``entry`` as its weights-only file; its entry."""
+        tensors, codes = self._replay(entry.step)
+        names = [n for n in tensors if selected(n)]
+        if not names:
+            raise InvalidArgumentError(f"step {entry.step}: none of its {len(tensors)} "
+                                       f"tensors is the model's (model=...)")
+        name = checkpoint_file(entry.step, weights=True)
+        written.append(name)
+        path = self._path(name)
+        if policy is None:
+            write_standalone(self._path(entry.file), path, names, src_exact=tensors,
+                             src_codes=codes)
+        else:
+            with File(self._path(entry.file)) as f:
+                metadata = f.metadata
+            with Writer(path, metadata, threads=self.threads, policy=policy) as writer:
+                for n in names:
+                    writer.add(n, tensors[n], wait=False)
+        return Checkpoint(entry.step, name, True, None, file_sha256(path),
+                          os.path.getsize(path))
 
     def verify(self) -> list[str]:
         """Check every file against the manifest and its own checksums, and every delta
@@ -528,3 +661,16 @@ class Series:
                             f"(or opening the series) removes it")
         return problems
 
+
+def _model_selector(model: Callable[[str], bool] | Collection[str] | None
+                    ) -> Callable[[str], bool]:
+    """``model`` (a predicate on names, or the names) as a predicate."""
+    if model is None:
+        raise InvalidArgumentError("keep_weights needs model: which tensors are the model")
+    if callable(model):
+        return lambda name: bool(model(name))
+    if isinstance(model, (str, bytes)) or not isinstance(model, Collection):
+        raise InvalidArgumentError("model must be a predicate on tensor names or a "
+                                   "collection of names")
+    names = frozenset(model)
+    return names.__contains__

@@ -13,10 +13,10 @@ import numpy as np
 from transformers import TrainerCallback
 
 from ..errors import InshrinkError, InvalidArgumentError
-from ..encode.policy import Policy
+from ..encode.policy import Policy, resolve
 from ..series.retention import refuse_weights_only
 from ..series.series import Series
-from .checkpoints import (checkpoint_files, checkpoint_to_numpy,
+from .checkpoints import (checkpoint_files, checkpoint_to_numpy, is_model_tensor,
                           model_files, restore_checkpoint, write_checkpoint)
 
 __all__ = ["Callback"]
@@ -54,13 +54,14 @@ class Callback(TrainerCallback):
         (:meth:`inshrink.Series.retain`); None: keep every step.
     keep_weights : int, optional
         With ``keep_last``: also keep the model of this many steps before the ``keep_last``
-        newest, without the optimizer, scheduler, RNG and trainer state, in a series of its
-        own in ``series_dir/weights`` (:attr:`WEIGHTS`). Each save writes the model's files
-        there too (its safetensors files, config and tokenizer files; the same policy as the
-        checkpoint, or ``weights_policy``). :meth:`restore_model` writes such a step as a
-        model directory (for ``from_pretrained``); :meth:`restore` refuses it by name.
+        newest, without the optimizer, scheduler, RNG and trainer state: a step leaving the
+        ``keep_last`` newest is rewritten in place as its model's files only (safetensors,
+        config and tokenizer files; :meth:`inshrink.Series.retain`, bit for bit unless
+        ``weights_policy``). :meth:`restore_model` writes such a step as a model directory
+        (for ``from_pretrained``); :meth:`restore` refuses it by name.
     weights_policy : Policy, str or None
-        The policy of those weights-only steps (default: the checkpoint's own).
+        Encode the weights-only steps again with this policy, from the values the checkpoint
+        decodes to (a lossier one saves more). Default: as the checkpoint stored them.
     **series_kwargs
         ``keyframe_every``, ``threads``: see :class:`inshrink.Series`.
 
@@ -78,9 +79,6 @@ class Callback(TrainerCallback):
     >>> trainer.train(resume_from_checkpoint=cb.restore("out/resume"))    # doctest: +SKIP
     """
 
-    WEIGHTS = "weights"
-    """The subdirectory of the weights-only steps (``keep_weights``): a Series of its own."""
-
     def __init__(self, series_dir: str | os.PathLike, policy: Policy | str | None = None, *,
                  remove_checkpoint: bool = False, keep_last: int | None = None,
                  keep_weights: int | None = None,
@@ -94,11 +92,8 @@ class Callback(TrainerCallback):
                                        "keep_last")
         self.series = Series(series_dir, policy, **series_kwargs)
         self.keep_weights = keep_weights
-        self.weights: Series | None = None  # the weights-only steps (keep_weights)
-        if keep_weights is not None:
-            self.weights = Series(os.path.join(self.series.directory, self.WEIGHTS),
-                                  weights_policy if weights_policy is not None else policy,
-                                  **series_kwargs)
+        resolve(weights_policy)  # a bad policy fails here, not at a save
+        self.weights_policy = weights_policy
         self.remove_checkpoint = remove_checkpoint
         self.keep_last = keep_last
         self.reports: dict[int, list] = {}
@@ -127,9 +122,6 @@ class Callback(TrainerCallback):
             raise InvalidArgumentError(f"{directory}: the Trainer's checkpoint is missing")
         arrays, metadata = checkpoint_to_numpy(directory)
         self.reports[step] = report = self.series.save(step, arrays, metadata)
-        if self.weights is not None:
-            self.weights.save(step, *model_files(arrays, metadata))
-            self.weights.retain(self.keep_last + self.keep_weights)
         problem, digests = self._verify(step, arrays, report)
         del arrays  # one checkpoint in memory at a time
         self._settle_previous()  # rewritten as a delta against this step by the save
@@ -137,7 +129,10 @@ class Callback(TrainerCallback):
             self._failed(step, problem, directory)
         else:
             self._pending = (step, directory, digests)
-        if self.keep_last is not None:
+        if self.keep_weights is not None:
+            self.series.retain(self.keep_last, self.keep_weights, model=is_model_tensor,
+                               policy=self.weights_policy)
+        elif self.keep_last is not None:
             self.series.retain(self.keep_last)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -214,10 +209,7 @@ class Callback(TrainerCallback):
     def weights_steps(self) -> list[int]:
         """Every step whose model can be loaded (:meth:`restore_model`): the whole ones and,
         with ``keep_weights``, the weights-only ones before them."""
-        steps = set(self.series.steps())
-        if self.weights is not None:
-            steps.update(self.weights.steps())
-        return sorted(steps)
+        return self.series.steps()
 
     def restore(self, directory: str | os.PathLike, step: int | None = None, *,
                 overwrite: bool = False) -> str:
@@ -229,9 +221,9 @@ class Callback(TrainerCallback):
         InvalidArgumentError
             ``step`` is a weights-only step (``keep_weights``): its training state is gone.
         """
-        if self.weights is not None:
-            refuse_weights_only(step, self.series.steps(), self.weights.steps(),
-                                self.series.directory, f"restore_model(directory, {step})")
+        models = self.series.weights_steps()
+        refuse_weights_only(step, [s for s in self.series.steps() if s not in models], models,
+                            self.series.directory, f"restore_model(directory, {step})")
         return restore_checkpoint(self.series, directory, step, overwrite=overwrite)
 
     def restore_model(self, directory: str | os.PathLike, step: int | None = None, *,
@@ -249,11 +241,9 @@ class Callback(TrainerCallback):
         if os.path.lexists(directory) and not overwrite:
             raise InvalidArgumentError(f"{os.fspath(directory)} exists (pass overwrite=True "
                                        f"to replace it)")
-        # a whole step keeps the checkpoint's own values (weights_policy may be lossier)
-        source = self.series if step in self.series.steps() else self.weights
-        arrays, metadata = model_files(source.load(step), source.metadata(step))
+        arrays, metadata = model_files(self.series.load(step), self.series.metadata(step))
         return write_checkpoint(checkpoint_files(metadata), arrays, directory,
-                                f"step {step} of {source.directory}")
+                                f"step {step} of {self.series.directory}")
 
 
 def _digest(array: np.ndarray) -> bytes:

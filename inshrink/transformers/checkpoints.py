@@ -196,6 +196,13 @@ def is_training_file(path: str) -> bool:
     return name in TRAINING_FILES or (name.startswith("rng_state") and name.endswith(".pth"))
 
 
+def is_model_tensor(name: str) -> bool:
+    """Whether a stored tensor (:func:`checkpoint_to_numpy`'s names) belongs to the model
+    directory: a safetensors file's tensor, or a file that is not training state."""
+    return name.startswith(MODEL) or (name.startswith(FILE)
+                                      and not is_training_file(name[len(FILE):]))
+
+
 def model_files(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str]
                 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The part of a checkpoint (:func:`checkpoint_to_numpy`'s output) that makes a model
