@@ -1,6 +1,7 @@
 """Disk space of a run's checkpoints with weights-only retention, against keeping whole steps.
 
     python benchmarks/bench_retention.py [--task lm-adamw95-cosine] [--policy balanced]
+        [--weights-policy aggressive]
 
 Trains one task of ``fidelity_tasks.py`` (a byte-level LM with AdamW by default) with a
 checkpoint every twentieth of the run through ``inshrink.torch.Checkpointer`` and compares,
@@ -8,9 +9,11 @@ at the end of the run, the bytes on disk of
 
 * ``keep_last=10``: the ten newest steps whole (model, optimizer and training state);
 * ``keep_last=2, keep_weights=8``: the two newest whole and the eight before them as the
-  model's tensors only (``directory/weights``, a second series the Checkpointer writes);
-* ``Series.retain(2, keep_weights=8)`` of the first series: the eight older steps rewritten
-  in place as their model's tensors (``step_….w.ink``), bit for bit,
+  model's tensors only, rewritten in place by the Checkpointer as the run moves on;
+* the same with ``weights_policy`` (``--weights-policy``): the older models encoded again
+  with a lossier preset;
+* ``Series.retain(2, keep_weights=8)`` of the first series, once at the end: the eight older
+  steps rewritten as their model's tensors (``step_….w.ink``), checked bit for bit,
 
 all keeping ten steps' models. Prints the bytes of each and their ratio to the first.
 """
@@ -54,6 +57,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", default="lm-adamw95-cosine", choices=sorted(fidelity_tasks.TASKS))
     parser.add_argument("--policy", default="balanced", help="a preset, or 'lossless'")
+    parser.add_argument("--weights-policy", default="aggressive",
+                        help="the preset of the older models in the third row")
     args = parser.parse_args()
     torch.set_num_threads(1)
     policy = None if args.policy == "lossless" else args.policy
@@ -61,6 +66,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         whole = run(args.task, policy, Path(tmp) / "whole", keep_last=10)
         thin = run(args.task, policy, Path(tmp) / "thin", keep_last=2, keep_weights=8)
+        lossier = run(args.task, policy, Path(tmp) / "lossier", keep_last=2, keep_weights=8,
+                      weights_policy=args.weights_policy)
         shutil.copytree(Path(tmp) / "whole", Path(tmp) / "in_place")
         series = Series(Path(tmp) / "in_place")
         before = {step: series.load(step) for step in series.steps()}
@@ -76,6 +83,8 @@ def main() -> int:
     print("| retention | bytes on disk |\n|---|---:|")
     print(f"| keep_last=10 | {whole:,} |")
     print(f"| keep_last=2, keep_weights=8 | {thin:,} ({thin / whole:.2f}× of it) |")
+    print(f"| keep_last=2, keep_weights=8, weights_policy={args.weights_policy!r} | "
+          f"{lossier:,} ({lossier / whole:.2f}× of it) |")
     print(f"| Series.retain(2, keep_weights=8) | {in_place:,} ({in_place / whole:.2f}× of it; "
           f"rewritten in {rewrite:.2f} s) |")
     return 0

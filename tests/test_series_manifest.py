@@ -64,7 +64,7 @@ CRAFTED = {
     "wrong format": changed(["format"], "other"),
     "version true": changed(["version"], True),
     "version float": changed(["version"], 1.0),
-    "version 2": changed(["version"], 2),
+    "version 3": changed(["version"], 3),
     "checkpoints object": changed(["checkpoints"], {}),
     "checkpoints null": changed(["checkpoints"], None),
     "entry a list": changed(["checkpoints", 0], ["x"]),

@@ -137,7 +137,8 @@ def test_bad_arguments_change_nothing(tmp_path):
                           ({"keep_weights": 1, "model": "model.w"}, "model"),
                           ({"keep_weights": 1, "model": 3}, "model"),
                           ({"model": is_model}, "keep_weights"),
-                          ({"keep_weights": 1, "model": is_model, "policy": "nope"}, "unknown preset"),
+                          ({"keep_weights": 1, "model": is_model, "policy": "nope"},
+                           "unknown preset"),
                           ({"keep_weights": 2, "model": lambda n: False}, "none of")):
         with pytest.raises(errors.InvalidArgumentError, match=match):
             series.retain(1, **kwargs)

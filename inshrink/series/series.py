@@ -544,8 +544,10 @@ class Series:
             The newest steps kept whole: what resuming training needs.
         keep_weights : int, optional
             How many steps before those to keep as their model's tensors only. Each is
-            rewritten, once, as a whole file of those tensors (``step_….w.ink``), atomically:
-            the manifest names the new file before the old one is removed. Older steps are
+            rewritten, once, as a file of those tensors alone (``step_….w.ink``), and the
+            weights-only step before it as a delta against it (``step_….w.d.ink``; a chain of
+            such steps follows ``keyframe_every`` as whole steps do), atomically: the
+            manifest names the new files before the old ones are removed. Older steps are
             deleted.
         model : callable or collection of str
             Which tensors are the model: a predicate on a tensor's name, or the names. Needed
