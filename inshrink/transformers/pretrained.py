@@ -12,8 +12,8 @@ three ways:
   as ``AutoModelForCausalLM``): the weight files transformers would read (``model.ink``, or
   the shards a ``model.safetensors.index.json`` names) are decoded in memory and given to
   transformers' own ``from_pretrained`` as its ``state_dict``, the compressed directory being
-  the ``config`` (and the source of ``generation_config.json``); the files are decoded on
-  another thread while transformers builds the model. Nothing is written to disk.
+  the ``config`` (and the source of ``generation_config.json``); the files are decoded
+  first, on the calling thread and the decoder's pool. Nothing is written to disk.
   Transformers assigns the decoded tensors to the parameters as they are (a copy only where a
   ``dtype`` or a ``device_map`` asks for another dtype or device), ties the tied weights and
   resolves ``dtype="auto"`` from the config as it does for a safetensors directory, so a
@@ -43,7 +43,6 @@ import os
 import shutil
 import tempfile
 import warnings
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from .. import safetensors as convert
@@ -263,9 +262,8 @@ def _load_model(cls: type, weights: list[str], path: str, threads: int | None,
     """``cls.from_pretrained`` with the decoded ``weights`` as its state dict; the reports
     of the files decoded, by their path relative to ``path``.
 
-    The files are opened (their headers and indexes checked) here, then decoded on another
-    thread while transformers builds the model, which is about half of its time: the state
-    dict it is given waits for the decoding when first read.
+    The files are opened (their headers and indexes checked) and decoded before
+    transformers builds the model.
     """
     from transformers import GenerationConfig
     files, decoded = [], {}
@@ -285,12 +283,13 @@ def _load_model(cls: type, weights: list[str], path: str, threads: int | None,
                 os.path.join(base, "generation_config.json")):
             # with a state dict transformers has no directory to read it from
             kwargs["generation_config"] = GenerationConfig.from_pretrained(base)
-        with ThreadPoolExecutor(1, thread_name_prefix="inshrink-weights") as pool:
-            state_dict = _Decoding(pool.submit(_decode, files))
-            try:
-                loaded = cls.from_pretrained(None, state_dict=state_dict, **kwargs)
-            finally:
-                state_dict.stop()
+        # decoded first, then handed over: decoding beside transformers' model construction
+        # (mostly Python) made both wait for the GIL, 1.8x slower on an idle machine
+        state_dict = _decode(files)
+        for f in files:  # the decoded tensors do not need them
+            f.close()
+        loaded = cls.from_pretrained(None, state_dict=state_dict, **kwargs)
+        del state_dict  # the model holds the tensors it took
     finally:
         for f in files:
             f.close()
@@ -315,66 +314,6 @@ def _decode(files: list[File]) -> dict:
         for name in sorted(arrays):
             state_dict[name] = to_torch(arrays[name])
     return state_dict
-
-
-class _Decoding(dict):
-    """A state dict being decoded on another thread: every read waits for the decoding
-    to finish (raising its error), then reads the decoded tensors."""
-
-    def __init__(self, decoding: Future) -> None:
-        super().__init__()
-        self._decoding: Future | None = decoding
-
-    def _wait(self) -> "_Decoding":
-        if self._decoding is not None:
-            decoded = self._decoding.result()
-            self._decoding = None
-            dict.update(self, decoded)
-        return self
-
-    def stop(self) -> None:
-        """After the load: give up a decoding nothing read (its error included)."""
-        if self._decoding is not None:
-            self._decoding.cancel()
-            self._decoding.exception()  # waits: the files close after it
-            self._decoding = None
-        dict.clear(self)  # the model holds the tensors it took
-
-    def __getitem__(self, key):
-        return dict.__getitem__(self._wait(), key)
-
-    def __iter__(self):
-        return dict.__iter__(self._wait())
-
-    def __len__(self) -> int:
-        return dict.__len__(self._wait())
-
-    def __contains__(self, key) -> bool:
-        return dict.__contains__(self._wait(), key)
-
-    def __repr__(self) -> str:
-        return dict.__repr__(self._wait())
-
-    def keys(self):
-        return dict.keys(self._wait())
-
-    def values(self):
-        return dict.values(self._wait())
-
-    def items(self):
-        return dict.items(self._wait())
-
-    def get(self, key, default=None):
-        return dict.get(self._wait(), key, default)
-
-    def copy(self) -> dict:
-        return dict(self.items())
-
-    def pop(self, key, *default):
-        return dict.pop(self._wait(), key, *default)
-
-    def __reduce__(self):
-        return dict, (dict(self.items()),)
 
 
 def _file_report(rel: str, source: str, outside: str | None, f: File) -> convert.FileReport:
