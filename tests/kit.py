@@ -426,18 +426,3 @@ def problem_class(problem: str) -> type:
     match = PROBLEM.match(problem)
     assert match, problem
     return getattr(inshrink.errors, match.group(1))
-
-
-def encoded_as_in_a_series(path, states: list[dict], policy, **writer_options) -> list[dict]:
-    """What each state of a lossy series decodes to, without a series: each encoded alone
-    at ``path``, keeping the level tables of the one before, as ``Series.save`` keeps its
-    newest step's (``Writer(levels=...)``)."""
-    decoded, levels = [], {}
-    for state in states:
-        with inshrink.Writer(path, policy=policy, levels=levels, **writer_options) as w:
-            for name, value in state.items():
-                w.add(name, value)
-        with inshrink.open(path) as f:
-            decoded.append(f.load())
-            levels = f.level_tables()
-    return decoded

@@ -75,17 +75,14 @@ def test_series_delta_is_what_write_delta_writes_from_arrays_in_memory(tmp_path,
     before it decoded them back from its files)."""
     monkeypatch.setattr(series_module, "RETAIN_BYTES", 0)
     old, new = states(2)
-    kept, levels = {}, {}
+    kept = {}
     for step, state in ((0, old), (1, new)):
-        # the newer file keeps the older one's level tables where they serve, as a series'
         with inshrink.Writer(tmp_path / checkpoint_file(step), policy=POLICY, threads=1,
-                             keep_codes=True, levels=levels) as w:
+                             keep_codes=True) as w:
             for name, value in state.items():
                 w.add(name, value)
             infos = w.close()
         kept[step] = ({i.name: state[i.name].copy() for i in infos if i.lossless}, w.codes)
-        with inshrink.open(tmp_path / checkpoint_file(step)) as f:
-            levels = f.level_tables()
     (exact0, codes0), (exact1, codes1) = kept[0], kept[1]
     write_delta(tmp_path / checkpoint_file(0), tmp_path / "oracle.ink", src_exact=exact0,
                 src_codes=codes0, base_exact=exact1, base_codes=codes1,

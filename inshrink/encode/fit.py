@@ -365,18 +365,6 @@ def _fit_reference(sketch: Sketch, dtype: DType, *, bins: int, domain: str | Non
                     zero_level)
 
 
-def refit(previous: Quant, sketch: Sketch, *, domain: str | None, prune: float = 0.0,
-          protect: float = 0.0) -> QuantEncoder:
-    """The encoder of an earlier fit's levels (``previous``, the stage of the same tensor in
-    an earlier checkpoint) with this sketch's prune and protect thresholds: a checkpoint
-    that keeps its predecessor's levels keeps the codes of the elements that did not move
-    past a boundary, which a delta against it stores as zeros."""
-    levels = previous.levels.astype(np.float64)
-    _, _, prune_below, protect_at = _thresholds(sketch, prune, protect)
-    boundaries = _boundaries(levels, "linear" if domain == "linear" else "log")
-    return QuantEncoder(previous, boundaries, protect_at, prune_below)
-
-
 # --- the bin ladder of an error bound -------------------------------------------------------
 
 def bin_candidates(bins: int) -> list[int]:

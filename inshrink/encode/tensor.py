@@ -25,11 +25,10 @@ from ..codecs import factored
 from ..codecs.chain import Encoded, Pipeline, for_new_tensor
 from ..codecs.entropy import Entropy
 from ..codecs.lossless import ByteGroup
-from ..codecs.quant import Quant
 from ..container import layout
 from ..container.index import TensorEntry
 from ..errors import InvalidArgumentError
-from .fit import fewest_bins, fit, refit
+from .fit import fewest_bins, fit
 from .policy import QuantConfig
 from .quantizer import ChunkStats, QuantEncoder
 from .sketch import Sketch, work_dtype
@@ -130,8 +129,7 @@ TensorEncoder = LosslessTensor | LossyTensor | FactoredTensor
 def for_tensor(entry: TensorEntry, read: Read, role: str | None, config: QuantConfig | None,
                importance: Any = None, *, entropy: Entropy, report: bool, tiny_bytes: int,
                force: np.ndarray | None = None,
-               sketch_pass: Callable | None = None,
-               previous: Quant | None = None) -> TensorEncoder:
+               sketch_pass: Callable | None = None) -> TensorEncoder:
     """Decide how one tensor is stored (see the module docstring) and return its encoder.
 
     ``config``: the policy's quantization config for the tensor, ``None`` for lossless;
@@ -139,7 +137,7 @@ def for_tensor(entry: TensorEntry, read: Read, role: str | None, config: QuantCo
     them already (a caller checks them first so that bad scores fail where they are given);
     ``entropy``: the entropy stage of every stream; ``report``: record the role of a lossless
     tensor in the index; ``tiny_bytes``: the size up to which one plane is tried;
-    ``sketch_pass``, ``previous``: see :func:`prepare`. May set
+    ``sketch_pass``: see :func:`prepare`. May set
     ``entry.chunk_elements`` (a factored tensor's chunks hold whole rows).
     """
     tensor = None
@@ -149,7 +147,7 @@ def for_tensor(entry: TensorEntry, read: Read, role: str | None, config: QuantCo
         config = replace(config, domain="log")  # for a tensor that does not qualify
     if tensor is None and config is not None and entry.numel:
         tensor = prepare(entry, read, role, config, importance, force, entropy=entropy,
-                         sketch_pass=sketch_pass, previous=previous)
+                         sketch_pass=sketch_pass)
     if tensor is not None:
         if tensor.pipeline.entropy is not entropy:  # a factored tensor's
             tensor.pipeline = replace(tensor.pipeline, entropy=entropy)
@@ -284,17 +282,13 @@ def overrides(importance: Any, config: QuantConfig, numel: int) -> np.ndarray | 
 def prepare(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
             importance: Any = None, force: np.ndarray | None = None, *,
             entropy: Entropy | None = None,
-            sketch_pass: Callable | None = None,
-            previous: Quant | None = None) -> LossyTensor | None:
+            sketch_pass: Callable | None = None) -> LossyTensor | None:
     """Sketch the tensor and fit its quantizer; ``None`` if no bin count meets the error
     bound (the caller then stores the tensor losslessly). ``force``: the overrides of
     ``importance`` when the caller made them already (:func:`overrides`); ``entropy``: the
     entropy stage of its streams (default: the default one); ``sketch_pass(entry, read,
     sketch)``: adds every chunk to the empty sketch, with the same result as adding them in
-    order (default: adds them in order here); ``previous``: the quant stage of the same
-    tensor in an earlier checkpoint, whose levels are kept when the sketch predicts no
-    larger error with them than with the new fit's, within :data:`KEEP_TOLERANCE`
-    (:func:`keeps_levels`)."""
+    order (default: adds them in order here)."""
     if force is None:
         force = overrides(importance, config, entry.numel)
     sketch = Sketch.for_dtype(entry.dtype, config.alpha, config.bins)
@@ -304,14 +298,14 @@ def prepare(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
         for _, _, _, x in _chunks(entry, read):
             sketch.add(x)
     try:
-        return _fit(entry, read, role, config, sketch, force, entropy, previous)
+        return _fit(entry, read, role, config, sketch, force, entropy)
     finally:  # complete: its counts serve the next tensor's sketch on this thread
         sketch.release()
 
 
 def _fit(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
          sketch: Sketch, force: np.ndarray | None,
-         entropy: Entropy | None, previous: Quant | None = None) -> LossyTensor | None:
+         entropy: Entropy | None) -> LossyTensor | None:
     """:func:`prepare`'s fit of a tensor's quantizer from its sketch."""
     by_sensitivity = config.prune_metric == "sensitivity"
 
@@ -326,47 +320,11 @@ def _fit(entry: TensorEntry, read: Read, role: str, config: QuantConfig,
     if found is None:
         return None
     bins, encoder = found
-    if previous is not None:
-        kept = keeps_levels(previous, encoder, sketch, config,
-                            lambda e: _measure(entry, read, e, force))
-        encoder = encoder if kept is None else kept
     # (a small tensor's whole fit costs a few replace() calls)
     return LossyTensor(role, config if bins == config.bins else replace(config, bins=bins),
                        encoder, sketch.sumsq, force,
                        pipeline=Pipeline(encoder.stage,
                                          entropy=Entropy() if entropy is None else entropy))
-
-
-KEEP_TOLERANCE = 0.02
-"""How much larger a kept table's predicted error may be than the new fit's: two fits of
-a tensor that moved a little differ by about this much either way (on the fidelity
-benchmark's lm and cnn weights, consecutive checkpoints: a kept table predicted no larger
-error for 39% and 61% of the tensors, within 2% for 66% and 76%)."""
-
-
-def keeps_levels(previous: Quant, fresh: QuantEncoder, sketch: Sketch, config: QuantConfig,
-                 measure: Callable[[QuantEncoder], ChunkStats]) -> QuantEncoder | None:
-    """The encoder of ``previous``'s levels when they may replace the ``fresh`` fit: as many
-    levels of the same dtype, a zero level where the fit has one, and an error predicted
-    from the sketch at most :data:`KEEP_TOLERANCE` larger than the fit's (measured within
-    ``config.max_rel_l2`` when there is a bound); else None. Levels kept from checkpoint to checkpoint keep the codes of
-    the elements that stayed between the same boundaries: in a series, the older
-    checkpoint's delta against the newer one is then mostly zeros."""
-    stage = fresh.stage
-    if (previous.dtype != stage.dtype or len(previous.levels) != len(stage.levels)
-            or (previous.zero_code == previous.escape) != (stage.zero_code == stage.escape)):
-        return None
-    by_sensitivity = config.prune_metric == "sensitivity"
-    kept = refit(Quant(stage.dtype, previous.levels, stage.bits), sketch,
-                 domain=config.domain, prune=0.0 if by_sensitivity else config.prune,
-                 protect=config.protect)
-    if not (kept.estimate_rel_l2(sketch)  # (NaN: not kept)
-            <= fresh.estimate_rel_l2(sketch) * (1 + KEEP_TOLERANCE)):
-        return None
-    if config.max_rel_l2 is not None and not (
-            measure(kept).rel_l2(sketch.sumsq) <= config.max_rel_l2):
-        return None
-    return kept
 
 
 def _measure(entry: TensorEntry, read: Read, encoder: QuantEncoder,

@@ -141,12 +141,6 @@ class File:
         """The original safetensors header, when the file was converted from one."""
         return self._reader.index.safetensors_header
 
-    def level_tables(self) -> dict[str, Quant]:
-        """The quant stage (level table) of every quantized tensor, by name: what a
-        :class:`~inshrink.io.writer.Writer` of the next checkpoint may keep (its ``levels``)."""
-        return {name: p.stage for name, p in self._pipelines.items()
-                if isinstance(p.stage, Quant)}
-
     def keys(self) -> list[str]:
         """Tensor names in the order they were written."""
         return list(self._entries)

@@ -17,7 +17,6 @@ from ..atomic import check_path
 from ..codecs.chain import Pipeline, for_new_tensor
 from ..codecs.entropy import Entropy, check_level
 from ..codecs.lossless import PLANES, ByteGroup, planes_from
-from ..codecs.quant import Quant
 from ..container import layout
 from ..container.index import TensorEntry, check_metadata, check_name, check_shape
 from ..container.writer import ContainerWriter
@@ -120,25 +119,13 @@ class Writer:
         Collect every lossy tensor's codes in :attr:`codes` (for the next checkpoint's delta:
         a delta file is a whole file rewritten by :func:`inshrink.io.rebase.write_delta`, as
         :class:`inshrink.Series` does).
-    levels : mapping of str to Quant, optional
-        The level tables of an earlier checkpoint by tensor name (:meth:`File.level_tables
-        <inshrink.io.file.File.level_tables>`): a tensor quantized to as many levels keeps
-        the earlier ones where its sketch predicts no larger error with them
-        (:func:`inshrink.encode.tensor.keeps_levels`), so that a delta between the two
-        checkpoints is mostly zeros. :class:`inshrink.Series` passes its newest checkpoint's.
     """
 
     def __init__(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, *,
                  level: int | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  threads: int | None = None, progress: Progress | None = None,
-                 policy: Policy | str | None = None, keep_codes: bool = False,
-                 levels: Mapping[str, Quant] | None = None) -> None:
+                 policy: Policy | str | None = None, keep_codes: bool = False) -> None:
         path = check_path(path)
-        if levels is not None and (not isinstance(levels, Mapping) or not all(
-                isinstance(stage, Quant) for stage in levels.values())):
-            raise InvalidArgumentError("levels must be a mapping of tensor names to quant "
-                                       "stages (File.level_tables())")
-        self._levels = dict(levels or {})
         self._policy = resolve_policy(policy)
         check_progress(progress)
         self.codes: dict[str, np.ndarray] | None = {} if keep_codes else None
@@ -272,9 +259,6 @@ class Writer:
                  if config is not None and entry.numel else None)
         args = (entry, read, role, config)
         options = self._options if force is None else {**self._options, "force": force}
-        previous = self._levels.get(name) if config is not None else None
-        if previous is not None:
-            options = {**options, "previous": previous}
         if self._pool is None:
             self._start(entry, read, encoder.for_tensor(*args, **options))
             return

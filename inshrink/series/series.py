@@ -407,26 +407,13 @@ class Series:
                    for a in kept.values())
         keep_codes = 2 * sum(a.size for a in arrays.values()) + held <= 2 * RETAIN_BYTES
         with Writer(path, metadata, threads=self.threads, policy=policy,
-                    keep_codes=keep_codes, levels=self._newest_levels()) as writer:
+                    keep_codes=keep_codes) as writer:
             for key, value in arrays.items():
                 writer.add(key, value, importance=importance.get(key), wait=False)
             report = writer.close()
             codes = writer.codes
         newest = Checkpoint(step, name, True, None, file_sha256(path), os.path.getsize(path))
         return report, codes, newest
-
-    def _newest_levels(self) -> dict:
-        """The level tables of the newest whole step, which the new one may keep
-        (:class:`~inshrink.io.writer.Writer`'s ``levels``): its delta against the new step
-        is then mostly zeros. None readable (a damaged file): the new step fits its own."""
-        whole = [e for e in self._checkpoints if not e.weights_only]
-        if not whole:
-            return {}
-        try:
-            with File(self._path(whole[-1].file), mmap=False) as f:
-                return f.level_tables()
-        except (InshrinkError, OSError):
-            return {}  # verify() and the delta rewrite report the damage
 
     def _discard(self, names: list[str]) -> None:
         """Remove files a failed save wrote, unless the manifest on disk names them (a
