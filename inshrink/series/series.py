@@ -470,6 +470,18 @@ class Series:
                 raise InvalidArgumentError(f"the series {self.directory} is empty")
         return self._replay(step, codes_of_last=False)[0]
 
+    def decode_chain(self, step: int) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+        """Each step of ``step``'s chain (:meth:`chain`) with its tensors, keyframe first and
+        ``step`` last, each file decoded and checked once, as :meth:`load` of ``step`` decodes
+        them: a caller that wants the newer steps a delta rests on too gets them on the way."""
+        chain = self.chain(step)
+        previous, exact, codes = None, {}, {}
+        for i, entry in enumerate(chain):
+            state, exact, codes = self._decode_link(entry, previous, exact, codes, whole=True,
+                                                    with_codes=i < len(chain) - 1)
+            previous = entry
+            yield entry.step, state
+
     def metadata(self, step: int | None = None) -> dict[str, str]:
         """The user metadata saved with ``step`` (default: the latest)."""
         if step is None:

@@ -122,9 +122,10 @@ class Callback(TrainerCallback):
             raise InvalidArgumentError(f"{directory}: the Trainer's checkpoint is missing")
         arrays, metadata = checkpoint_to_numpy(directory)
         self.reports[step] = report = self.series.save(step, arrays, metadata)
-        problem, digests = self._verify(step, arrays, report)
+        decoded = self._decode_new_and_previous(step)  # one decode of this step's file
+        problem, digests = self._verify(step, arrays, report, decoded.get(step))
         del arrays  # one checkpoint in memory at a time
-        self._settle_previous()  # rewritten as a delta against this step by the save
+        self._settle_previous(decoded.get(self._pending[0]) if self._pending else None)
         if problem is not None:
             self._failed(step, problem, directory)
         else:
@@ -141,10 +142,28 @@ class Callback(TrainerCallback):
             shutil.rmtree(self._pending[1], ignore_errors=True)
         self._pending = None
 
-    def _settle_previous(self) -> None:
-        """The step saved before the newest one: once the save rewrote it as a delta, decode
-        it again and compare with what it decoded to when it was checked; then (or at once,
-        if it stayed whole) its Trainer directory may go."""
+    def _decode_new_and_previous(self, step: int) -> dict[int, Any]:
+        """The tensors of the step just saved and, when the save rewrote the step before it
+        as a delta against it, of that step too, from one decode of the chain (the delta's
+        base is the new step's file); an error in place of tensors it could not give."""
+        previous = None if self._pending is None else next(
+            (e for e in self.series.checkpoints() if e.step == self._pending[0]), None)
+        wanted = [step] if previous is None or previous.keyframe else [step, previous.step]
+        decoded: dict[int, Any] = {}
+        try:
+            for at, tensors in self.series.decode_chain(wanted[-1]):
+                if at in wanted:
+                    decoded[at] = tensors
+        except (InshrinkError, OSError) as exc:
+            for at in wanted:  # a link that failed: what rests on it is unchecked too
+                decoded.setdefault(at, exc)
+        return decoded
+
+    def _settle_previous(self, decoded: Any = None) -> None:
+        """The step saved before the newest one: once the save rewrote it as a delta,
+        compare what it decodes to now (``decoded``, from :meth:`_decode_new_and_previous`)
+        with what it decoded to when it was checked; then (or at once, if it stayed whole)
+        its Trainer directory may go."""
         if self._pending is None:
             return
         step, directory, digests = self._pending
@@ -152,12 +171,12 @@ class Callback(TrainerCallback):
         entry = next((e for e in self.series.checkpoints() if e.step == step), None)
         problem = None
         if entry is not None and not entry.keyframe:
-            try:
-                decoded = self.series.load(step)
-                if {n: _digest(a) for n, a in decoded.items()} != digests:
-                    problem = "as a delta it decodes to other values than it was saved with"
-            except (InshrinkError, OSError) as exc:
-                problem = f"{type(exc).__name__}: {exc}"
+            if decoded is None:
+                problem = "not decoded after its rewrite as a delta"
+            elif isinstance(decoded, BaseException):
+                problem = f"{type(decoded).__name__}: {decoded}"
+            elif {n: _digest(a) for n, a in decoded.items()} != digests:
+                problem = "as a delta it decodes to other values than it was saved with"
         if problem is not None:
             self._failed(step, f"{problem} (after its rewrite as a delta)", directory)
         elif self.remove_checkpoint and os.path.isdir(directory):
@@ -176,14 +195,18 @@ class Callback(TrainerCallback):
         Returns None if it matches, else what is wrong."""
         return self._verify(step, arrays, report)[0]
 
-    def _verify(self, step: int, arrays: Mapping[str, np.ndarray],
-                report: list) -> tuple[str | None, dict[str, bytes]]:
+    def _verify(self, step: int, arrays: Mapping[str, np.ndarray], report: list,
+                decoded: Any = None) -> tuple[str | None, dict[str, bytes]]:
         """:meth:`verify_step`, and a digest of each decoded tensor (for the check after the
-        step is rewritten as a delta)."""
-        try:
-            decoded = self.series.load(step)
-        except (InshrinkError, OSError) as exc:
-            return f"{type(exc).__name__}: {exc}", {}
+        step is rewritten as a delta); ``decoded``: the step's tensors, or the error decoding
+        them gave, when the caller decoded them already."""
+        if decoded is None:
+            try:
+                decoded = self.series.load(step)
+            except (InshrinkError, OSError) as exc:
+                decoded = exc
+        if isinstance(decoded, BaseException):
+            return f"{type(decoded).__name__}: {decoded}", {}
         if decoded.keys() != arrays.keys():
             return "the stored tensors are not the saved ones", {}
         infos = {info.name: info for info in report}
