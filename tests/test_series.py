@@ -392,3 +392,38 @@ def test_verify_decodes_each_link_once_and_names_what_breaks(tmp_path, monkeypat
     assert len(broken) >= 2  # the corrupt file and what is restored through it
     assert sorted(int(p.split(":")[0].split()[1]) for p in problems) == sorted(broken)
     assert any(f"step {middle.step}: " in p and middle.file in p for p in problems)
+
+
+def test_decode_chain_gives_every_step_of_a_chain_once(tmp_path, monkeypatch):
+    series = Series(tmp_path / "s", policy="balanced", keyframe_every=3)
+    states = trajectory(4, seed=2)
+    for step, state in enumerate(states):
+        series.save(step, state)
+    chain = [e.step for e in series.chain(1)]
+    assert chain == [2, 1]  # keyframe_every=3: steps 0-2 rest on the keyframe 2
+    opened = []
+    real = Series._decode_link
+
+    def counting(self, entry, *args, **kwargs):
+        opened.append(entry.step)
+        return real(self, entry, *args, **kwargs)
+    monkeypatch.setattr(Series, "_decode_link", counting)
+    got = dict(series.decode_chain(1))
+    assert opened == chain and list(got) == chain  # keyframe first, each file once
+    for step in chain:
+        assert_same(got[step], series.load(step))
+    assert [s for s, _ in series.decode_chain(3)] == [3]  # the newest: whole
+    with pytest.raises(errors.InvalidArgumentError, match="step 9"):
+        list(series.decode_chain(9))
+
+
+def test_decode_chain_names_a_damaged_base(tmp_path):
+    series = Series(tmp_path / "s", policy="balanced")
+    for step, state in enumerate(trajectory(2, seed=3)):
+        series.save(step, state)
+    newest = tmp_path / "s" / series.checkpoints()[-1].file
+    data = bytearray(newest.read_bytes())
+    data[200] ^= 1
+    newest.write_bytes(bytes(data))
+    with pytest.raises(errors.BaseMismatchError, match=series.checkpoints()[-1].file):
+        list(series.decode_chain(0))
