@@ -50,7 +50,7 @@ def test_older_steps_keep_their_models_bit_for_bit(tmp_path, policy):
         series.retain(2, keep_weights=4, model=is_model)
         steps = series.steps()
         assert steps == list(range(max(1, step - 5), step + 1))
-        assert series.weights_steps() == steps[:-2]
+        assert series.weights_only_steps() == steps[:-2]
         for s in steps:
             got = series.load(s)
             wanted = {n for n in seen[s] if s in steps[-2:] or is_model(n)}
@@ -108,9 +108,9 @@ def test_the_manifest_returns_to_version_1_without_weights_only_steps(tmp_path):
         series.save(step, state(step))
     series.retain(2, keep_weights=1, model=is_model)
     assert manifest(tmp_path)["version"] == WEIGHTS_VERSION
-    assert Series(tmp_path).weights_steps() == [1]  # read back by a new object
+    assert Series(tmp_path).weights_only_steps() == [1]  # read back by a new object
     series.retain(2)
-    assert manifest(tmp_path)["version"] == SERIES_VERSION and series.weights_steps() == []
+    assert manifest(tmp_path)["version"] == SERIES_VERSION and series.weights_only_steps() == []
 
 
 def test_a_save_after_deleting_the_whole_steps_keeps_the_weights_only_one(tmp_path):
@@ -119,9 +119,9 @@ def test_a_save_after_deleting_the_whole_steps_keeps_the_weights_only_one(tmp_pa
         series.save(step, state(step))
     series.retain(1, keep_weights=1, model=is_model)
     series.delete([2])
-    assert series.steps() == [1] and series.weights_steps() == [1]
+    assert series.steps() == [1] and series.weights_only_steps() == [1]
     series.save(3, state(3))
-    assert series.weights_steps() == [1] and set(series.load(1)) == {
+    assert series.weights_only_steps() == [1] and set(series.load(1)) == {
         n for n in state(1) if is_model(n)}
     assert set(series.load(3)) == set(state(3)) and series.verify() == []
 
@@ -222,7 +222,7 @@ def test_any_plan_of_saves_and_retains_keeps_every_kept_step_as_it_was(
             series.retain(last)
         else:
             series.retain(last, keep_weights=keep, model=is_model)
-        models = set(series.weights_steps())
+        models = set(series.weights_only_steps())
         assert step not in models  # the newest stays whole
         for s in series.steps():
             got = series.load(s)

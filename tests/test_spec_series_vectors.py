@@ -24,7 +24,7 @@ def series_dir(tmp_path):
 def test_the_weights_only_vector_decodes_to_its_expected_tensors(series_dir):
     expected = json.loads((VECTORS / "weights_only.expected.json").read_text())
     series = Series(series_dir)
-    assert series.weights_steps() == expected["weights_only"] == [2, 3]
+    assert series.weights_only_steps() == expected["weights_only"] == [2, 3]
     assert [str(s) for s in series.steps()] == list(expected["steps"])
     for step, tensors in expected["steps"].items():
         got = series.load(int(step))

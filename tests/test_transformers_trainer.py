@@ -206,7 +206,7 @@ def test_keep_weights_keeps_older_models_without_training_state(tmp_path):
     Trainer(model(), args, train_dataset=data(), callbacks=[callback]).train()
     # keep_last + keep_weights steps, the older ones rewritten in place as the model only
     assert callback.series.steps() == callback.weights_steps() == [4, 6, 8]
-    assert callback.series.weights_steps() == [4, 6]
+    assert callback.series.weights_only_steps() == [4, 6]
     whole = set(callback.series.load(8))
     model_only = {n for n in whole if is_model_tensor(n)}
     assert model_only and whole - model_only  # the optimizer's and trainer's state

@@ -497,7 +497,7 @@ class Checkpointer:
         """The saved (committed) steps with their whole training state, ascending."""
         if self.series is None:
             return self._sharded.steps()
-        models = set(self.series.weights_steps())
+        models = set(self.series.weights_only_steps())
         return [s for s in self.series.steps() if s not in models]
 
     def weights_steps(self) -> list[int]:
@@ -733,7 +733,7 @@ class Checkpointer:
             step = self.series.latest()
             if step is None:
                 raise InvalidArgumentError(f"no checkpoint in {self.series.directory}")
-        refuse_weights_only(step, self.steps(), self.series.weights_steps(),
+        refuse_weights_only(step, self.steps(), self.series.weights_only_steps(),
                             self.series.directory, f"restore_model({step})")
         tensors = self.series.load(step)
         metadata = self.series.metadata(step)

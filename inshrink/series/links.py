@@ -11,7 +11,7 @@ rank's file of a step) and how it is checked against the manifest is theirs to s
 from __future__ import annotations
 
 import hashlib
-from typing import Callable, Mapping, Protocol, Sequence, TypeVar
+from typing import Callable, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -95,15 +95,26 @@ def replay(chain: Sequence[L], decode: DecodeLink[L], *, codes_of_last: bool = T
     the one before it decoded to. Returns the last link's tensors and (unless
     ``codes_of_last`` is false) the codes of its quantized ones."""
     state: dict[str, np.ndarray] = {}
+    codes: dict[str, np.ndarray] = {}
+    for _, state, codes in replay_each(chain, decode, codes_of_last=codes_of_last):
+        pass
+    return state, codes
+
+
+def replay_each(chain: Sequence[L], decode: DecodeLink[L], *, whole: bool = False,
+                codes_of_last: bool = True) -> Iterator[tuple[L, dict, dict]]:
+    """:func:`replay`, link by link: each link of ``chain`` with what it decoded to (every
+    tensor of the last link, and of every link with ``whole``; else only the exact ones) and
+    the codes of its quantized ones (unless it is the last and ``codes_of_last`` is false)."""
     exact: dict[str, np.ndarray] = {}
     codes: dict[str, np.ndarray] = {}
     previous = None
     for i, link in enumerate(chain):
         last = i == len(chain) - 1
-        state, exact, codes = decode(link, previous, exact, codes, whole=last,
+        state, exact, codes = decode(link, previous, exact, codes, whole=whole or last,
                                      with_codes=codes_of_last or not last)
         previous = link
-    return state, codes
+        yield link, state, codes
 
 
 def decode_each_link(keyframes: Sequence[L], deltas_against: Callable[[L], Sequence[L]],

@@ -20,8 +20,10 @@ process writing at the same moment gets a :class:`SeriesLockedError` at once ins
 waiting (a save may take minutes) or silently dropping the other's steps.
 
 :meth:`Series.retain` can keep older steps as their model only (``keep_weights``): such a step's
-file is rewritten as a whole ``step_….w.ink`` holding the model's tensors as they decoded
-before (no base, never a base), and the manifest says version 2 while it lists one.
+file is rewritten as ``step_….w.ink`` holding the model's tensors as they decoded before, older
+such steps as deltas against the next (``step_….w.d.ink``, a chain of their own: a whole step
+is never their base, nor they a whole step's), and the manifest says version 2 while it lists
+one.
 
 The rules this series shares with the DCP series (:class:`inshrink.dcp.InkSeries`) are in
 :mod:`.keyframes`, :mod:`.manifest`, :mod:`.links` and :mod:`.directory`.
@@ -52,7 +54,8 @@ from ..io.writer import Writer
 from ..search.stored import SEARCH_KEY  # named here too, as before
 from .directory import LOCK, remove, take_lock
 from .keyframes import previous_becomes_delta
-from .links import decode_digest, decode_each_link, decode_link, file_sha256, replay
+from .links import (decode_digest, decode_each_link, decode_link, file_sha256, replay,
+                    replay_each)
 from .manifest import (MAX_MANIFEST_BYTES, MAX_STEP, check_after, check_new_step, file_problem,
                        find_entry, has_exactly, read_manifest, step_problem, write_manifest)
 
@@ -298,7 +301,7 @@ class Series:
     def _entry(self, step: int) -> Checkpoint:
         return find_entry(self._checkpoints, step, self.directory)
 
-    def weights_steps(self) -> list[int]:
+    def weights_only_steps(self) -> list[int]:
         """The steps kept as their model only (:meth:`retain` with ``keep_weights``): loading
         one gives the model's tensors, not a training state."""
         return [e.step for e in self._checkpoints if e.weights_only]
@@ -474,12 +477,8 @@ class Series:
         """Each step of ``step``'s chain (:meth:`chain`) with its tensors, keyframe first and
         ``step`` last, each file decoded and checked once, as :meth:`load` of ``step`` decodes
         them: a caller that wants the newer steps a delta rests on too gets them on the way."""
-        chain = self.chain(step)
-        previous, exact, codes = None, {}, {}
-        for i, entry in enumerate(chain):
-            state, exact, codes = self._decode_link(entry, previous, exact, codes, whole=True,
-                                                    with_codes=i < len(chain) - 1)
-            previous = entry
+        for entry, state, _ in replay_each(self.chain(step), self._decode_link, whole=True,
+                                           codes_of_last=False):
             yield entry.step, state
 
     def metadata(self, step: int | None = None) -> dict[str, str]:
@@ -577,7 +576,7 @@ class Series:
         -----
         Rewriting a step decodes its chain once (as loading it would). A step already kept
         as its model stays as it is; a later call with a larger ``last`` cannot make it
-        whole again. :meth:`weights_steps` lists such steps; :meth:`load` of one returns
+        whole again. :meth:`weights_only_steps` lists such steps; :meth:`load` of one returns
         its model's tensors. Holds the series' lock (:class:`Series`, Notes).
         """
         if type(last) is not int or last < 1:

@@ -244,7 +244,7 @@ class Callback(TrainerCallback):
         InvalidArgumentError
             ``step`` is a weights-only step (``keep_weights``): its training state is gone.
         """
-        models = self.series.weights_steps()
+        models = self.series.weights_only_steps()
         refuse_weights_only(step, [s for s in self.series.steps() if s not in models], models,
                             self.series.directory, f"restore_model(directory, {step})")
         return restore_checkpoint(self.series, directory, step, overwrite=overwrite)

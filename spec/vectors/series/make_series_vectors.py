@@ -51,7 +51,7 @@ def main() -> int:
     series.retain(1, keep_weights=2, model=lambda name: name.startswith("model."))
     os.remove(os.path.join(directory, ".lock"))
     expected = {"steps": {str(s): describe(series.load(s)) for s in series.steps()},
-                "weights_only": series.weights_steps()}
+                "weights_only": series.weights_only_steps()}
     with open(os.path.join(HERE, "weights_only.expected.json"), "w") as f:
         json.dump(expected, f, indent=1)
     with open(os.path.join(directory, "manifest.json")) as f:
