@@ -292,11 +292,23 @@ def test_sharded_keep_weights_keeps_older_models_only(tmp_path):
         assert "step 2 keeps the model's weights only" in got["refused"]["message"]
         assert got["restored"] == 2 and got["sum_restored"] == got["sum_saved"]  # lossless
         assert got["gone"] == "InvalidArgumentError"
-    weights = sorted(n for n in os.listdir(tmp_path / "ckpt" / "weights")
-                     if not n.startswith("."))
-    assert weights == ["step_000000000002", "step_000000000003", "step_000000000004"]
-    fqns = {row["fqn"] for row in describe(tmp_path / "ckpt" / "weights" / weights[0])}
-    assert fqns and not any(f.startswith("optim") for f in fqns)
+    # rewritten in place: no second set of checkpoints; the older steps hold the model only
+    names = sorted(n for n in os.listdir(tmp_path / "ckpt") if not n.startswith("."))
+    assert names == ["step_000000000002", "step_000000000003", "step_000000000004"]
+    whole = {row["fqn"] for row in describe(tmp_path / "ckpt" / names[2])}
+    assert any(f.startswith("optim") for f in whole)
+    for name in names[:2]:
+        step = tmp_path / "ckpt" / name
+        rows = describe(step)
+        fqns = {row["fqn"] for row in rows}
+        assert fqns == {f for f in whole if f.startswith("model.")}, name
+        # one save id again in every file, the chunk map's; no file of the whole step left
+        files = sorted(n for n in os.listdir(step) if n.endswith(".ink"))
+        assert len(files) == 2 and len({n[10:22] for n in files}) == 1
+        assert read(step, "chunks.json")["save_id"] == files[0][10:22]
+        # read without torch's metadata, as any reader of the chunk map would
+        from inshrink.dcp.chunkmap import assemble
+        assert set(assemble(step)) == fqns
 
 
 @pytest.mark.parametrize("keep_last", [None, 1])
@@ -314,8 +326,9 @@ def test_a_commit_removes_older_saves_that_never_committed(tmp_path, keep_last):
         (path / ("x.distcp" if not committed else METADATA)).write_bytes(b"")
     shards = SimpleNamespace(directory=str(tmp_path), keep_last=keep_last)
     shards._step_dirs = lambda: ShardedCheckpoints._step_dirs(shards)
-    shards.steps = lambda: ShardedCheckpoints.steps(shards)
-    ShardedCheckpoints._retain(shards, 5)  # step 5 just committed; 6 is being written
+    shards.committed = lambda: ShardedCheckpoints.committed(shards)
+    keep = None if keep_last is None else shards.committed()[-keep_last:]
+    ShardedCheckpoints._retain(shards, 5, keep)  # step 5 just committed; 6 is being written
     left = sorted(os.listdir(tmp_path))
     kept = [1, 3, 5, 6] if keep_last is None else [5, 6]
     assert left == [step_directory(s) for s in kept]

@@ -229,13 +229,12 @@ class Checkpointer:
         this many steps before the ``keep_last`` newest. A step leaving the ``keep_last``
         newest is rewritten in place as its model only (:meth:`inshrink.series.Series.retain`:
         the same values, bit for bit, unless ``weights_policy``). :meth:`restore_model` loads
-        such a step; :meth:`restore` refuses it. In the sharded mode the model's steps are DCP
-        checkpoints in ``directory/weights`` (see :attr:`WEIGHTS`), written after each whole
-        step.
+        such a step; :meth:`restore` refuses it. In the sharded mode each rank rewrites its
+        own files of the step, and rank 0 commits it as a DCP checkpoint of the ``model.``
+        items (:mod:`inshrink.dcp.weights_only`).
     weights_policy : Policy, str or None
         Encode the weights-only steps again with this policy, from the values the checkpoint
-        decodes to (a lossier one saves more). Default: as the checkpoint stored them; in
-        the sharded mode, the checkpoint's own policy.
+        decodes to (a lossier one saves more). Default: as the checkpoint stored them.
     moments : {"measured", "fixed"}
         With ``eval_batches``: how the optimizer moments are configured. "measured" (the
         default): per checkpoint, the cheapest configuration whose effect on the next updates
@@ -361,29 +360,22 @@ class Checkpointer:
                                  two_sided=True, threads=threads)
         self.series: Series | None = None
         self._sharded = None
+        if keep_weights is not None and (type(keep_weights) is not int or keep_weights < 1
+                                         or keep_last is None):
+            raise InvalidArgumentError("keep_weights must be a positive integer, with "
+                                       "keep_last")
+        resolve(weights_policy)  # a bad policy fails here, not at a save
         if sharded:
             from ..dcp.sharded import ShardedCheckpoints
             self._sharded = ShardedCheckpoints(directory, model, optimizer, scheduler,
                                                self.extra, rng, policy, keep_last, threads,
-                                               background=async_)
+                                               background=async_, keep_weights=keep_weights,
+                                               weights_policy=weights_policy)
         else:
             self.series = Series(directory, policy, keyframe_every=keyframe_every,
                                  threads=threads)
         self.keep_weights = keep_weights
         self.weights_policy = weights_policy
-        self._sharded_weights = None  # the same in the sharded mode: DCP checkpoints
-        if keep_weights is not None:
-            if type(keep_weights) is not int or keep_weights < 1 or keep_last is None:
-                raise InvalidArgumentError("keep_weights must be a positive integer, with "
-                                           "keep_last")
-            if sharded:  # the model alone, written beside each whole step
-                from ..dcp.sharded import ShardedCheckpoints
-                self._sharded_weights = ShardedCheckpoints(
-                    os.path.join(self._sharded.directory, self.WEIGHTS), model, None, None,
-                    {}, False, weights_policy if weights_policy is not None else policy,
-                    keep_last + keep_weights, threads, background=async_)
-            else:
-                resolve(weights_policy)  # a bad policy fails here, not at a save
         if self.series is not None:
             latest = self.series.latest()
             if self.search is not None and latest is not None:  # a resumed run
@@ -412,8 +404,7 @@ class Checkpointer:
         if self._executor is not None or self._sharded is not None:
             # dropped unclosed (nothing pending: a pending save holds it): its thread and
             # groups end then, not at the interpreter's finalization
-            weakref.finalize(self, _release, self._executor, self._sharded,
-                             self._sharded_weights)
+            weakref.finalize(self, _release, self._executor, self._sharded)
         if async_ or self._sharded is not None:
             with _PENDING_LOCK:
                 _OPEN.add(self)
@@ -489,10 +480,6 @@ class Checkpointer:
         """Where the checkpoints are."""
         return self.series.directory if self.series is not None else self._sharded.directory
 
-    WEIGHTS = "weights"
-    """In the sharded mode, the subdirectory of the model's steps (``keep_weights``): a
-    series of DCP checkpoints of its own."""
-
     def steps(self) -> list[int]:
         """The saved (committed) steps with their whole training state, ascending."""
         if self.series is None:
@@ -505,9 +492,7 @@ class Checkpointer:
         and with ``keep_weights`` the weights-only ones before them."""
         if self.series is not None:
             return self.series.steps()
-        if self._sharded_weights is None:
-            return self.steps()
-        return sorted(set(self.steps()) | set(self._sharded_weights.steps()))
+        return self._sharded.committed()
 
     def save(self, step: int) -> dict[str, Any]:
         """Checkpoint the training state as ``step`` (after every saved step): the model, the
@@ -538,14 +523,6 @@ class Checkpointer:
             self._announced = True
         if self._sharded is not None:
             job = self._sharded.stage(step, copy=self._executor is not None)
-            if self._sharded_weights is not None:  # staged now, written after the whole step
-                whole = job
-                weights = self._sharded_weights.stage(step, copy=self._executor is not None)
-
-                def job() -> dict[str, Any]:
-                    report = whole()
-                    weights()
-                    return report
             self._last_step = step
             return self._run(step, job, started)
         if type(step) is not int or not 0 <= step <= MAX_STEP:  # here, not in the background
@@ -657,9 +634,8 @@ class Checkpointer:
                 _OPEN.discard(self)
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
-            for shards in (self._sharded, self._sharded_weights):
-                if shards is not None:
-                    shards.close()
+            if self._sharded is not None:
+                self._sharded.close()
 
     def __enter__(self) -> "Checkpointer":
         return self
@@ -684,15 +660,7 @@ class Checkpointer:
         """
         self.wait()
         if self._sharded is not None:
-            if self._sharded_weights is None:
-                raise InvalidArgumentError("restore_model in the sharded mode needs "
-                                           "keep_weights: restore() loads the model with the "
-                                           "training state")
-            known = self._sharded_weights.steps()  # every step's model is written there
-            if step is not None and step not in known:
-                raise InvalidArgumentError(f"no model of step {step} in "
-                                           f"{self._sharded_weights.directory} (steps: {known})")
-            return self._sharded_weights.restore(step)
+            return self._sharded.restore_model(step)
         known = self.weights_steps()
         if step is None:
             if not known:
@@ -723,8 +691,8 @@ class Checkpointer:
         """
         self.wait()
         if self._sharded is not None:
-            if self._sharded_weights is not None:
-                refuse_weights_only(step, self._sharded.steps(), self._sharded_weights.steps(),
+            if self.keep_weights is not None:
+                refuse_weights_only(step, self._sharded.steps(), self._sharded.committed(),
                                     self._sharded.directory, f"restore_model({step})")
             step = self._sharded.restore(step)
             self._last_step = step

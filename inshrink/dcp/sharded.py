@@ -9,6 +9,11 @@ Layout of ``directory``::
     step_000000002000/
     ...
 
+With ``keep_weights``, a step leaving the ``keep_last`` newest is rewritten in place as the
+model's items only (:mod:`inshrink.dcp.weights_only`: each rank its own files, rank 0 the
+commit): an ordinary DCP checkpoint of the ``model.`` items, without the optimizer's and the
+training state's. A step is whole when it holds rank 0's training state.
+
 Each rank's training state (scheduler, random generators, extras: see
 :mod:`inshrink.torch.training`) is stored in the same checkpoint as tensors of that rank only,
 ``training_rank<rank>.document`` (the JSON document as uint8) and
@@ -36,9 +41,10 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_s
                                                      set_model_state_dict, set_state_dict)
 
 from .metadata import read_metadata
-from .names import METADATA, step_dir, step_of
+from .names import METADATA, rank_of, step_dir, step_of
 from .reader import InkStorageReader
 from .writer import InkStorageWriter
+from . import weights_only
 from .. import errors
 from ..errors import CorruptError, InshrinkError, InvalidArgumentError
 from ..encode.policy import Policy
@@ -127,12 +133,20 @@ class ShardedCheckpoints:
     background : bool
         Saves will run in a background thread: their collectives then use a process group
         of their own (created here, a collective call), beside training's.
+    keep_weights : int, optional
+        With ``keep_last``: keep this many steps before the ``keep_last`` newest as the
+        model's items only, each rewritten in place when it leaves the ``keep_last``
+        newest (each rank rewriting its own files; bit for bit, unless ``weights_policy``).
+    weights_policy : Policy, str or None
+        Encode the model's items of those steps again with this policy.
     """
 
     def __init__(self, directory: str | os.PathLike, model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer | None, scheduler: Any,
                  extra: Mapping[str, Any], rng: bool, policy: Policy | str | None,
-                 keep_last: int | None, threads: int | None, background: bool) -> None:
+                 keep_last: int | None, threads: int | None, background: bool,
+                 keep_weights: int | None = None,
+                 weights_policy: Policy | str | None = None) -> None:
         if not (dist.is_available() and dist.is_initialized()):
             raise InvalidArgumentError("the sharded mode needs an initialized process group "
                                        "(torch.distributed.init_process_group)")
@@ -141,6 +155,8 @@ class ShardedCheckpoints:
         self.model, self.optimizer = model, optimizer
         self.scheduler, self.extra, self.rng = scheduler, extra, rng
         self.policy, self.keep_last, self.threads = policy, keep_last, threads
+        self.keep_weights, self.weights_policy = keep_weights, weights_policy
+        self._whole: dict[str, tuple[int, bool]] = {}  # .metadata path -> (mtime, whole)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.group = dist.new_group(backend="gloo") if background else None
         os.makedirs(self.directory, exist_ok=True)
@@ -167,13 +183,38 @@ class ShardedCheckpoints:
         return {step: os.path.join(self.directory, n)
                 for n in names if (step := step_of(n)) is not None}
 
-    def steps(self) -> list[int]:
-        """Committed steps, ascending (as this rank sees the directory)."""
+    def committed(self) -> list[int]:
+        """Committed steps, whole or weights-only, ascending (as this rank sees the
+        directory)."""
         return sorted(s for s, path in self._step_dirs().items()
                       if os.path.isfile(os.path.join(path, METADATA)))
 
+    def steps(self) -> list[int]:
+        """Committed steps with the whole training state, ascending."""
+        return [s for s in self.committed() if self._is_whole(s)]
+
+    def weights_only_steps(self) -> list[int]:
+        """Committed steps kept as the model's items only (``keep_weights``), ascending."""
+        return [s for s in self.committed() if not self._is_whole(s)]
+
+    def _is_whole(self, step: int) -> bool:
+        """Whether ``step`` holds rank 0's training state (read once per commit of it)."""
+        marker = os.path.join(self.path(step), METADATA)
+        try:
+            mtime = os.stat(marker).st_mtime_ns
+        except OSError:
+            return False
+        known = self._whole.get(marker)
+        if known is None or known[0] != mtime:
+            try:
+                items = read_metadata(self.path(step)).state_dict_metadata
+            except InshrinkError:
+                return True  # what restoring it reports; never taken for a model's
+            known = self._whole[marker] = (mtime, f"{_training_key(0)}.document" in items)
+        return known[1]
+
     def latest(self) -> int | None:
-        steps = self.steps()
+        steps = self.committed()
         return steps[-1] if steps else None
 
     def path(self, step: int) -> str:
@@ -181,13 +222,14 @@ class ShardedCheckpoints:
 
     # -- every rank agrees ----------------------------------------------------------------
 
-    def _agree(self, error: InshrinkError | None) -> None:
+    def _agree(self, error: InshrinkError | None, group: Any = None) -> None:
         """Raise on every rank if any rank has an error (never leave the others waiting in
         a collective that the failed rank will not join): the rank's own error, or the
-        first failing rank's, of the same type, naming that rank."""
+        first failing rank's, of the same type, naming that rank. ``group``: the process
+        group (default: the default one)."""
         gathered: list[tuple[str, str] | None] = [None] * self.world
         dist.all_gather_object(gathered, None if error is None else
-                               (type(error).__name__, str(error)))
+                               (type(error).__name__, str(error)), group=group)
         if error is not None:
             raise error
         failed = [(r, e) for r, e in enumerate(gathered) if e is not None]
@@ -240,21 +282,67 @@ class ShardedCheckpoints:
             dcp.save(state, storage_writer=writer, process_group=self.group)
         except dcp.api.CheckpointException as exc:
             raise _first_failure(exc) from exc
-        if self.rank == 0:
-            self._retain(step)
         size = sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+        if self.keep_weights is None:
+            if self.rank == 0:
+                self._retain(step, self.committed()[-self.keep_last:]
+                             if self.keep_last is not None else None)
+        else:
+            self._retain_weights(step)
         return {"step": step, "bytes": size, "search": None,
                 "seconds": time.perf_counter() - started}
 
-    def _retain(self, newest: int) -> None:
+    def _retain(self, newest: int, keep: list[int] | None) -> None:
         """Rank 0, after a commit: remove older saves that never committed (a save killed or
-        failed part way: no later save of theirs can come, steps only grow) and, with
-        ``keep_last``, all but the ``keep_last`` newest committed steps."""
-        committed = [s for s in self.steps() if s <= newest]
-        keep = set(committed if self.keep_last is None else committed[-self.keep_last:])
+        failed part way: no later save of theirs can come, steps only grow) and the
+        committed steps not in ``keep`` (None: every committed step stays)."""
+        committed = set(self.committed())
         for step, path in self._step_dirs().items():
-            if step < newest and step not in keep:
+            if step < newest and (step not in committed
+                                  or (keep is not None and step not in keep)):
                 shutil.rmtree(path, ignore_errors=True)
+
+    def _retain_weights(self, newest: int) -> None:
+        """After the commit of ``newest``, on every rank: the whole steps leaving the
+        ``keep_last`` newest become weights-only (each rank rewrites its files of them,
+        then rank 0 commits each), as many as ``keep_weights`` allows with the weights-only
+        steps before them; every other older step is removed. A failure on any rank is
+        raised on every rank; a step not committed as weights-only stays whole."""
+        plans, keep, error = [], [], None
+        if self.rank == 0:
+            try:
+                whole = [s for s in self.steps() if s <= newest]
+                leaving = whole[:-self.keep_last]
+                models = sorted(set(self.weights_only_steps()) | set(leaving))
+                models = models[-self.keep_weights:]
+                keep = whole[-self.keep_last:] + models
+                plans = [weights_only.plan_subset(self.path(s), _is_model_fqn)
+                         for s in leaving if s in models]
+            except InshrinkError as exc:
+                error = exc
+        self._agree(error, self.group)
+        shared = [plans, keep]
+        dist.broadcast_object_list(shared, src=0, group=self.group)
+        plans, keep = shared
+        error = None
+        try:  # rank r rewrites the files of ranks r, r + world, ... (an older, larger world)
+            for plan in plans:
+                for name in plan.files:
+                    if rank_of(name) % self.world == self.rank:
+                        weights_only.rewrite_file(plan, name, self.weights_policy,
+                                                  self.threads)
+        except InshrinkError as exc:
+            error = exc
+        self._agree(error, self.group)
+        error = None
+        if self.rank == 0:
+            try:
+                for plan in plans:
+                    weights_only.commit(plan)
+                self._retain(newest, keep)
+            except InshrinkError as exc:
+                error = exc
+        self._agree(error, self.group)
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -311,6 +399,28 @@ class ShardedCheckpoints:
         training.apply(self.scheduler, self.extra, rng)
         return step
 
+    def restore_model(self, step: int | None) -> int:
+        """Load the model's items of ``step`` (None: the newest committed step, as rank 0 sees
+        it), whole or weights-only, into the model only, on every rank."""
+        chosen = [step if step is not None else self.latest()]
+        dist.broadcast_object_list(chosen, src=0)
+        step, error, path = chosen[0], None, None
+        try:
+            if step is None:
+                raise InvalidArgumentError(f"no checkpoint in {self.directory}")
+            if step not in self.committed():
+                raise InvalidArgumentError(f"no step {step} in {self.directory} (steps: "
+                                           f"{self.committed()})")
+            path = self.path(step)
+            read_metadata(path)
+        except InshrinkError as exc:
+            error = exc
+        self._agree(error)
+        state = {"model": get_model_state_dict(self.model)}
+        self._load(path, state)
+        set_model_state_dict(self.model, state["model"])
+        return step
+
     def _load(self, path: str, state: dict[str, Any]) -> None:
         """``dcp.load``, a failure as the typed error of the first failing rank."""
         try:
@@ -333,3 +443,8 @@ class ShardedCheckpoints:
                                f"checkpoint")
         return {"document": torch.empty(tuple(document.size), dtype=torch.uint8),
                 "arrays": arrays}
+
+
+def _is_model_fqn(fqn: str) -> bool:
+    """Whether an item of a step is the model's (what a weights-only step keeps)."""
+    return fqn.startswith("model.")

@@ -84,14 +84,15 @@ def write_delta(src: str | os.PathLike, dst: str | os.PathLike, *,
 
 def write_standalone(src: str | os.PathLike, dst: str | os.PathLike, names: list[str], *,
                      src_exact: Mapping[str, np.ndarray], src_codes: Mapping[str, np.ndarray],
-                     level: int | None = None) -> None:
+                     level: int | None = None, metadata: dict[str, str] | None = None) -> None:
     """Write ``dst``: the tensors ``names`` of the file ``src`` (whole or a delta file), none
     of them a delta: each decodes to what it decodes to in ``src``, bit for bit.
 
     ``src_exact``/``src_codes`` are what ``src`` decodes to (against its base, if it has one):
     its lossless tensors and the codes of its quantized ones. A tensor stored as a delta is
     encoded again without its delta stage (a quantized one keeps its levels and escapes, its
-    codes stream re-coded); any other is copied chunk by chunk. The index metadata is kept."""
+    codes stream re-coded); any other is copied chunk by chunk. The index metadata is kept,
+    or replaced by ``metadata``."""
     reader = ContainerReader(src)
     writer = ContainerWriter(dst)
     entropy = Entropy(level)
@@ -119,7 +120,8 @@ def write_standalone(src: str | os.PathLike, dst: str | os.PathLike, names: list
             writer.tensors.append(new)
         reports = any(t.report is not None for t in writer.tensors)
         # the safetensors header describes every tensor of the source: not this subset
-        writer.commit(reader.index.metadata, None, None, file_minor(pipelines, reports))
+        writer.commit(reader.index.metadata if metadata is None else metadata, None, None,
+                      file_minor(pipelines, reports))
     except BaseException:
         writer.abort()
         raise

@@ -1,0 +1,145 @@
+"""A committed sharded checkpoint rewritten in place as a subset of its items (the model's,
+for ``keep_weights`` of the sharded :class:`inshrink.torch.Checkpointer`).
+
+The rewrite is a save into a directory that holds a checkpoint (spec section 25.1.2): every
+rank file is written again, holding only the kept items' chunks, under a new save id; then the
+coordinator writes the chunk map and ``.metadata`` of what is kept, the commit marker last, and
+removes the old rank files. Until that ``.metadata`` is in place the directory reads as the
+whole checkpoint it was (the new files are debris of a save that did not commit); after it, as
+an ordinary checkpoint of the kept items. Any number of processes can share the rank files'
+rewriting (:func:`rewrite_file`, one call per file); one commits (:func:`commit`).
+
+>>> plan = plan_subset("ckpt/step_100", lambda fqn: fqn.startswith("model."))  # doctest: +SKIP
+>>> for name in plan.files: rewrite_file(plan, name)                           # doctest: +SKIP
+>>> commit(plan)                                                                # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+from dataclasses import dataclass
+from typing import Callable
+
+from torch.distributed.checkpoint.metadata import StorageMeta
+
+from ..atomic import AtomicFile
+from ..encode.policy import Policy
+from ..errors import CorruptError, InvalidArgumentError
+from ..io.file import File
+from ..io.rebase import write_standalone
+from ..io.writer import Writer
+from .chunkmap import ChunkMap, TensorItem, find_chunk_map, write_chunk_map
+from .metadata import chunk_map_of, read_metadata
+from .names import METADATA, rank_file_name, rank_of
+from .writer import _new_save_id, _remove_stale
+
+__all__ = ["SubsetPlan", "plan_subset", "rewrite_file", "commit"]
+
+
+@dataclass(frozen=True)
+class SubsetPlan:
+    """What a rewrite keeps: the checkpoint ``path``, the kept items' FQNs, the new save id,
+    and per rank file of the committed checkpoint the tensors of it that stay."""
+
+    path: str
+    fqns: frozenset[str]
+    save_id: str
+    old_save_id: str
+    files: dict[str, tuple[str, ...]]
+
+    def new_name(self, old: str) -> str:
+        """The name of rank file ``old`` once rewritten."""
+        return rank_file_name(rank_of(old), self.save_id)
+
+
+def plan_subset(path: str | os.PathLike, keep: Callable[[str], bool]) -> SubsetPlan:
+    """Plan the rewrite of the committed checkpoint ``path`` keeping the items whose FQN
+    ``keep`` accepts.
+
+    Raises
+    ------
+    InvalidArgumentError
+        No item of the checkpoint is kept.
+    CorruptError, IncompleteCheckpointError
+        ``path`` is not a committed checkpoint (:func:`inshrink.dcp.read_metadata`).
+    """
+    path = os.fspath(path)
+    metadata = read_metadata(path)
+    fqns = frozenset(fqn for fqn in metadata.state_dict_metadata if keep(fqn))
+    if not fqns:
+        raise InvalidArgumentError(f"{path}: none of its items is one to keep (items: "
+                                   f"{sorted(metadata.state_dict_metadata)[:5]} ...)")
+    files: dict[str, list[str]] = {}
+    for index, entry in metadata.storage_data.items():
+        if index.fqn in fqns:
+            files.setdefault(entry["file"], []).append(entry["tensor"])
+    old_ids = {name[10:22] for name in files}
+    if len(old_ids) > 1:
+        raise CorruptError(f"{path}/{METADATA}: rank files of several saves {sorted(old_ids)}")
+    old = old_ids.pop() if old_ids else str(getattr(metadata.storage_meta, "save_id", ""))
+    return SubsetPlan(path, fqns, _new_save_id(), old,
+                      {name: tuple(sorted(tensors)) for name, tensors in sorted(files.items())})
+
+
+def rewrite_file(plan: SubsetPlan, name: str, policy: Policy | str | None = None,
+                 threads: int | None = None) -> None:
+    """Write rank file ``name``'s kept tensors as the file :meth:`SubsetPlan.new_name` names
+    (atomically): bit for bit as stored, or encoded again with ``policy``; its index metadata
+    names the new save id."""
+    source = os.path.join(plan.path, name)
+    target = os.path.join(plan.path, plan.new_name(name))
+    tensors = list(plan.files[name])
+    with File(source, threads=threads, mmap=False) as f:
+        metadata = {**f.metadata, "dcp.save_id": plan.save_id}
+        if policy is None:
+            write_standalone(source, target, tensors, src_exact={}, src_codes={},
+                             metadata=metadata)
+            return
+        with Writer(target, metadata, policy=policy, threads=threads) as out:
+            for tensor in tensors:
+                out.add(tensor, f.read(tensor))
+
+
+def commit(plan: SubsetPlan) -> None:
+    """Once every rank file is rewritten: write the chunk map and ``.metadata`` of the kept
+    items (the commit marker last), then remove the old rank files."""
+    metadata = read_metadata(plan.path)
+    kept = plan.fqns
+    storage = {index: {"file": plan.new_name(e["file"]), "tensor": e["tensor"]}
+               for index, e in metadata.storage_data.items() if index.fqn in kept}
+    missing = sorted({e["file"] for e in storage.values()
+                      if not os.path.isfile(os.path.join(plan.path, e["file"]))})
+    if missing:
+        raise InvalidArgumentError(f"{plan.path}: {missing[0]} is not written: every rank "
+                                   f"file must be rewritten before the commit")
+    planner_data = metadata.planner_data
+    if isinstance(planner_data, dict):
+        planner_data = {k: v for k, v in planner_data.items() if k in kept}
+    subset = dataclasses.replace(
+        metadata,
+        state_dict_metadata={k: v for k, v in metadata.state_dict_metadata.items() if k in kept},
+        storage_data=storage, planner_data=planner_data,
+        storage_meta=StorageMeta(checkpoint_id=plan.path, save_id=plan.save_id))
+    write_chunk_map(plan.path, _chunk_map(plan, subset))
+    with AtomicFile(os.path.join(plan.path, METADATA)) as target:  # the commit, last
+        pickle.dump(subset, target.file, protocol=pickle.HIGHEST_PROTOCOL)
+    _remove_stale(plan.path, set(plan.new_name(name) for name in plan.files))
+
+
+def _chunk_map(plan: SubsetPlan, subset) -> ChunkMap:
+    """The kept items of the committed chunk map (their typed values kept), under the new
+    files and save id; from ``subset``'s metadata where the checkpoint has no map."""
+    whole = find_chunk_map(plan.path, check_files=False)
+    if whole is None or whole.save_id != plan.old_save_id:
+        return chunk_map_of(subset, plan.save_id)
+    items = []
+    for item in whole.items:
+        if item.fqn not in plan.fqns:
+            continue
+        if isinstance(item, TensorItem):
+            items.append(dataclasses.replace(item, chunks=tuple(
+                dataclasses.replace(c, file=plan.new_name(c.file)) for c in item.chunks)))
+        else:
+            items.append(dataclasses.replace(item, file=plan.new_name(item.file)))
+    return ChunkMap(plan.save_id, tuple(items))
