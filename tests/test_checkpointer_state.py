@@ -236,7 +236,7 @@ def test_keep_weights_keeps_older_steps_as_the_models_tensors_only(tmp_path, pol
     assert ckpt.steps() == [6, 7] and ckpt.weights_steps() == [3, 4, 5, 6, 7]
     series = Series(tmp_path / "c")  # one directory: the older steps rewritten in place
     assert series.weights_only_steps() == [3, 4, 5] and series.steps() == [3, 4, 5, 6, 7]
-    assert not (tmp_path / "c" / Checkpointer.WEIGHTS).exists()
+    assert not (tmp_path / "c" / "weights").exists()
     for step in (3, 4, 5):  # the model's tensors only, as the whole step decoded them
         got = series.load(step)
         assert got.keys() == {n for n in stored[step] if n.startswith("model.")}

@@ -25,13 +25,14 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 
 from ..atomic import AtomicFile
 from ..encode.policy import Policy
+from ..encode.policy import resolve as resolve_policy
 from ..errors import CorruptError, InvalidArgumentError
 from ..io.file import File
 from ..io.rebase import write_standalone
 from ..io.writer import Writer
 from .chunkmap import ChunkMap, TensorItem, find_chunk_map, write_chunk_map
 from .metadata import chunk_map_of, read_metadata
-from .names import METADATA, rank_file_name, rank_of
+from .names import BYTES_PREFIX, METADATA, rank_file_name, rank_of
 from .writer import _new_save_id, _remove_stale
 
 __all__ = ["SubsetPlan", "plan_subset", "rewrite_file", "commit"]
@@ -46,7 +47,8 @@ class SubsetPlan:
     fqns: frozenset[str]
     save_id: str
     old_save_id: str
-    files: dict[str, tuple[str, ...]]
+    files: dict[str, tuple[tuple[str, str], ...]]
+    """Per rank file, its kept tensors: (stored name, the item's FQN) each."""
 
     def new_name(self, old: str) -> str:
         """The name of rank file ``old`` once rewritten."""
@@ -70,10 +72,10 @@ def plan_subset(path: str | os.PathLike, keep: Callable[[str], bool]) -> SubsetP
     if not fqns:
         raise InvalidArgumentError(f"{path}: none of its items is one to keep (items: "
                                    f"{sorted(metadata.state_dict_metadata)[:5]} ...)")
-    files: dict[str, list[str]] = {}
+    files: dict[str, list[tuple[str, str]]] = {}
     for index, entry in metadata.storage_data.items():
         if index.fqn in fqns:
-            files.setdefault(entry["file"], []).append(entry["tensor"])
+            files.setdefault(entry["file"], []).append((entry["tensor"], index.fqn))
     old_ids = {name[10:22] for name in files}
     if len(old_ids) > 1:
         raise CorruptError(f"{path}/{METADATA}: rank files of several saves {sorted(old_ids)}")
@@ -85,18 +87,28 @@ def plan_subset(path: str | os.PathLike, keep: Callable[[str], bool]) -> SubsetP
 def rewrite_file(plan: SubsetPlan, name: str, policy: Policy | str | None = None,
                  threads: int | None = None) -> None:
     """Write rank file ``name``'s kept tensors as the file :meth:`SubsetPlan.new_name` names
-    (atomically): bit for bit as stored, or encoded again with ``policy``; its index metadata
-    names the new save id."""
+    (atomically): bit for bit as stored, or encoded again with ``policy`` (each chunk
+    configured by its item's FQN, as :class:`inshrink.dcp.InkStorageWriter` configures it);
+    its index metadata names the new save id."""
     source = os.path.join(plan.path, name)
     target = os.path.join(plan.path, plan.new_name(name))
-    tensors = list(plan.files[name])
+    tensors = [tensor for tensor, _ in plan.files[name]]
     with File(source, threads=threads, mmap=False) as f:
         metadata = {**f.metadata, "dcp.save_id": plan.save_id}
         if policy is None:
             write_standalone(source, target, tensors, src_exact={}, src_codes={},
                              metadata=metadata)
             return
-        with Writer(target, metadata, policy=policy, threads=threads) as out:
+        chosen, configs = resolve_policy(policy), {}
+        infos = {info.name: info for info in f.infos()}
+        for tensor, fqn in plan.files[name]:
+            info = infos[tensor]
+            if not tensor.startswith(BYTES_PREFIX):
+                _, config = chosen.config_for(fqn, info.dtype, info.shape)
+                if config is not None:
+                    configs[tensor] = config
+        with Writer(target, metadata, policy=Policy(tensors=configs),
+                    threads=threads) as out:
             for tensor in tensors:
                 out.add(tensor, f.read(tensor))
 
