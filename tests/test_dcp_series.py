@@ -97,6 +97,23 @@ def test_2_ranks_series_restores_every_step_and_a_new_world_size_starts_a_keyfra
     assert {r["codec"].split("+")[0] for r in rows[3]} >= {"xor"}
     assert sum(r["stored_bytes"] for r in rows[3]) < sum(r["stored_bytes"] for r in rows[4])
 
+    # keep=2, keep_weights=2: each rank rewrote its file of the step leaving the two newest
+    weights = InkSeries(tmp_path / "weights", threads=1)
+    assert weights.steps() == [3, 4, 5, 6] and weights.weights_only_steps() == [3, 4]
+    assert json.loads((tmp_path / "weights" / MANIFEST).read_text())["version"] == 2
+    assert weights.verify() == []
+    for step in (3, 4):
+        entry = weights.entry(step)
+        assert entry.base is None and len(entry.files) == 2
+        assert all(f.file.endswith(".w.ink") for f in entry.files)
+        assert {r["fqn"].split(".")[0] for r in weights.describe(step)} == {"model"}
+        reference = torch.load(tmp_path / f"ref_{step}.pt", weights_only=False)
+        model = {"model": blank(reference["model"])}
+        dcp.load(model, storage_reader=weights.reader(step), no_dist=True)
+        base.assert_bit_equal({"model": reference["model"]}, model)
+    whole = {r["fqn"].split(".")[0] for r in weights.describe(6)}
+    assert {"model", "optim"} <= whole
+
     lossy = InkSeries(tmp_path / "lossy", threads=1)
     assert lossy.steps() == [2, 3, 4, 5, 6]  # keep=5
     assert not os.path.exists(tmp_path / "lossy" / f"step_{1:012d}")
@@ -506,7 +523,7 @@ def _mutations(doc):
         ("M-1", errors.CorruptError, b"\xff"),
         ("M-2", errors.CorruptError, changed(lambda d: d.update(format="inshrink-series"))),
         ("M-3", errors.CorruptError, changed(lambda d: d.update(version="1"))),
-        ("M-3", errors.UnsupportedVersionError, changed(lambda d: d.update(version=2))),
+        ("M-3", errors.UnsupportedVersionError, changed(lambda d: d.update(version=3))),
         ("M-4", errors.CorruptError, changed(lambda d: d.update(note="x"))),
         ("M-5", errors.CorruptError, changed(lambda d: first(d).pop("layout"))),
         ("M-6", errors.CorruptError, changed(lambda d: d["checkpoints"][1].update(step=1))),
@@ -521,9 +538,18 @@ def _mutations(doc):
             name="rank00001" + file0(d)["name"][9:]))),
         ("M-13", errors.CorruptError, changed(lambda d: file0(d).update(
             file=file0(d)["name"]))),
+        # a weights-only file name: only in version 2, and only for a whole step
+        ("M-13", errors.CorruptError, changed(lambda d: d["checkpoints"][1]["files"][0].update(
+            file=d["checkpoints"][1]["files"][0]["name"][:-4] + ".w.ink"))),
+        ("M-13", errors.CorruptError, changed(lambda d: (d.update(version=2), file0(d).update(
+            file=file0(d)["name"][:-4] + ".w.ink")))),
         ("M-14", errors.CorruptError, changed(lambda d: file0(d).update(sha256="0" * 63))),
         ("M-14", errors.CorruptError, changed(lambda d: file0(d).update(bytes=-1))),
         ("M-15", errors.CorruptError, changed(lambda d: d["checkpoints"].pop())),
+        # version 2: no step is a delta against a weights-only one
+        ("M-15", errors.CorruptError, changed(lambda d: (
+            d.update(version=2), d["checkpoints"][1]["files"][0].update(
+                file=d["checkpoints"][1]["files"][0]["name"][:-4] + ".w.ink")))),
         ("M-16", errors.BaseMismatchError, changed(lambda d: d["checkpoints"][1].update(
             world_size=2))),
     ]
@@ -582,10 +608,12 @@ def _load_step(rank, world, series, step, out):
 def _series_2(rank, world, directory):
     lossless = InkSeries(os.path.join(directory, "lossless"), keyframe_every=4, threads=1)
     lossy = InkSeries(os.path.join(directory, "lossy"), policy="balanced", keep=5, threads=1)
+    weights = InkSeries(os.path.join(directory, "weights"), keep=2, keep_weights=2, threads=1)
     model, optim, sched = base._sharded(world, seed=0)
     for step in range(1, 7):
         base._train(model, optim, sched, 1, seed=step)
-        _save_step(rank, world, directory, model, optim, sched, step, (lossless,), (lossy,))
+        _save_step(rank, world, directory, model, optim, sched, step, (lossless, weights),
+                   (lossy,))
 
 
 def _series_3(rank, world, directory):

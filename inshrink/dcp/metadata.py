@@ -18,7 +18,8 @@ from ..errors import CorruptError, IncompleteCheckpointError
 from ..torch.convert import dtype_name
 from .calls import checked_path
 from .chunkmap import Chunk, ChunkMap, TensorItem, ValueItem
-from .names import BYTES_PREFIX, METADATA, delta_name, is_rank_file, is_rank_temporary
+from .names import (BYTES_PREFIX, METADATA, delta_name, is_rank_file, is_rank_temporary,
+                    weights_name)
 
 __all__ = ["METADATA_FILE", "BYTES_PREFIX", "read_metadata", "read_metadata_file",
            "check_metadata", "chunk_map_of"]
@@ -83,11 +84,13 @@ def read_metadata(path: str | os.PathLike) -> Metadata:
     marker = os.path.join(os.fspath(path), METADATA)
     for name in sorted({entry["file"] for entry in metadata.storage_data.values()}):
         if not os.path.isfile(os.path.join(path, name)):
-            if name.endswith(".ink") and os.path.isfile(os.path.join(path, delta_name(name))):
-                # a series' older step
-                raise CorruptError(f"{os.path.join(path, name)}: missing (named by {marker}); "
-                                   f"{delta_name(name)} is its delta in a series: read the "
-                                   f"step through inshrink.dcp.InkSeries")
+            for stored, what in ((delta_name(name), "delta"),
+                                 (weights_name(name), "model-only file")):
+                if name.endswith(".ink") and os.path.isfile(os.path.join(path, stored)):
+                    # a series' older step
+                    raise CorruptError(f"{os.path.join(path, name)}: missing (named by "
+                                       f"{marker}); {stored} is its {what} in a series: read "
+                                       f"the step through inshrink.dcp.InkSeries")
             raise IncompleteCheckpointError(f"{os.path.join(path, name)}: missing (named by "
                                             f"{marker}): the checkpoint is incomplete")
     return metadata

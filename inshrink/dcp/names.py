@@ -9,7 +9,8 @@ A checkpoint directory holds ``.metadata`` (the commit marker), ``chunks.json`` 
 map, readable without torch: :mod:`inshrink.dcp.chunkmap`) and one file per rank and save,
 ``rank<5 digits>-<12 hex: the save id>.ink``; in a series, the steps are directories
 ``step_<12 digits>`` beside ``series.json``, and a rank file of an older step is rewritten as
-a delta, ``rank<5 digits>-<12 hex>.d.ink``. Each is written as a hidden temporary beside it,
+a delta, ``rank<5 digits>-<12 hex>.d.ink``, or as its model only (a weights-only step),
+``rank<5 digits>-<12 hex>.w.ink``. Each is written as a hidden temporary beside it,
 ``.<name>.<random>.tmp``, and renamed into place.
 """
 from __future__ import annotations
@@ -18,7 +19,8 @@ import re
 import reprlib
 
 __all__ = ["METADATA", "CHUNK_MAP", "BYTES_PREFIX", "SERIES_MANIFEST", "STEP_DIR_SHAPE",
-           "rank_file_name", "delta_name", "step_dir", "is_rank_file", "is_delta_file",
+           "rank_file_name", "delta_name", "weights_name", "step_dir", "is_rank_file",
+           "is_delta_file", "is_weights_file",
            "is_rank_temporary", "is_series_temporary", "is_chunk_map_temporary",
            "is_rank_name", "rank_of", "step_of", "is_step_dir"]
 
@@ -41,11 +43,12 @@ STEP_DIR_SHAPE = "step_<12 digits>"
 _RANK = r"rank([0-9]{5})-[0-9a-f]{12}"
 _RANK_FILE = re.compile(_RANK + r"\.ink")
 _DELTA_FILE = re.compile(_RANK + r"\.d\.ink")
-_ANY_RANK_FILE = re.compile(_RANK + r"(?:\.d)?\.ink")
+_WEIGHTS_FILE = re.compile(_RANK + r"\.w\.ink")
+_ANY_RANK_FILE = re.compile(_RANK + r"(?:\.[dw])?\.ink")
 # a hidden temporary: "." + the name + "." + mkstemp's random part + ".tmp"
 _RANK_TEMPORARY = re.compile(r"\." + _RANK + r"\.ink\..*\.tmp")
-_ANY_RANK_TEMPORARY = re.compile(r"\." + _RANK + r"(?:\.d)?\.ink\..*\.tmp")
-_SERIES_TEMPORARY = re.compile(r"\.(?:series\.json|" + _RANK + r"(?:\.d)?\.ink)\..*\.tmp")
+_ANY_RANK_TEMPORARY = re.compile(r"\." + _RANK + r"(?:\.[dw])?\.ink\..*\.tmp")
+_SERIES_TEMPORARY = re.compile(r"\.(?:series\.json|" + _RANK + r"(?:\.[dw])?\.ink)\..*\.tmp")
 _CHUNK_MAP_TEMPORARY = re.compile(r"\.chunks\.json\..*\.tmp")
 _STEP_DIR = re.compile(r"step_([0-9]{12})")
 
@@ -58,6 +61,12 @@ def rank_file_name(rank: int, save_id: str) -> str:
 def delta_name(name: str) -> str:
     """The name of the rank file ``name`` once rewritten as a delta (``.ink`` -> ``.d.ink``)."""
     return name[:-len(".ink")] + ".d.ink"
+
+
+def weights_name(name: str) -> str:
+    """The name of the rank file ``name`` once rewritten as its kept (model) tensors only
+    (``.ink`` -> ``.w.ink``)."""
+    return name[:-len(".ink")] + ".w.ink"
 
 
 def step_dir(step: int) -> str:
@@ -77,6 +86,11 @@ def is_rank_file(name: object) -> bool:
 def is_delta_file(name: object) -> bool:
     """Whether ``name`` is a rank file rewritten as a delta: ``rank<5 digits>-<12 hex>.d.ink``."""
     return _full(_DELTA_FILE, name) is not None
+
+
+def is_weights_file(name: object) -> bool:
+    """Whether ``name`` is a rank file of a weights-only step: ``rank<5 digits>-<12 hex>.w.ink``."""
+    return _full(_WEIGHTS_FILE, name) is not None
 
 
 def is_rank_temporary(name: object) -> bool:

@@ -60,13 +60,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import reprlib
 import threading
 import uuid
 import weakref
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem, SavePlan, SavePlanner
@@ -81,9 +82,11 @@ from .consolidation import checked_output, consolidate_to
 from .inspect import describe_metadata
 from .metadata import chunk_map_of, read_metadata_file
 from .names import (CHUNK_MAP, METADATA, SERIES_MANIFEST, delta_name, is_delta_file,
-                    is_rank_file, is_series_temporary, is_step_dir, rank_of, step_dir)
+                    is_rank_file, is_series_temporary, is_step_dir, is_weights_file, rank_of,
+                    step_dir, weights_name)
 from .reader import InkStorageReader
 from .writer import InkStorageWriter
+from . import weights_only
 from ..errors import (BaseMismatchError, CorruptError, InshrinkError, InvalidArgumentError,
                       LimitExceededError, SeriesLockedError, UnsupportedVersionError)
 from .. import strict_json
@@ -100,6 +103,8 @@ from ..series.manifest import (MAX_MANIFEST_BYTES, SHA256, check_after, check_ne
                                file_problem, find_entry, has_exactly, read_manifest,
                                step_problem, write_manifest)
 
+_LOG = logging.getLogger("inshrink.dcp")
+
 __all__ = ["InkSeries", "InkSeriesWriter", "InkSeriesReader", "Step", "RankFile", "MANIFEST",
            "decode_manifest"]
 
@@ -107,6 +112,8 @@ MANIFEST = SERIES_MANIFEST
 """The manifest's file name (:data:`inshrink.dcp.names.SERIES_MANIFEST`), by its public name."""
 FORMAT = "inshrink-dcp-series"
 VERSION = 1
+WEIGHTS_VERSION = 2
+"""The manifest version of a series that lists a weights-only step (spec section 25.3)."""
 _RESULT_FQN = "__inshrink_series__"
 """The index of the write result that carries a rank's files to the coordinator (never
 stored: :meth:`InkSeriesWriter.finish` takes it out before DCP's metadata is written)."""
@@ -120,7 +127,7 @@ class RankFile:
     name: str
     """The file name the step's ``.metadata`` uses."""
     file: str
-    """The file that holds it: ``name``, or its ``.d.ink`` delta."""
+    """The file that holds it: ``name``, its ``.d.ink`` delta, or its ``.w.ink`` model only."""
     sha256: str
     bytes: int
 
@@ -143,6 +150,11 @@ class Step:
     def keyframe(self) -> bool:
         """Stored whole (not a delta)."""
         return self.base is None
+
+    @property
+    def weights_only(self) -> bool:
+        """Kept as its model's items only (manifest version 2: its files are ``.w.ink``)."""
+        return bool(self.files) and all(f.file == weights_name(f.name) for f in self.files)
 
     def file_of(self, rank: int) -> RankFile | None:
         return next((f for f in self.files if f.rank == rank), None)
@@ -173,9 +185,10 @@ def parse_manifest(doc: Any, path: str = SERIES_MANIFEST) -> list[Step]:
         _fail("M-2", path, f"not an object with format {FORMAT!r}")
     if type(doc.get("version")) is not int:
         _fail("M-3", path, "version must be an integer")
-    if doc["version"] != VERSION:
-        _fail("M-3", path, f"version {doc['version']}; this reader reads version {VERSION}",
-              UnsupportedVersionError)
+    if doc["version"] not in (VERSION, WEIGHTS_VERSION):
+        _fail("M-3", path, f"version {doc['version']}; this reader reads versions {VERSION} "
+                           f"and {WEIGHTS_VERSION}", UnsupportedVersionError)
+    version = doc["version"]
     if set(doc) != {"format", "version", "checkpoints"} or type(doc["checkpoints"]) is not list:
         _fail("M-4", path, "must have exactly the members checkpoints, format, version, "
                            "checkpoints a list")
@@ -196,6 +209,7 @@ def parse_manifest(doc: Any, path: str = SERIES_MANIFEST) -> list[Step]:
         if type(e["files"]) is not list:
             _fail("M-10", path, f"step {step}: files must be a list")
         files: list[RankFile] = []
+        weights = False  # a weights-only step (version 2): its files are .w.ink
         for f in e["files"]:
             if not has_exactly(f, {"rank", "name", "file", "sha256", "bytes"}):
                 _fail("M-10", path, f"step {step}: a file must have exactly the keys bytes, "
@@ -208,7 +222,10 @@ def parse_manifest(doc: Any, path: str = SERIES_MANIFEST) -> list[Step]:
             if not is_rank_file(name) or rank_of(name) != rank:
                 _fail("M-12", path, f"step {step}: {reprlib.repr(name)} is not a file name of "
                                     f"rank {rank}")
-            expected = name if base is None else delta_name(name)
+            if version == WEIGHTS_VERSION and base is None and not files:
+                weights = f["file"] == weights_name(name)  # the first file says for the step
+            expected = (weights_name(name) if weights else name) if base is None \
+                else delta_name(name)
             if f["file"] != expected:
                 _fail("M-13", path, f"step {step}: rank {rank}'s file must be {expected!r}")
             if (why := file_problem(step, f["sha256"], f["bytes"])) is not None:
@@ -222,6 +239,9 @@ def parse_manifest(doc: Any, path: str = SERIES_MANIFEST) -> list[Step]:
         base = by_step.get(s.base)
         if base is None:
             _fail("M-15", path, f"step {s.step}: base step {s.base} is not in the manifest")
+        if base.weights_only:
+            _fail("M-15", path, f"step {s.step}: base step {s.base} keeps its model only; "
+                                f"no step is a delta against one")
         if base.world_size != s.world_size or base.layout != s.layout or (
                 {f.rank for f in base.files} != {f.rank for f in s.files}):
             first = os.path.join(s.dir, s.files[0].file) if s.files else s.dir
@@ -257,6 +277,9 @@ class _Task:
     previous: tuple[str, str] | None
     """The previous step's whole file of this rank to rewrite as a delta: (path from the
     series directory, the manifest's SHA-256 of it)."""
+    models: tuple[tuple[int, int, tuple[tuple[str, str], ...]], ...] = ()
+    """The files of steps leaving the ``keep`` newest that this rank rewrites as their
+    model's items: (step, the file's rank, its kept (stored name, FQN) pairs) each."""
 
 
 @dataclass(frozen=True)
@@ -266,6 +289,8 @@ class _Written:
     rank: int
     whole: RankFile | None
     delta: RankFile | None
+    models: tuple[tuple[int, RankFile], ...] = ()
+    """The weights-only files written: (step, its file) each."""
 
 
 class InkSeries:
@@ -289,6 +314,18 @@ class InkSeries:
         ``None`` keeps every step.
     threads : int, optional
         Encoder/decoder threads per rank (default: every core).
+    keep_weights : int, optional
+        With ``keep``: also keep this many steps before the ``keep`` newest as their model's
+        items only (a weights-only step). A step leaving the ``keep`` newest is rewritten
+        once, in the save that makes it leave: every rank writes its file of it again with
+        those items only (``rank…-<id>.w.ink``, decoded through its chain: bit for bit as
+        stored, unless ``weights_policy``), the manifest switch commits them with the new
+        step, and the step's ``.metadata`` and chunk map then describe those items only.
+    model : callable, optional
+        Which items are the model's, by fully-qualified name (default: those under
+        ``model.``, as ``{"model": ..., "optim": ...}`` states name them).
+    weights_policy : Policy, str or None
+        Encode the weights-only steps' items again with this policy.
 
     Notes
     -----
@@ -317,14 +354,25 @@ class InkSeries:
 
     def __init__(self, directory: str | os.PathLike, policy: Policy | str | None = None, *,
                  keyframe_every: int = 10, keep: int | None = None,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, keep_weights: int | None = None,
+                 model: Callable[[str], bool] | None = None,
+                 weights_policy: Policy | str | None = None) -> None:
         if not isinstance(directory, (str, os.PathLike)):
             raise InvalidArgumentError("directory must be a str or os.PathLike")
         if type(keyframe_every) is not int or keyframe_every < 1:
             raise InvalidArgumentError("keyframe_every must be a positive integer")
         if keep is not None and (type(keep) is not int or keep < 1):
             raise InvalidArgumentError("keep must be a positive integer or None")
+        if keep_weights is not None and (type(keep_weights) is not int or keep_weights < 1
+                                         or keep is None):
+            raise InvalidArgumentError("keep_weights must be a positive integer, with keep")
+        if model is not None and not callable(model):
+            raise InvalidArgumentError("model must be a predicate on an item's name")
         resolve_policy(policy)  # a bad policy fails here, not in the middle of a save
+        resolve_policy(weights_policy)
+        self.keep_weights = keep_weights
+        self.model = model if model is not None else _is_model_item
+        self.weights_policy = weights_policy
         self.directory = os.fspath(directory)
         self.policy = policy
         self.keyframe_every = keyframe_every
@@ -395,11 +443,16 @@ class InkSeries:
         return [] if raw is None else decode_manifest(raw, path)
 
     def _write_manifest(self, steps: list[Step]) -> None:
-        write_manifest(self._path(SERIES_MANIFEST), FORMAT, VERSION, steps)
+        version = WEIGHTS_VERSION if any(s.weights_only for s in steps) else VERSION
+        write_manifest(self._path(SERIES_MANIFEST), FORMAT, version, steps)
 
     def steps(self) -> list[int]:
-        """The committed steps, ascending."""
+        """The committed steps, ascending (weights-only ones included)."""
         return [s.step for s in self.checkpoints()]
+
+    def weights_only_steps(self) -> list[int]:
+        """The committed steps kept as their model's items only (``keep_weights``)."""
+        return [s.step for s in self.checkpoints() if s.weights_only]
 
     def latest(self) -> int | None:
         """The newest committed step, or None for an empty series."""
@@ -469,6 +522,62 @@ class InkSeries:
         if file_sha256(path) != file.sha256:
             raise BaseMismatchError(f"[M-19] {path}: content differs from "
                                     f"{self._path(SERIES_MANIFEST)}")
+
+    # -- retention -------------------------------------------------------------------------
+
+    def _retention(self, steps: list[Step]) -> tuple[set[int] | None, set[int]]:
+        """For the save of a new step after ``steps``: the older steps it keeps (None:
+        all), and those that leave the ``keep`` newest to become weights-only."""
+        if self.keep is None:
+            return None, set()
+        whole = [s.step for s in steps if not s.weights_only]
+        kept = whole[-(self.keep - 1):] if self.keep > 1 else []
+        if self.keep_weights is None:
+            return set(kept), set()
+        gone = whole[:len(whole) - len(kept)]
+        models = sorted({s.step for s in steps if s.weights_only} | set(gone))
+        models = models[-self.keep_weights:]
+        return set(kept) | set(models), {s for s in gone if s in models}
+
+    def _model_jobs(self, steps: list[Step], leaving: set[int], world: int
+                    ) -> list[tuple[tuple[int, int, tuple[tuple[str, str], ...]], ...]]:
+        """Per rank of a save of ``world`` ranks, the weights-only rewrites it does: each
+        file of a step ``leaving`` goes to the rank of its own number modulo ``world``."""
+        jobs: list[list] = [[] for _ in range(world)]
+        for entry in steps:
+            if entry.step not in leaving:
+                continue
+            path = self._path(entry.dir)
+            metadata = read_metadata_file(path)
+            _check_metadata_files(metadata, entry, path)
+            kept: dict[str, list[tuple[str, str]]] = {}
+            for index, e in metadata.storage_data.items():
+                if self.model(index.fqn):
+                    kept.setdefault(e["file"], []).append((e["tensor"], index.fqn))
+            if not kept:
+                raise InvalidArgumentError(f"{path}: none of its items is the model's "
+                                           f"(model=...); it cannot be kept as weights only")
+            for file in entry.files:
+                jobs[file.rank % world].append((entry.step, file.rank,
+                                                tuple(sorted(kept.get(file.name, [])))))
+        return [tuple(j) for j in jobs]
+
+    def _describe_kept(self, steps: list[Step]) -> None:
+        """Make each weights-only step's ``.metadata`` and chunk map describe only what its
+        files hold (after the manifest switch that committed them; again at a later save if
+        a crash came between)."""
+        for entry in steps:
+            if not entry.weights_only:
+                continue
+            try:
+                kept = {}
+                for f in entry.files:
+                    with File(self._path(entry.dir, f.file), threads=1, mmap=False) as opened:
+                        kept[f.name] = set(opened.keys())
+                weights_only.kept_items(self._path(entry.dir), kept)
+            except (InshrinkError, OSError) as exc:  # the step is committed: say, go on
+                _LOG.warning("%s: its .metadata still describes the whole step (%s); the "
+                             "next save tries again", self._path(entry.dir), exc)
 
     # -- inspection ------------------------------------------------------------------------
 
@@ -549,7 +658,8 @@ class InkSeries:
                 except OSError:
                     continue
                 out += [os.path.join(name, n) for n in inside if n not in listed[name] and (
-                    is_rank_file(n) or is_delta_file(n) or is_series_temporary(n))]
+                    is_rank_file(n) or is_delta_file(n) or is_weights_file(n)
+                    or is_series_temporary(n))]
         return out
 
 
@@ -645,13 +755,17 @@ class InkSeriesWriter(InkStorageWriter):
             len(plans), layout)
         previous = steps[-1] if previous_becomes_delta(
             steps, self.series.keyframe_every, compatible=same_sharding) else None
-        self._pending = (layout, previous)
+        keep, leaving = self.series._retention(steps)
+        if previous is not None and previous.step in leaving:
+            previous = None  # rewritten as its model from its whole file: no delta first
+        models = self.series._model_jobs(steps, leaving, len(plans))
+        self._pending = (layout, previous, keep, leaving)
         tasks = []
         for rank, plan in enumerate(plans):
             old = None if previous is None else previous.file_of(rank)
             tasks.append(dataclasses.replace(plan, storage_data=_Task(
                 plan.storage_data, None if old is None else (
-                    os.path.join(previous.dir, old.file), old.sha256))))
+                    os.path.join(previous.dir, old.file), old.sha256), models[rank])))
         make_directory(self.path, "step directory")
         return tasks
 
@@ -670,9 +784,37 @@ class InkSeriesWriter(InkStorageWriter):
                              os.path.getsize(path))
             if task.previous is not None:
                 delta = self._rewrite_previous(task, exact, codes or {})
+        models = []
+        for step, rank, kept in task.models:
+            try:
+                models.append((step, self._rewrite_model(step, rank, kept)))
+            except InshrinkError as exc:  # a damaged step is dropped, not kept; saves go on
+                _LOG.warning("step %d of %s: rank %d's file cannot be kept as its model "
+                             "(%s); the step is removed", step, self.series.directory, rank,
+                             exc)
+        models = tuple(models)
         results.append(WriteResult(index=MetadataIndex(_RESULT_FQN), size_in_bytes=0,
-                                   storage_data=_Written(self.rank, whole, delta)))
+                                   storage_data=_Written(self.rank, whole, delta, models)))
         return done(results)
+
+    def _rewrite_model(self, step: int, rank: int, kept: tuple[tuple[str, str], ...]
+                       ) -> RankFile:
+        """Write ``rank``'s file of ``step`` again as its ``kept`` tensors only (the
+        ``.w.ink`` file beside it), decoded through its chain, every file of which is checked
+        against the manifest."""
+        series = self.series
+        chain = series.chain(step, rank)
+        entry, file = chain[-1]
+        source = series._path(entry.dir, file.file)
+        exact, codes = replay(chain, series._decode_link, codes_of_last=True)
+        target = series._path(entry.dir, weights_name(file.name))
+        with named(source, lambda: File(source, threads=1, mmap=False)) as f:
+            metadata = f.metadata
+        named(source, lambda: weights_only.write_kept(
+            source, target, kept, metadata, series.weights_policy, series.threads,
+            decoded=exact, codes=codes))
+        return RankFile(file.rank, file.name, weights_name(file.name), file_sha256(target),
+                        os.path.getsize(target))
 
     def _rewrite_previous(self, task: _Task, exact: dict, codes: dict) -> RankFile | None:
         """Write this rank's file of the previous step again, as a delta against the file
@@ -714,7 +856,7 @@ class InkSeriesWriter(InkStorageWriter):
             kept.append([r for r in rank_results if not isinstance(r.storage_data, _Written)])
         if self._pending is None:
             raise InvalidArgumentError("finish before prepare_global_plan")
-        layout, previous = self._pending
+        layout, previous, keep, leaving = self._pending
         super().finish(metadata, kept)  # the step's .metadata: all its rank files are in place
         steps = self.series.checkpoints()
         check_after(steps, self.step, f"the series {self.series.directory}")
@@ -727,13 +869,27 @@ class InkSeriesWriter(InkStorageWriter):
             if len(deltas) == len(previous.files):  # else a file was damaged: stays whole
                 steps[-1] = dataclasses.replace(previous, base=self.step, files=deltas)
                 replaced = [os.path.join(previous.dir, f.file) for f in previous.files]
+        models: dict[int, list[RankFile]] = {}
+        for _, w in sorted(written.items()):
+            for step, file in w.models:
+                models.setdefault(step, []).append(file)
+        for i, entry in enumerate(steps):
+            if entry.step not in leaving:
+                continue
+            if len(models.get(entry.step, ())) == len(entry.files):
+                steps[i] = dataclasses.replace(entry, base=None, files=tuple(
+                    sorted(models[entry.step], key=lambda f: f.rank)))
+                replaced += [os.path.join(entry.dir, f.file) for f in entry.files]
+            else:  # a file could not be rewritten: the step goes, as without keep_weights
+                keep = keep - {entry.step}
         files = tuple(w.whole for _, w in sorted(written.items()) if w.whole is not None)
         steps.append(Step(self.step, len(results), layout, None, files))
-        if self.series.keep is not None:
-            steps = steps[-self.series.keep:]  # a base is always newer: older ones can go
+        if keep is not None:  # a base is always newer: older ones can go
+            steps = [s for s in steps if s.step in keep or s.step == self.step]
         self.series._write_manifest(steps)
         for name in replaced + self.series._debris(steps):  # only now: nothing lists them
             remove(self.series._path(name), tree=True)
+        self.series._describe_kept(steps)
 
 
 class InkSeriesReader(InkStorageReader):
@@ -798,3 +954,8 @@ class InkSeriesReader(InkStorageReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
         return False  # made by InkSeries.reader, never from a checkpoint_id
+
+
+def _is_model_item(fqn: str) -> bool:
+    """The default ``model``: the items of a state's ``model`` entry."""
+    return fqn.startswith("model.")

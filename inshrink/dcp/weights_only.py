@@ -19,7 +19,9 @@ import dataclasses
 import os
 import pickle
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Collection, Mapping
+
+import numpy as np
 
 from torch.distributed.checkpoint.metadata import StorageMeta
 
@@ -31,11 +33,11 @@ from ..io.file import File
 from ..io.rebase import write_standalone
 from ..io.writer import Writer
 from .chunkmap import ChunkMap, TensorItem, find_chunk_map, write_chunk_map
-from .metadata import chunk_map_of, read_metadata
+from .metadata import chunk_map_of, read_metadata, read_metadata_file
 from .names import BYTES_PREFIX, METADATA, rank_file_name, rank_of
 from .writer import _new_save_id, _remove_stale
 
-__all__ = ["SubsetPlan", "plan_subset", "rewrite_file", "commit"]
+__all__ = ["SubsetPlan", "plan_subset", "rewrite_file", "write_kept", "commit", "kept_items"]
 
 
 @dataclass(frozen=True)
@@ -87,21 +89,33 @@ def plan_subset(path: str | os.PathLike, keep: Callable[[str], bool]) -> SubsetP
 def rewrite_file(plan: SubsetPlan, name: str, policy: Policy | str | None = None,
                  threads: int | None = None) -> None:
     """Write rank file ``name``'s kept tensors as the file :meth:`SubsetPlan.new_name` names
-    (atomically): bit for bit as stored, or encoded again with ``policy`` (each chunk
-    configured by its item's FQN, as :class:`inshrink.dcp.InkStorageWriter` configures it);
-    its index metadata names the new save id."""
+    (atomically, :func:`write_kept`); its index metadata names the new save id."""
     source = os.path.join(plan.path, name)
-    target = os.path.join(plan.path, plan.new_name(name))
-    tensors = [tensor for tensor, _ in plan.files[name]]
     with File(source, threads=threads, mmap=False) as f:
         metadata = {**f.metadata, "dcp.save_id": plan.save_id}
-        if policy is None:
-            write_standalone(source, target, tensors, src_exact={}, src_codes={},
-                             metadata=metadata)
-            return
-        chosen, configs = resolve_policy(policy), {}
+    write_kept(source, os.path.join(plan.path, plan.new_name(name)), plan.files[name],
+               metadata, policy, threads)
+
+
+def write_kept(source: str, target: str, kept: tuple[tuple[str, str], ...],
+               metadata: dict[str, str], policy: Policy | str | None = None,
+               threads: int | None = None, decoded: Mapping[str, np.ndarray] | None = None,
+               codes: Mapping[str, np.ndarray] | None = None) -> None:
+    """Write ``target`` (atomically): the tensors ``kept`` ((stored name, item FQN) each) of
+    the rank file ``source``, with index ``metadata``. Bit for bit as stored, or encoded
+    again with ``policy``, each configured by its item's FQN as
+    :class:`inshrink.dcp.InkStorageWriter` configures a chunk. ``decoded``/``codes``: what
+    ``source`` decodes to and the codes of its quantized tensors, where it is a delta file
+    (:func:`inshrink.io.rebase.write_standalone`)."""
+    names = [tensor for tensor, _ in kept]
+    if policy is None:
+        write_standalone(source, target, names, src_exact=decoded or {},
+                         src_codes=codes or {}, metadata=metadata)
+        return
+    with File(source, threads=threads, mmap=False) as f:
         infos = {info.name: info for info in f.infos()}
-        for tensor, fqn in plan.files[name]:
+        chosen, configs = resolve_policy(policy), {}
+        for tensor, fqn in kept:
             info = infos[tensor]
             if not tensor.startswith(BYTES_PREFIX):
                 _, config = chosen.config_for(fqn, info.dtype, info.shape)
@@ -109,49 +123,78 @@ def rewrite_file(plan: SubsetPlan, name: str, policy: Policy | str | None = None
                     configs[tensor] = config
         with Writer(target, metadata, policy=Policy(tensors=configs),
                     threads=threads) as out:
-            for tensor in tensors:
-                out.add(tensor, f.read(tensor))
+            for tensor in names:
+                out.add(tensor, decoded[tensor] if decoded is not None else f.read(tensor))
 
 
 def commit(plan: SubsetPlan) -> None:
     """Once every rank file is rewritten: write the chunk map and ``.metadata`` of the kept
     items (the commit marker last), then remove the old rank files."""
     metadata = read_metadata(plan.path)
-    kept = plan.fqns
     storage = {index: {"file": plan.new_name(e["file"]), "tensor": e["tensor"]}
-               for index, e in metadata.storage_data.items() if index.fqn in kept}
+               for index, e in metadata.storage_data.items() if index.fqn in plan.fqns}
     missing = sorted({e["file"] for e in storage.values()
                       if not os.path.isfile(os.path.join(plan.path, e["file"]))})
     if missing:
         raise InvalidArgumentError(f"{plan.path}: {missing[0]} is not written: every rank "
                                    f"file must be rewritten before the commit")
-    planner_data = metadata.planner_data
-    if isinstance(planner_data, dict):
-        planner_data = {k: v for k, v in planner_data.items() if k in kept}
-    subset = dataclasses.replace(
-        metadata,
-        state_dict_metadata={k: v for k, v in metadata.state_dict_metadata.items() if k in kept},
-        storage_data=storage, planner_data=planner_data,
-        storage_meta=StorageMeta(checkpoint_id=plan.path, save_id=plan.save_id))
-    write_chunk_map(plan.path, _chunk_map(plan, subset))
-    with AtomicFile(os.path.join(plan.path, METADATA)) as target:  # the commit, last
-        pickle.dump(subset, target.file, protocol=pickle.HIGHEST_PROTOCOL)
+    _write_subset(plan.path, metadata, plan.fqns, storage, plan.old_save_id, plan.save_id,
+                  plan.new_name)
     _remove_stale(plan.path, set(plan.new_name(name) for name in plan.files))
 
 
-def _chunk_map(plan: SubsetPlan, subset) -> ChunkMap:
-    """The kept items of the committed chunk map (their typed values kept), under the new
-    files and save id; from ``subset``'s metadata where the checkpoint has no map."""
-    whole = find_chunk_map(plan.path, check_files=False)
-    if whole is None or whole.save_id != plan.old_save_id:
-        return chunk_map_of(subset, plan.save_id)
+def kept_items(path: str | os.PathLike, kept: Mapping[str, Collection[str]]) -> bool:
+    """Make the chunk map and ``.metadata`` of the checkpoint ``path`` (the marker last)
+    describe only the stored tensors ``kept`` (per rank file name, its tensors that stay),
+    names and save id unchanged: a DCP series' weights-only step, whose rank files are kept
+    under other names (``.w.ink``). Returns False, writing nothing, when they describe
+    nothing more."""
+    path = os.fspath(path)
+    metadata = read_metadata_file(path)
+    storage = {index: e for index, e in metadata.storage_data.items()
+               if e["tensor"] in kept.get(e["file"], ())}
+    if len(storage) == len(metadata.storage_data):
+        return False
+    named = sorted({e["file"][10:22] for e in metadata.storage_data.values()})
+    save_id = named[0] if named else str(getattr(metadata.storage_meta, "save_id", ""))
+    _write_subset(path, metadata, frozenset(index.fqn for index in storage), storage, save_id,
+                  save_id, lambda name: name)
+    return True
+
+
+def _write_subset(path: str, metadata, fqns: frozenset[str], storage: dict, old_save_id: str,
+                  save_id: str, rename: Callable[[str], str]) -> None:
+    """The chunk map, then ``.metadata`` (the commit), of ``metadata``'s items ``fqns``, with
+    ``storage`` as its storage data, its files renamed by ``rename`` and save id ``save_id``."""
+    planner_data = metadata.planner_data
+    if isinstance(planner_data, dict):
+        planner_data = {k: v for k, v in planner_data.items() if k in fqns}
+    meta = metadata.storage_meta
+    subset = dataclasses.replace(
+        metadata,
+        state_dict_metadata={k: v for k, v in metadata.state_dict_metadata.items() if k in fqns},
+        storage_data=storage, planner_data=planner_data,
+        storage_meta=StorageMeta(checkpoint_id=getattr(meta, "checkpoint_id", None) or path,
+                                 save_id=save_id))
+    write_chunk_map(path, _chunk_map(path, subset, fqns, old_save_id, save_id, rename))
+    with AtomicFile(os.path.join(path, METADATA)) as target:  # the commit, last
+        pickle.dump(subset, target.file, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _chunk_map(path: str, subset, fqns: frozenset[str], old_save_id: str, save_id: str,
+               rename: Callable[[str], str]) -> ChunkMap:
+    """The kept items of the committed chunk map (their typed values kept), under the renamed
+    files and ``save_id``; from ``subset``'s metadata where the checkpoint has no map."""
+    whole = find_chunk_map(path, check_files=False)
+    if whole is None or whole.save_id != old_save_id:
+        return chunk_map_of(subset, save_id)
     items = []
     for item in whole.items:
-        if item.fqn not in plan.fqns:
+        if item.fqn not in fqns:
             continue
         if isinstance(item, TensorItem):
             items.append(dataclasses.replace(item, chunks=tuple(
-                dataclasses.replace(c, file=plan.new_name(c.file)) for c in item.chunks)))
+                dataclasses.replace(c, file=rename(c.file)) for c in item.chunks)))
         else:
-            items.append(dataclasses.replace(item, file=plan.new_name(item.file)))
-    return ChunkMap(plan.save_id, tuple(items))
+            items.append(dataclasses.replace(item, file=rename(item.file)))
+    return ChunkMap(save_id, tuple(items))
