@@ -192,6 +192,110 @@ def test_one_rank_series_keep_and_keyframes(tmp_path):
                            states[3]["optim"]["state"]["w"]["exp_avg"])
 
 
+def _model_of(series, step, like):
+    target = {"model": blank(like["model"])}
+    dcp.load(target, storage_reader=series.reader(step), no_dist=True)
+    return target
+
+
+def test_keep_weights_keeps_older_steps_as_their_model_only(tmp_path):
+    series, states = _saved_series(tmp_path, steps=7, keyframe_every=3, keep=2, keep_weights=3)
+    assert series.steps() == [3, 4, 5, 6, 7] and series.weights_only_steps() == [3, 4, 5]
+    assert series.verify() == []
+    run = tmp_path / "run"
+    for step in (3, 4, 5):
+        entry = series.entry(step)
+        assert entry.weights_only and entry.base is None
+        names = sorted(os.listdir(run / entry.dir))
+        assert names == [".metadata", "chunks.json", entry.files[0].file]  # nothing else left
+        base.assert_bit_equal({"model": states[step]["model"]},
+                              _model_of(series, step, states[step]))
+        # its .metadata and chunk map describe the model only; loading the rest is refused
+        assert {r["fqn"] for r in series.describe(step)} == {"model.w", "model.b"}
+        doc = json.loads((run / entry.dir / "chunks.json").read_text())
+        assert {i["fqn"] for i in doc["items"]} == {"model.w", "model.b"}
+        with pytest.raises(CheckpointException):
+            load_one_rank(series, step, states[step])
+    # the whole steps restore whole, bit for bit (6 is a delta against 7)
+    assert series.entry(6).base == 7
+    for step in (6, 7):
+        base.assert_bit_equal(states[step], load_one_rank(series, step, states[step]))
+    # joined into one file without torch's metadata: the model only
+    series.consolidate(4, tmp_path / "step4.ink")
+    with inshrink.open(tmp_path / "step4.ink") as f:
+        assert sorted(f.keys()) == ["model.b", "model.w"]
+        assert torch.equal(torch.from_numpy(f["model.w"]), states[4]["model"]["w"])
+    # weights-only files hold about a third of a whole step here (no optimizer moment)
+    sizes = {s: sum(f.bytes for f in series.entry(s).files) for s in (5, 7)}
+    assert sizes[5] < 0.6 * sizes[7]
+
+
+def test_keep_weights_with_a_policy_and_a_model_predicate(tmp_path):
+    series, states = _saved_series(tmp_path, steps=4, keep=1, keep_weights=2,
+                                   weights_policy="aggressive",
+                                   model=lambda fqn: fqn == "model.w")
+    assert series.weights_only_steps() == [2, 3] and series.steps() == [2, 3, 4]
+    rows = {r["fqn"]: r for r in series.describe(3)}
+    assert set(rows) == {"model.w"} and rows["model.w"]["error"]["rel_l2_error"] > 0
+    target = {"model": {"w": torch.zeros(64, 64)}}
+    dcp.load(target, storage_reader=series.reader(3), no_dist=True)
+    error = (target["model"]["w"] - states[3]["model"]["w"]).abs().max().item()
+    assert 0 < error <= rows["model.w"]["error"]["max_abs_error"]
+    assert series.verify() == []
+
+
+def test_without_weights_only_steps_the_manifest_stays_version_1(tmp_path):
+    series, _ = _saved_series(tmp_path, steps=3, keep=2)
+    assert json.loads((tmp_path / "run" / MANIFEST).read_text())["version"] == 1
+    assert series.weights_only_steps() == []
+
+
+def test_keep_weights_arguments_are_checked(tmp_path):
+    with pytest.raises(errors.InvalidArgumentError, match="with keep"):
+        InkSeries(tmp_path / "a", keep_weights=2)
+    with pytest.raises(errors.InvalidArgumentError, match="positive"):
+        InkSeries(tmp_path / "a", keep=1, keep_weights=0)
+    with pytest.raises(errors.InvalidArgumentError, match="predicate"):
+        InkSeries(tmp_path / "a", keep=1, keep_weights=1, model="model.")
+    with pytest.raises(errors.InvalidArgumentError):
+        InkSeries(tmp_path / "a", keep=1, keep_weights=1, weights_policy="nonsense")
+    # a state with no model item: the save that would keep one is refused, nothing changes
+    series = InkSeries(tmp_path / "b", keep=1, keep_weights=1, threads=1)
+    dcp.save({"w": torch.ones(3)}, storage_writer=series.writer(1), no_dist=True)
+    before = (tmp_path / "b" / MANIFEST).read_bytes()
+    with pytest.raises(CheckpointException):
+        dcp.save({"w": torch.ones(3)}, storage_writer=series.writer(2), no_dist=True)
+    assert (tmp_path / "b" / MANIFEST).read_bytes() == before
+    assert series.steps() == [1]
+
+
+def test_a_crash_before_the_metadata_is_narrowed_is_repaired_by_the_next_save(
+        tmp_path, monkeypatch):
+    import inshrink.dcp.weights_only as module
+    calls = []
+    real = module.kept_items
+
+    def killed(*args):
+        calls.append(args)
+        raise OSError("killed")
+    monkeypatch.setattr(module, "kept_items", killed)
+    series, states = _saved_series(tmp_path, steps=3, keep=2, keep_weights=2)
+    assert series.weights_only_steps() == [1] and calls
+    # committed: the model loads; its .metadata still lists the moment, not in its file
+    base.assert_bit_equal({"model": states[1]["model"]}, _model_of(series, 1, states[1]))
+    with pytest.raises(errors.CorruptError, match="no tensor named 'optim.state.w.exp_avg'"):
+        series.describe(1)
+    assert any("step 1:" in p and "optim.state.w.exp_avg" in p for p in series.verify())
+    monkeypatch.setattr(module, "kept_items", real)
+    gen = torch.Generator().manual_seed(9)
+    dcp.save(_state(4, gen), storage_writer=series.writer(4), no_dist=True)
+    assert series.weights_only_steps() == [1, 2]
+    for step in (1, 2):  # both narrowed now
+        assert {r["fqn"] for r in series.describe(step)} == {"model.w", "model.b"}
+    base.assert_bit_equal({"model": states[1]["model"]}, _model_of(series, 1, states[1]))
+    assert series.verify() == []
+
+
 def test_one_rank_lossy_series_restores_what_each_step_stored(tmp_path):
     gen = torch.Generator().manual_seed(0)
     series = InkSeries(tmp_path / "run", policy="balanced", threads=1)
@@ -402,6 +506,29 @@ def test_cli_info_and_verify_understand_a_series(tmp_path):
     assert "base step 2 does not decode" in report["problems"][1]
 
 
+def test_cli_shows_weights_only_steps_and_consolidates_one(tmp_path):
+    series, states = _saved_series(tmp_path, steps=3, keep=1, keep_weights=1)
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "inshrink", *args], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=60)
+    r = cli("info", "run")
+    assert r.returncode == 0, r.stderr
+    assert [line.split()[:4] for line in r.stdout.splitlines()[2:4]] == [
+        ["2", "1", "model", "only"], ["3", "1", "whole", r.stdout.splitlines()[3].split()[3]]]
+    r = cli("info", "--json", "run")
+    assert [(f["step"], f["weights_only"]) for f in json.loads(r.stdout)["files"]] == [
+        (2, True), (3, False)]
+    r = cli("verify", "run", f"run/{series.entry(2).dir}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = cli("consolidate", f"run/{series.entry(2).dir}", "-o", "model.safetensors")
+    assert r.returncode == 0, r.stderr
+    from safetensors.numpy import load_file
+    got = load_file(tmp_path / "model.safetensors")
+    assert got.keys() == {"model.w", "model.b"}
+    assert (got["model.w"] == states[2]["model"]["w"].numpy()).all()
+
+
 def _failure(excinfo):
     """The one inshrink error inside a CheckpointException."""
     (failure,) = excinfo.value.failures.values()
@@ -502,6 +629,22 @@ def test_the_spec_example_and_a_real_manifest_follow_the_rules(tmp_path):
     assert [set(e) for e in real["checkpoints"]] == [set(example["checkpoints"][0])] * 2
     assert [set(f) for e in real["checkpoints"] for f in e["files"]] == [
         set(example["checkpoints"][0]["files"][0])] * 2
+    assert decode_manifest((tmp_path / "run" / MANIFEST).read_bytes()) == series.checkpoints()
+
+
+def test_the_weights_only_example_and_a_real_manifest_follow_the_rules(tmp_path):
+    text = _spec_section(25)
+    text = text[text.index("### 25.7"):]
+    example = text[text.index("```json\n") + 8:]
+    example = example[:example.index("```")]
+    steps = decode_manifest(example.encode())
+    assert [(s.step, s.weights_only, [f.file for f in s.files]) for s in steps] == [
+        (100, True, ["rank00000-3f2a9c1b7d40.w.ink"]),
+        (200, False, ["rank00000-8e51d0c2a6f3.ink"])]
+    series, _ = _saved_series(tmp_path, steps=3, keep=1, keep_weights=2)
+    real = json.loads((tmp_path / "run" / MANIFEST).read_text())
+    assert real["version"] == json.loads(example)["version"] == 2
+    assert [set(e) for e in real["checkpoints"]] == [set(json.loads(example)["checkpoints"][0])] * 3
     assert decode_manifest((tmp_path / "run" / MANIFEST).read_bytes()) == series.checkpoints()
 
 

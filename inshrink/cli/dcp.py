@@ -261,7 +261,8 @@ def _series_files(path: str):
             full = os.path.join(path, entry.dir, file.file)
             files.append(file_entry(full, None, file.bytes, 0, step=entry.step, rank=file.rank,
                                     world_size=entry.world_size, base=entry.base,
-                                    series=path, **ink_details(full)))
+                                    weights_only=entry.weights_only, series=path,
+                                    **ink_details(full)))
     return series, files
 
 
@@ -283,7 +284,8 @@ def dcp_series_info(args, started: float) -> int:
         base = mine[0]["base"]
         nbytes = sum(t.nbytes for f in mine for t in f["tensors"])
         stored = sum(f["bytes_in"] for f in mine)
-        kind = "whole" if base is None else f"delta -> {base}"
+        kind = ("model only" if mine[0]["weights_only"] else "whole") if base is None \
+            else f"delta -> {base}"
         print(f"{step:>12}  {mine[0]['world_size']:>5}  {kind:<16} {stored:>14,} "
               f"{ratio_text(nbytes, stored):>8}")
     ratio = f" ({report['ratio']:.3f}x)" if report["ratio"] else ""

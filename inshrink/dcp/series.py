@@ -616,6 +616,8 @@ class InkSeries:
             path = self._path(entry.dir)
             try:
                 _check_metadata_files(read_metadata_file(path), entry, path)
+                if entry.weights_only:  # its .metadata names only what its files hold (M-20)
+                    self.describe(entry.step)
             except (InshrinkError, OSError) as exc:
                 problems.append(f"step {entry.step}: {exc}")
         after: dict[int | None, list[Step]] = {}
