@@ -142,7 +142,7 @@ def from_pretrained(model_class: Any, path: str | os.PathLike, *,
         if plan is None:
             return _through_temporary(model_class, path, threads, return_reports, tmp_dir,
                                       kwargs)
-        loaded, decoded = _load_model(*plan, path, threads, kwargs)
+        loaded, decoded = _load_model(*plan, path, threads, kwargs, return_reports)
     summary = lossy_summary(list(decoded.values()))
     if summary:
         warnings.warn(f"{path}: {summary}", UserWarning, stacklevel=2)
@@ -258,9 +258,10 @@ def _index_shards(index: str) -> set | None:
 
 
 def _load_model(cls: type, weights: list[str], path: str, threads: int | None,
-                kwargs: dict) -> tuple[Any, dict[str, convert.FileReport]]:
+                kwargs: dict, reports: bool = True) -> tuple[Any, dict[str, convert.FileReport]]:
     """``cls.from_pretrained`` with the decoded ``weights`` as its state dict; the reports
-    of the files decoded, by their path relative to ``path``.
+    of the files decoded, by their path relative to ``path`` (``reports``: with the sizes of
+    the safetensors files they would decompress to, else with their tensors' bytes).
 
     The files are opened (their headers and indexes checked) and decoded before
     transformers builds the model.
@@ -274,7 +275,8 @@ def _load_model(cls: type, weights: list[str], path: str, threads: int | None,
                 files.append(File(weight, threads=threads, mmap=False))
             except InshrinkError as exc:
                 raise with_path(exc, weight) from None
-            report = _file_report(os.path.relpath(weight, path), weight, None, files[-1])
+            report = _file_report(os.path.relpath(weight, path), weight, None, files[-1],
+                                  sized=reports)
             decoded[report.source] = report
         kwargs = dict(kwargs)
         kwargs.setdefault("config", path)  # read as transformers reads it: kwargs update it
@@ -316,14 +318,18 @@ def _decode(files: list[File]) -> dict:
     return state_dict
 
 
-def _file_report(rel: str, source: str, outside: str | None, f: File) -> convert.FileReport:
-    """The report of an .ink file as decompressing it would give it."""
+def _file_report(rel: str, source: str, outside: str | None, f: File,
+                 sized: bool = True) -> convert.FileReport:
+    """The report of an .ink file as decompressing it would give it (``sized``: with the
+    size of the safetensors file it would decompress to; else its tensors' bytes)."""
     infos: list[TensorInfo] = f.infos()
+    size = sum(i.nbytes for i in infos)
     try:
-        header = convert._header_for(f)
-        size = header.data_start + header.data_size
+        if sized:
+            header = convert._header_for(f)
+            size = header.data_start + header.data_size
     except InshrinkError:  # a dtype safetensors lacks: what its tensors hold
-        size = sum(i.nbytes for i in infos)
+        pass
     return convert.FileReport(rel, _safetensors_name(rel), os.path.getsize(source), size,
                               infos, outside)
 
