@@ -471,6 +471,30 @@ def test_a_failed_rewrite_keeps_the_previous_manifest(tmp_path, monkeypatch):
         base.assert_bit_equal(states[step], load_one_rank(series, step, states[step]))
 
 
+def test_a_save_failing_after_the_model_files_are_written_changes_nothing(
+        tmp_path, monkeypatch):
+    series, states = _saved_series(tmp_path, steps=3, keep=2, keep_weights=2)
+    before = (tmp_path / "run" / MANIFEST).read_bytes()
+    import inshrink.dcp.series as module
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "no space left")
+    monkeypatch.setattr(module, "write_manifest", fail)  # the .w.ink files are written by then
+    with pytest.raises(CheckpointException, match="no space left"):
+        dcp.save(_state(4, torch.Generator()), storage_writer=series.writer(4), no_dist=True)
+    assert (tmp_path / "run" / MANIFEST).read_bytes() == before
+    left = [p for p in series.verify() if ".w.ink" in p]
+    assert left and all("left by an interrupted save" in p for p in left)
+    for step in (2, 3):  # the whole steps restore whole, as before the failed save
+        base.assert_bit_equal(states[step], load_one_rank(series, step, states[step]))
+    monkeypatch.undo()
+    series.close()  # the failed save kept the lock (see One writer)
+    states[4] = _state(4, torch.Generator().manual_seed(4))
+    dcp.save(states[4], storage_writer=series.writer(4), no_dist=True)
+    assert series.verify() == [] and series.weights_only_steps() == [1, 2]
+    base.assert_bit_equal({"model": states[2]["model"]}, _model_of(series, 2, states[2]))
+
+
 def test_cli_info_and_verify_understand_a_series(tmp_path):
     series, _ = _saved_series(tmp_path, steps=3, policy="balanced")
 
