@@ -323,7 +323,9 @@ class InkSeries:
         step, and the step's ``.metadata`` and chunk map then describe those items only.
     model : callable, optional
         Which items are the model's, by fully-qualified name (default: those under
-        ``model.``, as ``{"model": ..., "optim": ...}`` states name them).
+        ``model.``, as ``{"model": ..., "optim": ...}`` states name them). With DCP's
+        process-based ``async_save``, which pickles the writer, a module-level function
+        (not a lambda).
     weights_policy : Policy, str or None
         Encode the weights-only steps' items again with this policy.
 
