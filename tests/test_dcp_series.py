@@ -344,6 +344,50 @@ def test_any_sequence_of_saves_keeps_a_consistent_series(tmp_path_factory, keyfr
     assert series.verify() == []
 
 
+@settings(max_examples=8, deadline=None)
+@given(keyframe_every=st.integers(1, 4), keep=st.integers(1, 3), keep_weights=st.integers(1, 3),
+       widths=st.lists(st.sampled_from([8, 16]), min_size=1, max_size=7),
+       policy=st.sampled_from([None, "balanced"]))
+def test_any_sequence_of_saves_with_keep_weights_keeps_a_consistent_series(
+        tmp_path_factory, keyframe_every, keep, keep_weights, widths, policy):
+    """Whatever the keyframe interval, layouts and retention: the keep newest steps whole and
+    restoring as saved (lossless: bit for bit), up to keep_weights before them model-only
+    restoring their model as saved, nothing else kept, no delta against a model-only step,
+    and the manifest's version 2 exactly when it lists one."""
+    directory = tmp_path_factory.mktemp("run")
+    series = InkSeries(directory, policy=policy, keyframe_every=keyframe_every, keep=keep,
+                       keep_weights=keep_weights, threads=1)
+    gen = torch.Generator().manual_seed(0)
+    states = {}
+    for step, width in enumerate(widths):
+        states[step] = {"model": {"w": torch.randn(128, 8 * width, generator=gen)},
+                        "optim": {"m": torch.randn(128, 8 * width, generator=gen)},
+                        "step": step}
+        dcp.save(states[step], storage_writer=series.writer(step), no_dist=True)
+    steps = list(range(len(widths)))
+    whole, models = steps[-keep:], steps[:-keep][-keep_weights:]
+    assert series.steps() == models + whole and series.weights_only_steps() == models
+    version = json.loads((directory / MANIFEST).read_text())["version"]
+    assert version == (2 if models else 1)
+    by_step = {e.step: e for e in series.checkpoints()}
+    for step in series.steps():
+        entry = by_step[step]
+        assert entry.base is None or not by_step[entry.base].weights_only
+        if step in models:
+            got = _model_of(series, step, states[step])["model"]["w"]
+        else:
+            got = load_one_rank(series, step, states[step])["model"]["w"]
+        expected = states[step]["model"]["w"]
+        # within what the step reported when saved (a model-only step keeps the reports)
+        reported = [r["error"] for r in series.describe(step) if r["fqn"] == "model.w"]
+        if policy is None or any(e is None or e["max_abs_error"] == 0 for e in reported):
+            assert torch.equal(got, expected)
+        else:
+            bound = max(e["max_abs_error"] for e in reported)
+            assert 0 < (got - expected).abs().max().item() <= bound
+    assert series.verify() == []
+
+
 def test_bad_series_input_is_a_typed_error_naming_the_file(tmp_path):
     series, states = _saved_series(tmp_path)
     entry = series.entry(1)
