@@ -21,7 +21,8 @@ With ``--dcp``, the same run's checkpoints as sharded ones instead (one rank, gl
 
 * ``InkSeries(keep=10)`` against ``InkSeries(keep=2, keep_weights=8)`` (``dcp.save`` of
   ``{"model": ..., "optim": ...}``; older steps deltas, the eight model-only steps rewritten
-  per rank as ``.w.ink`` files), the models of the latter checked bit for bit at the end;
+  per rank as ``.w.ink`` files, the older of them ``.w.d.ink`` deltas), the models of the
+  latter checked bit for bit at the end (lossless);
 * the sharded ``Checkpointer(sharded=True)`` with ``keep_last=10`` against ``keep_last=2,
   keep_weights=8`` (its step directories rewritten in place, no deltas).
 """

@@ -102,10 +102,11 @@ def test_2_ranks_series_restores_every_step_and_a_new_world_size_starts_a_keyfra
     assert weights.steps() == [3, 4, 5, 6] and weights.weights_only_steps() == [3, 4]
     assert json.loads((tmp_path / "weights" / MANIFEST).read_text())["version"] == 2
     assert weights.verify() == []
-    for step in (3, 4):
+    # each rank rewrote its file of step 3 as a delta against its new file of step 4
+    assert weights.entry(3).base == 4 and weights.entry(4).base is None
+    for step, suffix in ((3, ".w.d.ink"), (4, ".w.ink")):
         entry = weights.entry(step)
-        assert entry.base is None and len(entry.files) == 2
-        assert all(f.file.endswith(".w.ink") for f in entry.files)
+        assert len(entry.files) == 2 and all(f.file.endswith(suffix) for f in entry.files)
         assert {r["fqn"].split(".")[0] for r in weights.describe(step)} == {"model"}
         reference = torch.load(tmp_path / f"ref_{step}.pt", weights_only=False)
         model = {"model": blank(reference["model"])}
@@ -203,9 +204,16 @@ def test_keep_weights_keeps_older_steps_as_their_model_only(tmp_path):
     assert series.steps() == [3, 4, 5, 6, 7] and series.weights_only_steps() == [3, 4, 5]
     assert series.verify() == []
     run = tmp_path / "run"
+    # the model-only steps chain as deltas between models, keyframe_every=3 files a chain:
+    # 1 -> 2 -> 3 filled one, so 3 stayed whole; 4 -> 5 (1 and 2 have gone since)
+    assert [series.entry(s).base for s in (3, 4, 5)] == [None, 5, None]
+    names = {s: (series.entry(s).files[0].name, series.entry(s).files[0].file)
+             for s in (3, 4, 5)}
+    assert {s: file[len(name) - 4:] for s, (name, file) in names.items()} == {
+        3: ".w.ink", 4: ".w.d.ink", 5: ".w.ink"}
     for step in (3, 4, 5):
         entry = series.entry(step)
-        assert entry.weights_only and entry.base is None
+        assert entry.weights_only
         names = sorted(os.listdir(run / entry.dir))
         assert names == [".metadata", "chunks.json", entry.files[0].file]  # nothing else left
         base.assert_bit_equal({"model": states[step]["model"]},
@@ -372,7 +380,10 @@ def test_any_sequence_of_saves_with_keep_weights_keeps_a_consistent_series(
     by_step = {e.step: e for e in series.checkpoints()}
     for step in series.steps():
         entry = by_step[step]
-        assert entry.base is None or not by_step[entry.base].weights_only
+        if entry.base is not None:  # deltas join steps of one kind, sharding and chain rule
+            assert by_step[entry.base].weights_only == entry.weights_only
+            assert widths[entry.base] == widths[step]
+        assert len(series.chain(step, 0)) <= keyframe_every
         if step in models:
             got = _model_of(series, step, states[step])["model"]["w"]
         else:

@@ -10,8 +10,8 @@ map, readable without torch: :mod:`inshrink.dcp.chunkmap`) and one file per rank
 ``rank<5 digits>-<12 hex: the save id>.ink``; in a series, the steps are directories
 ``step_<12 digits>`` beside ``series.json``, and a rank file of an older step is rewritten as
 a delta, ``rank<5 digits>-<12 hex>.d.ink``, or as its model only (a weights-only step),
-``rank<5 digits>-<12 hex>.w.ink``. Each is written as a hidden temporary beside it,
-``.<name>.<random>.tmp``, and renamed into place.
+``rank<5 digits>-<12 hex>.w.ink`` (``.w.d.ink`` as a delta). Each is written as a hidden
+temporary beside it, ``.<name>.<random>.tmp``, and renamed into place.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import re
 import reprlib
 
 __all__ = ["METADATA", "CHUNK_MAP", "BYTES_PREFIX", "SERIES_MANIFEST", "STEP_DIR_SHAPE",
-           "rank_file_name", "delta_name", "weights_name", "step_dir", "is_rank_file",
-           "is_delta_file", "is_weights_file",
+           "rank_file_name", "delta_name", "weights_name", "weights_delta_name", "step_dir",
+           "is_rank_file", "is_delta_file", "is_weights_file",
            "is_rank_temporary", "is_series_temporary", "is_chunk_map_temporary",
            "is_rank_name", "rank_of", "step_of", "is_step_dir"]
 
@@ -43,12 +43,13 @@ STEP_DIR_SHAPE = "step_<12 digits>"
 _RANK = r"rank([0-9]{5})-[0-9a-f]{12}"
 _RANK_FILE = re.compile(_RANK + r"\.ink")
 _DELTA_FILE = re.compile(_RANK + r"\.d\.ink")
-_WEIGHTS_FILE = re.compile(_RANK + r"\.w\.ink")
-_ANY_RANK_FILE = re.compile(_RANK + r"(?:\.[dw])?\.ink")
+_WEIGHTS_FILE = re.compile(_RANK + r"\.w(?:\.d)?\.ink")
+_ANY_RANK_FILE = re.compile(_RANK + r"(?:\.d|\.w|\.w\.d)?\.ink")
 # a hidden temporary: "." + the name + "." + mkstemp's random part + ".tmp"
 _RANK_TEMPORARY = re.compile(r"\." + _RANK + r"\.ink\..*\.tmp")
-_ANY_RANK_TEMPORARY = re.compile(r"\." + _RANK + r"(?:\.[dw])?\.ink\..*\.tmp")
-_SERIES_TEMPORARY = re.compile(r"\.(?:series\.json|" + _RANK + r"(?:\.[dw])?\.ink)\..*\.tmp")
+_ANY_RANK_TEMPORARY = re.compile(r"\." + _RANK + r"(?:\.d|\.w|\.w\.d)?\.ink\..*\.tmp")
+_SERIES_TEMPORARY = re.compile(r"\.(?:series\.json|" + _RANK
+                               + r"(?:\.d|\.w|\.w\.d)?\.ink)\..*\.tmp")
 _CHUNK_MAP_TEMPORARY = re.compile(r"\.chunks\.json\..*\.tmp")
 _STEP_DIR = re.compile(r"step_([0-9]{12})")
 
@@ -67,6 +68,12 @@ def weights_name(name: str) -> str:
     """The name of the rank file ``name`` once rewritten as its kept (model) tensors only
     (``.ink`` -> ``.w.ink``)."""
     return name[:-len(".ink")] + ".w.ink"
+
+
+def weights_delta_name(name: str) -> str:
+    """The name of the rank file ``name`` of a weights-only step once rewritten as a delta
+    against the next newer weights-only step (``.ink`` -> ``.w.d.ink``)."""
+    return name[:-len(".ink")] + ".w.d.ink"
 
 
 def step_dir(step: int) -> str:
@@ -89,7 +96,8 @@ def is_delta_file(name: object) -> bool:
 
 
 def is_weights_file(name: object) -> bool:
-    """Whether ``name`` is a rank file of a weights-only step: ``rank<5 digits>-<12 hex>.w.ink``."""
+    """Whether ``name`` is a rank file of a weights-only step, whole or a delta:
+    ``rank<5 digits>-<12 hex>.w.ink`` or ``….w.d.ink``."""
     return _full(_WEIGHTS_FILE, name) is not None
 
 

@@ -83,7 +83,7 @@ from .inspect import describe_metadata
 from .metadata import chunk_map_of, read_metadata_file
 from .names import (CHUNK_MAP, METADATA, SERIES_MANIFEST, delta_name, is_delta_file,
                     is_rank_file, is_series_temporary, is_step_dir, is_weights_file, rank_of,
-                    step_dir, weights_name)
+                    step_dir, weights_delta_name, weights_name)
 from .reader import InkStorageReader
 from .writer import InkStorageWriter
 from . import weights_only
@@ -153,8 +153,11 @@ class Step:
 
     @property
     def weights_only(self) -> bool:
-        """Kept as its model's items only (manifest version 2: its files are ``.w.ink``)."""
-        return bool(self.files) and all(f.file == weights_name(f.name) for f in self.files)
+        """Kept as its model's items only (manifest version 2: its files are ``.w.ink``, or
+        ``.w.d.ink`` deltas)."""
+        return bool(self.files) and all(
+            f.file == (weights_name(f.name) if self.base is None else weights_delta_name(f.name))
+            for f in self.files)
 
     def file_of(self, rank: int) -> RankFile | None:
         return next((f for f in self.files if f.rank == rank), None)
@@ -222,10 +225,13 @@ def parse_manifest(doc: Any, path: str = SERIES_MANIFEST) -> list[Step]:
             if not is_rank_file(name) or rank_of(name) != rank:
                 _fail("M-12", path, f"step {step}: {reprlib.repr(name)} is not a file name of "
                                     f"rank {rank}")
-            if version == WEIGHTS_VERSION and base is None and not files:
-                weights = f["file"] == weights_name(name)  # the first file says for the step
-            expected = (weights_name(name) if weights else name) if base is None \
-                else delta_name(name)
+            if version == WEIGHTS_VERSION and not files:  # the first file says for the step
+                weights = f["file"] == (weights_name(name) if base is None
+                                        else weights_delta_name(name))
+            if base is None:
+                expected = weights_name(name) if weights else name
+            else:
+                expected = weights_delta_name(name) if weights else delta_name(name)
             if f["file"] != expected:
                 _fail("M-13", path, f"step {step}: rank {rank}'s file must be {expected!r}")
             if (why := file_problem(step, f["sha256"], f["bytes"])) is not None:
@@ -239,9 +245,10 @@ def parse_manifest(doc: Any, path: str = SERIES_MANIFEST) -> list[Step]:
         base = by_step.get(s.base)
         if base is None:
             _fail("M-15", path, f"step {s.step}: base step {s.base} is not in the manifest")
-        if base.weights_only:
-            _fail("M-15", path, f"step {s.step}: base step {s.base} keeps its model only; "
-                                f"no step is a delta against one")
+        if base.weights_only != s.weights_only:
+            _fail("M-15", path, f"step {s.step}: base step {s.base} "
+                                f"{'keeps its model only' if base.weights_only else 'is whole'}"
+                                f"; a delta's base must be of its kind")
         if base.world_size != s.world_size or base.layout != s.layout or (
                 {f.rank for f in base.files} != {f.rank for f in s.files}):
             first = os.path.join(s.dir, s.files[0].file) if s.files else s.dir
@@ -277,9 +284,11 @@ class _Task:
     previous: tuple[str, str] | None
     """The previous step's whole file of this rank to rewrite as a delta: (path from the
     series directory, the manifest's SHA-256 of it)."""
-    models: tuple[tuple[int, int, tuple[tuple[str, str], ...]], ...] = ()
+    models: tuple = ()
     """The files of steps leaving the ``keep`` newest that this rank rewrites as their
-    model's items: (step, the file's rank, its kept (stored name, FQN) pairs) each."""
+    model's items: (step, the file's rank, its kept (stored name, FQN) pairs, and the newest
+    weights-only step's file of that rank to rewrite as a delta against it: (its step, its
+    RankFile), or None) each."""
 
 
 @dataclass(frozen=True)
@@ -291,6 +300,8 @@ class _Written:
     delta: RankFile | None
     models: tuple[tuple[int, RankFile], ...] = ()
     """The weights-only files written: (step, its file) each."""
+    chained: tuple[tuple[int, RankFile], ...] = ()
+    """The weights-only steps' files rewritten as deltas: (step, its delta file) each."""
 
 
 class InkSeries:
@@ -541,11 +552,25 @@ class InkSeries:
         models = models[-self.keep_weights:]
         return set(kept) | set(models), {s for s in gone if s in models}
 
-    def _model_jobs(self, steps: list[Step], leaving: set[int], world: int
-                    ) -> list[tuple[tuple[int, int, tuple[tuple[str, str], ...]], ...]]:
+    def _model_jobs(self, steps: list[Step], leaving: set[int], keep: set[int] | None,
+                    world: int) -> list[tuple]:
         """Per rank of a save of ``world`` ranks, the weights-only rewrites it does: each
-        file of a step ``leaving`` goes to the rank of its own number modulo ``world``."""
+        file of a step ``leaving`` goes to the rank of its own number modulo ``world``, with
+        (when one step leaves) the newest weights-only step's file of that rank, if that step
+        is whole and kept, to rewrite as a delta against it (the keyframe rule of whole
+        steps, with the same sharding)."""
         jobs: list[list] = [[] for _ in range(world)]
+        models = [e for e in steps if e.weights_only]
+        chained = None
+        if len(leaving) == 1 and models:
+            (step,) = leaving
+            new = next(e for e in steps if e.step == step)
+            older = [e for e in models if e.step < step]
+            if older and (keep is None or older[-1].step in keep) and previous_becomes_delta(
+                    older, self.keyframe_every,
+                    compatible=(older[-1].world_size, older[-1].layout) == (
+                        new.world_size, new.layout)):
+                chained = older[-1]
         for entry in steps:
             if entry.step not in leaving:
                 continue
@@ -560,8 +585,10 @@ class InkSeries:
                 raise InvalidArgumentError(f"{path}: none of its items is the model's "
                                            f"(model=...); it cannot be kept as weights only")
             for file in entry.files:
-                jobs[file.rank % world].append((entry.step, file.rank,
-                                                tuple(sorted(kept.get(file.name, [])))))
+                previous = None if chained is None else chained.file_of(file.rank)
+                jobs[file.rank % world].append((
+                    entry.step, file.rank, tuple(sorted(kept.get(file.name, []))),
+                    None if previous is None else (chained.step, previous)))
         return [tuple(j) for j in jobs]
 
     def _describe_kept(self, steps: list[Step]) -> None:
@@ -762,7 +789,7 @@ class InkSeriesWriter(InkStorageWriter):
         keep, leaving = self.series._retention(steps)
         if previous is not None and previous.step in leaving:
             previous = None  # rewritten as its model from its whole file: no delta first
-        models = self.series._model_jobs(steps, leaving, len(plans))
+        models = self.series._model_jobs(steps, leaving, keep, len(plans))
         self._pending = (layout, previous, keep, leaving)
         tasks = []
         for rank, plan in enumerate(plans):
@@ -788,18 +815,42 @@ class InkSeriesWriter(InkStorageWriter):
                              os.path.getsize(path))
             if task.previous is not None:
                 delta = self._rewrite_previous(task, exact, codes or {})
-        models = []
-        for step, rank, kept in task.models:
+        models, chained = [], []
+        for step, rank, kept, previous in task.models:
             try:
-                models.append((step, self._rewrite_model(step, rank, kept)))
+                file = self._rewrite_model(step, rank, kept)
+                models.append((step, file))
+                if previous is not None:
+                    chained.append((previous[0], self._chain_model(step, file, *previous)))
             except InshrinkError as exc:  # a damaged step is dropped, not kept; saves go on
                 _LOG.warning("step %d of %s: rank %d's file cannot be kept as its model "
                              "(%s); the step is removed", step, self.series.directory, rank,
                              exc)
-        models = tuple(models)
         results.append(WriteResult(index=MetadataIndex(_RESULT_FQN), size_in_bytes=0,
-                                   storage_data=_Written(self.rank, whole, delta, models)))
+                                   storage_data=_Written(self.rank, whole, delta,
+                                                         tuple(models), tuple(chained))))
         return done(results)
+
+    def _chain_model(self, step: int, file: RankFile, older: int, previous: RankFile
+                     ) -> RankFile:
+        """Write the weights-only file ``previous`` of step ``older`` again as a delta
+        against ``file``, the same rank's new weights-only file of ``step`` (checked against
+        the manifest first, as :meth:`_rewrite_previous` checks its source)."""
+        series = self.series
+        source = series._path(step_dir(older), previous.file)
+        series._check_file(source, previous)
+        base = series._path(step_dir(step), file.file)
+        target = series._path(step_dir(older), weights_delta_name(previous.name))
+        with named(base, lambda: File(base, threads=1, mmap=False)) as b, \
+                named(source, lambda: File(source, threads=1, mmap=False)) as f:
+            exact, codes = Decoded(b, codes=False), Decoded(b, codes=True)
+            named(source, lambda: write_delta(
+                source, target, src_exact=Decoded(f, codes=False),
+                src_codes=Decoded(f, codes=True), base_exact=exact, base_codes=codes,
+                base_file=_digest.base_reference(
+                    os.path.join(step_dir(step), file.file), exact, codes)))
+        return RankFile(previous.rank, previous.name, weights_delta_name(previous.name),
+                        file_sha256(target), os.path.getsize(target))
 
     def _rewrite_model(self, step: int, rank: int, kept: tuple[tuple[str, str], ...]
                        ) -> RankFile:
@@ -874,9 +925,13 @@ class InkSeriesWriter(InkStorageWriter):
                 steps[-1] = dataclasses.replace(previous, base=self.step, files=deltas)
                 replaced = [os.path.join(previous.dir, f.file) for f in previous.files]
         models: dict[int, list[RankFile]] = {}
+        chained: dict[int, list[RankFile]] = {}
         for _, w in sorted(written.items()):
             for step, file in w.models:
                 models.setdefault(step, []).append(file)
+            for step, file in w.chained:
+                chained.setdefault(step, []).append(file)
+        rewritten = set()
         for i, entry in enumerate(steps):
             if entry.step not in leaving:
                 continue
@@ -884,8 +939,15 @@ class InkSeriesWriter(InkStorageWriter):
                 steps[i] = dataclasses.replace(entry, base=None, files=tuple(
                     sorted(models[entry.step], key=lambda f: f.rank)))
                 replaced += [os.path.join(entry.dir, f.file) for f in entry.files]
+                rewritten.add(entry.step)
             else:  # a file could not be rewritten: the step goes, as without keep_weights
                 keep = keep - {entry.step}
+        for i, entry in enumerate(steps):  # the newest weights-only step, now a delta
+            if entry.step in chained and len(chained[entry.step]) == len(entry.files) and (
+                    rewritten):
+                steps[i] = dataclasses.replace(entry, base=min(rewritten), files=tuple(
+                    sorted(chained[entry.step], key=lambda f: f.rank)))
+                replaced += [os.path.join(entry.dir, f.file) for f in entry.files]
         files = tuple(w.whole for _, w in sorted(written.items()) if w.whole is not None)
         steps.append(Step(self.step, len(results), layout, None, files))
         if keep is not None:  # a base is always newer: older ones can go

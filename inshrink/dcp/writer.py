@@ -19,8 +19,10 @@ Layout of a checkpoint directory::
 
 Plain non-tensor values (numbers, strings, bools, None, short bytes) are also typed in
 ``chunks.json``; others are marked opaque there. File names carry an id unique to each save,
-so saving again into the same directory keeps the previous checkpoint readable until the new ``.metadata`` replaces it; the files the new
-checkpoint no longer uses are then removed.
+so saving again into the same directory keeps the previous checkpoint readable until the new
+``.metadata`` replaces it; the files the new checkpoint no longer uses are then removed
+(:mod:`inshrink.dcp.weights_only` rewrites a checkpoint as a subset of its items the same
+way).
 
 >>> import torch.distributed.checkpoint as dcp                       # doctest: +SKIP
 >>> dcp.save(state, storage_writer=InkStorageWriter("ckpt/step_100"))  # doctest: +SKIP
