@@ -19,7 +19,7 @@ from ..torch.convert import dtype_name
 from .calls import checked_path
 from .chunkmap import Chunk, ChunkMap, TensorItem, ValueItem
 from .names import (BYTES_PREFIX, METADATA, delta_name, is_rank_file, is_rank_temporary,
-                    weights_name)
+                    weights_delta_name, weights_name)
 
 __all__ = ["METADATA_FILE", "BYTES_PREFIX", "read_metadata", "read_metadata_file",
            "check_metadata", "chunk_map_of"]
@@ -85,7 +85,8 @@ def read_metadata(path: str | os.PathLike) -> Metadata:
     for name in sorted({entry["file"] for entry in metadata.storage_data.values()}):
         if not os.path.isfile(os.path.join(path, name)):
             for stored, what in ((delta_name(name), "delta"),
-                                 (weights_name(name), "model-only file")):
+                                 (weights_name(name), "model-only file"),
+                                 (weights_delta_name(name), "model-only delta")):
                 if name.endswith(".ink") and os.path.isfile(os.path.join(path, stored)):
                     # a series' older step
                     raise CorruptError(f"{os.path.join(path, name)}: missing (named by "

@@ -384,7 +384,7 @@ class InkSeries:
         resolve_policy(policy)  # a bad policy fails here, not in the middle of a save
         resolve_policy(weights_policy)
         self.keep_weights = keep_weights
-        self.model = model if model is not None else _is_model_item
+        self.model = model if model is not None else weights_only.is_model_item
         self.weights_policy = weights_policy
         self.directory = os.fspath(directory)
         self.policy = policy
@@ -1020,8 +1020,3 @@ class InkSeriesReader(InkStorageReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
         return False  # made by InkSeries.reader, never from a checkpoint_id
-
-
-def _is_model_item(fqn: str) -> bool:
-    """The default ``model``: the items of a state's ``model`` entry."""
-    return fqn.startswith("model.")

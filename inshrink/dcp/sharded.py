@@ -222,7 +222,7 @@ class ShardedCheckpoints:
 
     # -- every rank agrees ----------------------------------------------------------------
 
-    def _agree(self, error: InshrinkError | None, group: Any = None) -> None:
+    def _agree(self, error: InshrinkError | OSError | None, group: Any = None) -> None:
         """Raise on every rank if any rank has an error (never leave the others waiting in
         a collective that the failed rank will not join): the rank's own error, or the
         first failing rank's, of the same type, naming that rank. ``group``: the process
@@ -316,9 +316,9 @@ class ShardedCheckpoints:
                 models = sorted(set(self.weights_only_steps()) | set(leaving))
                 models = models[-self.keep_weights:]
                 keep = whole[-self.keep_last:] + models
-                plans = [weights_only.plan_subset(self.path(s), _is_model_fqn)
+                plans = [weights_only.plan_subset(self.path(s), weights_only.is_model_item)
                          for s in leaving if s in models]
-            except InshrinkError as exc:
+            except (InshrinkError, OSError) as exc:
                 error = exc
         self._agree(error, self.group)
         shared = [plans, keep]
@@ -331,7 +331,7 @@ class ShardedCheckpoints:
                     if rank_of(name) % self.world == self.rank:
                         weights_only.rewrite_file(plan, name, self.weights_policy,
                                                   self.threads)
-        except InshrinkError as exc:
+        except (InshrinkError, OSError) as exc:  # raised on every rank, never a hang
             error = exc
         self._agree(error, self.group)
         error = None
@@ -340,7 +340,7 @@ class ShardedCheckpoints:
                 for plan in plans:
                     weights_only.commit(plan)
                 self._retain(newest, keep)
-            except InshrinkError as exc:
+            except (InshrinkError, OSError) as exc:
                 error = exc
         self._agree(error, self.group)
 
@@ -443,8 +443,3 @@ class ShardedCheckpoints:
                                f"checkpoint")
         return {"document": torch.empty(tuple(document.size), dtype=torch.uint8),
                 "arrays": arrays}
-
-
-def _is_model_fqn(fqn: str) -> bool:
-    """Whether an item of a step is the model's (what a weights-only step keeps)."""
-    return fqn.startswith("model.")

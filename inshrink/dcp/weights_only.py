@@ -37,7 +37,15 @@ from .metadata import chunk_map_of, read_metadata, read_metadata_file
 from .names import BYTES_PREFIX, METADATA, rank_file_name, rank_of
 from .writer import _new_save_id, _remove_stale
 
-__all__ = ["SubsetPlan", "plan_subset", "rewrite_file", "write_kept", "commit", "kept_items"]
+__all__ = ["SubsetPlan", "plan_subset", "rewrite_file", "write_kept", "commit", "kept_items",
+           "is_model_item"]
+
+
+def is_model_item(fqn: str) -> bool:
+    """Whether an item of a saved state is the model's: under ``model.``, as the
+    ``{"model": ..., "optim": ...}`` states of DCP name them (what a weights-only step keeps
+    by default)."""
+    return fqn.startswith("model.")
 
 
 @dataclass(frozen=True)
