@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import inshrink
+import inshrink.io.writer
 from inshrink.container import layout
 from inshrink.errors import (BaseMismatchError, CorruptError, InshrinkError,
                              LimitExceededError, TruncatedError)

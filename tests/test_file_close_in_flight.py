@@ -47,25 +47,97 @@ def test_a_sink_that_closes_the_file_still_gets_the_chunks_in_flight(tmp_path, m
     assert np.concatenate([chunk for _, chunk in got]).tobytes() == x.tobytes()
 
 
-def test_close_after_a_load_does_not_wait_for_the_idle_threads(tmp_path, monkeypatch):
-    """With nothing in flight, close lets the idle threads go without joining them."""
+def _read_threads() -> set:
+    return {t for t in threading.enumerate() if t.name.startswith("inshrink-read2_")}
+
+
+def test_files_share_one_read_pool_and_close_leaves_it_running(tmp_path):
+    """Opening a file starts no threads and closing it stops none: reads of every file use
+    the process's pool for their thread count (starting one per file cost ~0.7 ms a load)."""
     path = tmp_path / "x.ink"
     with inshrink.Writer(path, chunk_bytes=1 << 16, threads=1) as writer:
         writer.add("a", np.linspace(0, 1, 1 << 16, dtype=np.float32))  # 4 chunks
         writer.add("b", np.linspace(1, 2, 1 << 16, dtype=np.float32))
-    waits = []
-    shutdown = tensor_threads.ThreadPoolExecutor.shutdown
+    with inshrink.File(path, threads=2) as f:
+        first = f.load()
+    pool = _read_threads()
+    assert 1 <= len(pool) <= 2
+    for _ in range(5):
+        with inshrink.File(path, threads=2) as f:
+            got = f.load()
+            f.read_into("a", lambda start, chunk: None)
+            with pytest.raises(RuntimeError, match="stop"):
+                f.read_into("b", lambda start, chunk: (_ for _ in ()).throw(RuntimeError("stop")))
+        assert all(np.array_equal(got[k], first[k]) for k in first)
+    assert _read_threads() == pool and all(t.is_alive() for t in pool)
+    assert tensor_threads.read_pool(2) is tensor_threads.read_pool(2)
+    assert tensor_threads.read_pool(1) is None
 
-    def record(self, wait=True, **kwargs):
-        waits.append(wait)
-        return shutdown(self, wait=wait, **kwargs)
-    monkeypatch.setattr(tensor_threads.ThreadPoolExecutor, "shutdown", record)
+
+def test_a_sink_on_a_pool_thread_that_reads_another_file(tmp_path):
+    """An unordered sink runs on the pool's threads; a read it makes decodes on that thread
+    (waiting there for jobs queued behind the sink's own could wait forever)."""
+    path = tmp_path / "x.ink"
+    x = np.linspace(-1, 1, 16 * 1024, dtype=np.float32)
+    with inshrink.Writer(path, chunk_bytes=4096, threads=1) as writer:
+        writer.add("x", x)
+    inner = inshrink.File(path, threads=2)
+    seen = []
+
+    def sink(start, chunk):
+        seen.append(tensor_threads.read_pool(2) is None)
+        assert inner.read("x").tobytes() == x.tobytes()
+    with inshrink.File(path, threads=2) as outer:
+        outer.read_into("x", sink, in_order=False)
+    inner.close()
+    assert len(seen) == 16 and any(seen)  # some chunks reached the sink on a pool thread
+
+
+def test_many_threads_reading_through_the_shared_pool(tmp_path):
+    path = tmp_path / "x.ink"
+    data = {f"t{i}": np.arange(i, i + 40_000, dtype=np.float32) for i in range(6)}
+    with inshrink.Writer(path, chunk_bytes=1 << 14, threads=1) as writer:
+        for name, array in data.items():
+            writer.add(name, array)
+    errors = []
+
+    def reader():
+        try:
+            for _ in range(10):
+                with inshrink.File(path, threads=2) as f:
+                    got = f.load()
+                assert all(np.array_equal(got[k], data[k]) for k in data)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+    workers = [threading.Thread(target=reader) for _ in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    assert not any(w.is_alive() for w in workers) and not errors, errors
+
+
+def test_a_forked_child_reads_with_threads(tmp_path):
+    """A child forked after the parent's reads has none of the pool's threads: it starts
+    its own (the parent's pool object would queue jobs no thread takes: a hang)."""
+    import os
+    path = tmp_path / "x.ink"
+    x = np.linspace(-1, 1, 64 * 1024, dtype=np.float32)
+    with inshrink.Writer(path, chunk_bytes=4096, threads=1) as writer:
+        writer.add("x", x)
+        writer.add("y", x[::-1].copy())
     with inshrink.File(path, threads=2) as f:
         f.load()
-        f.read_into("a", lambda start, chunk: None)
-        with pytest.raises(RuntimeError, match="stop"):
-            f.read_into("b", lambda start, chunk: (_ for _ in ()).throw(RuntimeError("stop")))
-    assert waits == [False]
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if its threaded load is right
+        status = 1
+        try:
+            with inshrink.File(path, threads=2) as f:
+                status = 0 if f.load()["x"].tobytes() == x.tobytes() else 2
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def _written(path, chunks: int = 3) -> np.ndarray:

@@ -20,7 +20,7 @@ from ..errors import (BaseMismatchError, InshrinkError, InvalidArgumentError,
                       LimitExceededError, TensorNotFoundError, with_path)
 from .arguments import Progress, check_progress, resolve_threads
 from .info import TensorInfo
-from .threads import executor, in_order, share
+from .threads import in_order, read_pool, share, wait_for
 
 # Chunks decoding to fewer bytes than this are left to the calling thread when a load is
 # shared between threads: their decoding is mostly Python, holding the GIL, and two threads on
@@ -104,10 +104,9 @@ class File:
             if isinstance(exc, InshrinkError):
                 raise _named(exc, self._reader.path) from exc.__cause__
             raise
-        self._pool = executor(self._threads)
-        # one item per load or read_into whose jobs may still run on the pool (see close):
+        # the jobs of each load or read_into whose jobs may still run on the pool (see close):
         # list.append and pop are atomic, no lock needed
-        self._in_flight: list[None] = []
+        self._in_flight: list = []
         self._local = threading.local()
         # reads running now (any thread), and whether close was called: the descriptor, the
         # read buffers and the pool are given up when both say so (see close)
@@ -216,8 +215,8 @@ class File:
         """Decode every chunk of ``entries`` into ``outs`` (uint8, one per entry).
 
         The headers their records must have are computed first, for all at once. The calling
-        thread decodes too (see :meth:`_share`); a failure raises the error of the first chunk
-        in order that fails, as one thread would.
+        thread decodes too (:func:`inshrink.io.threads.share`); a failure raises the error of
+        the first chunk in order that fails, as one thread would.
         """
         self._check_bases(entries)
         headers = self._reader.expected_headers(
@@ -254,20 +253,15 @@ class File:
         sizes = [view.size for view in views]
         # a pool thread for each chunk it may take (none: no thread is woken for the load)
         helpers = min(self._threads - 1, sum(size >= _SHARED_CHUNK_BYTES for size in sizes))
-        if self._pool is None or len(views) < 2 or not helpers:
+        pool = read_pool(self._threads)
+        if pool is None or len(views) < 2 or not helpers:
             for i in range(len(views)):
                 size = run(i)
                 if progress is not None:
                     progress(size)
             return
-        self._share(run, sizes, helpers, progress)
-
-    def _share(self, run: Callable[[int], int], sizes: list[int], helpers: int,
-               progress: Progress | None) -> None:
-        """``run(i)`` for every chunk job ``i``, on the calling thread and ``helpers`` of the
-        pool's, the calling thread taking the chunks under ``_SHARED_CHUNK_BYTES``
-        (:func:`inshrink.io.threads.share`)."""
-        share(self._pool, self._in_flight, run, sizes, helpers, _SHARED_CHUNK_BYTES, progress)
+        # the calling thread takes the chunks under _SHARED_CHUNK_BYTES
+        share(pool, self._in_flight, run, sizes, helpers, _SHARED_CHUNK_BYTES, progress)
 
     @_naming_the_file
     def read_into(self, name: str, sink: Callable[[int, np.ndarray], None],
@@ -319,7 +313,7 @@ class File:
 
     def _in_order(self, fn: Callable[[int], Any], items) -> Iterator[Any]:
         """``map(fn, items)`` on the thread pool, in order, with a bounded window in flight."""
-        return in_order(self._pool, self._in_flight, fn, items, 2 * self._threads)
+        return in_order(read_pool(self._threads), self._in_flight, fn, items, 2 * self._threads)
 
     def _decode_chunk(self, entry: TensorEntry, c: int, out: np.ndarray,
                       headers: list[bytes] | None = None) -> Any:
@@ -512,14 +506,10 @@ class File:
             self._release()
 
     def _release(self) -> None:
-        if self._pool is not None:
-            # once load and read_into have returned (they wait for their jobs, even when
-            # they raise), the idle threads end by themselves, without being joined (0.2-0.3
-            # ms of a 2-thread load of final_fp32). A read whose wait for its jobs was
-            # interrupted (KeyboardInterrupt) left them queued: those are waited for, as
-            # they read with the descriptor and the buffers closed below.
-            self._pool.shutdown(wait=bool(self._in_flight))
-            self._pool = None
+        # load and read_into wait for their jobs, even when they raise; a read whose wait
+        # was interrupted (KeyboardInterrupt) left them queued: those are waited for, as they
+        # read with the descriptor closed below
+        wait_for(self._in_flight)
         self._reader.close()
 
     def __enter__(self) -> "File":
