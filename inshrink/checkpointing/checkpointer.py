@@ -69,6 +69,27 @@ def _close_at_exit() -> None:
                            ckpt.directory)
 
 
+STAGING_MODES = ("copy", "in_place")
+
+
+def _versions(model: torch.nn.Module, optimizer: Any) -> list:
+    """The parameters and optimizer state tensors read in place, with their version
+    counters now."""
+    tensors = list(model.parameters()) + [
+        value for state in optimizer.state.values() for value in state.values()
+        if isinstance(value, torch.Tensor)]
+    return [(t, t._version) for t in tensors]
+
+
+def _check_versions(versions: list, step: int) -> None:
+    changed = sum(t._version != v for t, v in versions)
+    if changed:
+        raise InvalidArgumentError(
+            f"{changed} parameter or optimizer tensors changed while the in-place save of "
+            f"step {step} read them (with async_staging='in_place' they may change only in "
+            f"optimizer.step(), which waits for the save): step {step} was not saved")
+
+
 def _release(executor: ThreadPoolExecutor | None, *sharded: Any) -> None:
     """A dropped Checkpointer's background thread stopped and its process groups destroyed."""
     if executor is not None:  # joined, unless dropped by that very thread
@@ -222,6 +243,19 @@ class Checkpointer:
         :meth:`restore` (that step was not saved). With ``eval_batches`` the search
         evaluates a copy of the model (``copy.deepcopy``, made here: the model's memory
         twice), loaded with the staged weights, so that training is never disturbed.
+    async_staging : {"copy", "in_place"}
+        With ``async_``: what :meth:`save` stages. "copy" (the default): a CPU copy of the
+        whole state, so training never waits for the background save (the state's memory
+        twice on the host). "in_place": only the model's buffers (which a forward pass
+        changes) are copied; the background save reads the parameters and the optimizer's
+        state where they are, and the next ``optimizer.step()`` waits until it is done (a
+        pre-hook on the optimizer; the wait counts in :attr:`seconds`). The forward and
+        backward passes before that step overlap the save, and the host holds no second copy
+        of the state. Until the save ends, parameters and optimizer state may change only in
+        ``optimizer.step()``: an in-place change elsewhere is detected by the tensors'
+        version counters and that step is not saved (the failure is raised by the next
+        call, as any background failure); a change through ``.data`` is not detected.
+        Needs an optimizer; not in the sharded mode.
     keep_last : int, optional
         After each save, keep only this many newest steps (and the files they need).
     keep_weights : int, optional
@@ -320,10 +354,18 @@ class Checkpointer:
                  keep_last: int | None = None, sharded: bool | None = None,
                  total_steps: int | None = None, keep_weights: int | None = None,
                  weights_policy: Policy | str | None = None,
-                 moments: str = "measured") -> None:
+                 moments: str = "measured", async_staging: str = "copy") -> None:
         require_module(model)
         sharded = self._check_training_args(model, optimizer, scheduler, extra, rng, async_,
                                             keep_last, sharded, eval_batches)
+        if async_staging not in STAGING_MODES:
+            raise InvalidArgumentError(f"async_staging must be one of {STAGING_MODES}, got "
+                                       f"{async_staging!r}")
+        if async_staging == "in_place" and (not async_ or optimizer is None or sharded):
+            raise InvalidArgumentError(
+                "async_staging='in_place' needs async_=True and an optimizer (whose step waits "
+                "for the save), and is not supported in the sharded mode")
+        self.async_staging = async_staging
         self.scheduler = scheduler
         self.extra = check_extra(extra)
         self.rng = rng
@@ -401,6 +443,8 @@ class Checkpointer:
             if async_ else None
         self._pending: tuple[int, Future] | None = None
         self._closed = False
+        self._step_hook = optimizer.register_step_pre_hook(self._before_step) \
+            if async_staging == "in_place" else None
         if self._executor is not None or self._sharded is not None:
             # dropped unclosed (nothing pending: a pending save holds it): its thread and
             # groups end then, not at the interpreter's finalization
@@ -499,7 +543,8 @@ class Checkpointer:
         optimizer, the scheduler, the random generators and the extras, in one checkpoint.
 
         Waits for the previous save first; a failure of that one (in async mode) is raised
-        here, and this step is not saved. With ``async_``, returns once the state is copied.
+        here, and this step is not saved. With ``async_``, returns once the state is staged
+        (``async_staging``).
 
         Returns
         -------
@@ -546,19 +591,29 @@ class Checkpointer:
             left = self.budget.total_steps - step if self.budget.total_steps else None
             moments = optimizer_moments(self.model, self.optimizer,
                                         None if left is None else max(1, left))
-        if self._executor is not None:  # the staging copy: training goes on meanwhile
+        versions = None
+        if self.async_staging == "in_place":  # the buffers only: a forward pass changes them
+            buffers = {MODEL + name for name, _ in
+                       self.model.named_buffers(remove_duplicate=False)}
+            state = {name: np.array(array, copy=True) if name in buffers else array
+                     for name, array in state.items()}
+            versions = _versions(self.model, self.optimizer)
+        elif self._executor is not None:  # the staging copy: training goes on meanwhile
             state = {name: np.array(array, copy=True) for name, array in state.items()}
         if self.ema is not None:  # the next checkpoint is expected as far ahead as this one
             gap = None if self._last_step is None else step - self._last_step
             self.ema.start_interval(gap)
         self._last_step = step
         return self._run(step, lambda: self._write(step, state, metadata, importance,
-                                                   curvature, moments), started)
+                                                   curvature, moments, versions), started)
 
     def _write(self, step: int, state: dict[str, np.ndarray], metadata: dict[str, str],
                importance: dict | None, curvature: dict | None,
-               moments: list | None = None) -> dict[str, Any]:
-        """Search, quantize and write one staged checkpoint (in the background if async)."""
+               moments: list | None = None,
+               versions: list | None = None) -> dict[str, Any]:
+        """Search, quantize and write one staged checkpoint (in the background if async);
+        ``versions``: of the tensors read in place, which must not change before the
+        checkpoint is committed."""
         started = time.perf_counter()
         if self._evaluated is not self.model:  # the copy the search evaluates: as staged
             self._evaluated.load_state_dict({name[len(MODEL):]: to_torch(array)
@@ -572,7 +627,9 @@ class Checkpointer:
             result = self.search.choose(state, self.quality, importance, curvature, moments)
             policy, report = result.policy, result.report
             metadata = {**metadata, **result.metadata()}
-        self.series.save(step, state, metadata=metadata, importance=importance, policy=policy)
+        unchanged = None if versions is None else lambda: _check_versions(versions, step)
+        self.series.save(step, state, metadata=metadata, importance=importance, policy=policy,
+                         before_commit=unchanged)
         size = self.series.checkpoints()[-1].bytes
         if self.keep_weights is not None:
             self.series.retain(self.keep_last, self.keep_weights, model=_is_model,
@@ -596,6 +653,15 @@ class Checkpointer:
         seconds = time.perf_counter() - started
         self.seconds += seconds
         return {**report, "seconds": seconds}
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """``async_staging="in_place"``: the optimizer's step waits for the save reading the
+        state in place (a failure of that save is raised by the next call, not here)."""
+        if self._pending is None:
+            return
+        started = time.perf_counter()
+        self._pending[1].exception()  # waits; the outcome is :meth:`wait`'s to report
+        self.seconds += time.perf_counter() - started
 
     def wait(self) -> dict[str, Any] | None:
         """Wait for the save in the background, if any; return its report (as :meth:`save`
@@ -630,6 +696,9 @@ class Checkpointer:
             self.wait()
         finally:
             self._closed = True
+            if self._step_hook is not None:
+                self._step_hook.remove()
+                self._step_hook = None
             with _PENDING_LOCK:
                 _OPEN.discard(self)
             if self._executor is not None:

@@ -324,7 +324,8 @@ class Series:
     def save(self, step: int, tensors: Mapping[str, Any],
              metadata: Mapping[str, str] | None = None,
              importance: Mapping[str, Any] | None = None,
-             policy: Policy | str | None = None) -> list[TensorInfo]:
+             policy: Policy | str | None = None,
+             before_commit: Callable[[], None] | None = None) -> list[TensorInfo]:
         """Add checkpoint ``step`` (greater than every saved step); return its tensor report.
 
         ``policy`` replaces the series' policy for this checkpoint only; deltas work across
@@ -335,6 +336,8 @@ class Series:
         The checkpoint is written and the manifest switched under the lock (:class:`Series`,
         Notes): raises :class:`inshrink.errors.SeriesLockedError` if another writer holds
         it. On any failure the series is unchanged and no file of this save is left behind.
+        ``before_commit`` is called once the files are written, before the manifest switch:
+        what it raises fails the save (e.g. a check that the arrays did not change meanwhile).
         """
         if not isinstance(tensors, Mapping):
             raise InvalidArgumentError("tensors must be a mapping of names to arrays")
@@ -363,6 +366,8 @@ class Series:
                     rewritten = self._rewrite_as_delta(replaced, newest, exact, codes, written)
                     entries = [replace(e, base=rewritten.file) if e.base == replaced.file
                                else e for e in entries[:-1]] + [rewritten]
+                if before_commit is not None:
+                    before_commit()
                 self._write_manifest(entries + [newest])
             except BaseException:
                 self._discard(written)
