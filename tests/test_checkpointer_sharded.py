@@ -273,9 +273,61 @@ def _weights(rank, world, directory):
                                         "weights_steps": weights_steps})
 
 
+def _held_writes():
+    """Make every rank's DCP write wait until the returned event is set."""
+    from inshrink.dcp.writer import InkStorageWriter
+    original, release = InkStorageWriter.write_data, threading.Event()
+
+    def held(self, plan, planner):
+        assert release.wait(30)
+        return original(self, plan, planner)
+    InkStorageWriter.write_data = held
+    return release, lambda: setattr(InkStorageWriter, "write_data", original)
+
+
+def _in_place(rank, world, directory):
+    """async_staging="in_place": the step after a save waits for it; a change outside the
+    step on one rank fails the step on both."""
+    model, optim, sched = _sharded(world, seed=2)
+    torch.manual_seed(300 + rank)
+    counter = Counter()
+    ckpt = Checkpointer(os.path.join(directory, "ckpt"), model, optim, sched,
+                        extra={"counter": counter}, async_=True, async_staging="in_place")
+    _train(model, optim, sched, counter, 2)
+    saved = _local_sum(model)
+    release, restore_writes = _held_writes()
+    ckpt.save(2)
+    threading.Timer(0.5, release.set).start()
+    began = time.perf_counter()
+    _train(model, optim, sched, counter, 1)  # its optimizer step waits for the save
+    waited = time.perf_counter() - began
+    restore_writes()
+    ckpt.wait()
+    release, restore_writes = _held_writes()
+    ckpt.save(3)
+    if rank == 1:
+        with torch.no_grad():
+            next(model.parameters()).mul_(0.5)  # not optimizer.step(): nothing waits
+    release.set()
+    failure = None
+    try:
+        ckpt.wait()
+    except errors.InshrinkError as exc:
+        failure = str(exc)
+    restore_writes()
+    steps = ckpt.steps()
+    ckpt.restore(2)
+    back = _local_sum(model)
+    ckpt.save(4)  # its commit removes what the failed save left
+    ckpt.close()
+    _write(directory, "in_place", rank, {"waited": waited, "failure": failure, "steps": steps,
+                                         "saved": saved, "restored": back})
+
+
 SCENARIOS = {  # name: ((world size, rank function), ...)
     "resume": ((2, _first), (2, _second), (3, _three)),
     "weights": ((2, _weights),),
+    "in_place": ((2, _in_place),),
 }
 
 
@@ -332,3 +384,16 @@ def test_a_commit_removes_older_saves_that_never_committed(tmp_path, keep_last):
     left = sorted(os.listdir(tmp_path))
     kept = [1, 3, 5, 6] if keep_last is None else [5, 6]
     assert left == [step_directory(s) for s in kept]
+
+
+def test_sharded_in_place_staging_waits_in_the_step_and_fails_on_a_change(tmp_path):
+    run_scenario(HERE, "in_place", tmp_path, TIMEOUT)
+    for rank in (0, 1):
+        got = read(tmp_path, f"in_place_{rank}.json")
+        assert got["waited"] >= 0.4, got  # the step after the save waited for the write
+        # rank 1 changed a parameter outside the step: step 3 failed on both ranks
+        assert got["failure"] is not None and "step 3 was not saved" in got["failure"], got
+        assert got["steps"] == [2]
+        assert got["restored"] == got["saved"]  # step 2: the state at the call
+    names = sorted(n for n in os.listdir(tmp_path / "ckpt") if not n.startswith("."))
+    assert names == ["step_000000000002", "step_000000000004"]

@@ -26,7 +26,8 @@ from ..series.series import MAX_STEP, Series
 from ..torch.convert import to_torch
 from ..torch.gradients import GradientEMA
 from ..torch.quality import CRITERIA, quality_from
-from ..torch.state import MODEL, load_state, require_module, require_optimizer, state_to_numpy
+from ..torch.state import (MODEL, check_versions, load_state, require_module, require_optimizer,
+                           state_to_numpy, versions_of)
 from ..torch.training import TRAINING, TRAINING_METADATA, capture, check_extra, decode
 from .budget import EPSILON_FLOOR, LATE_LR, Budget, run_length
 from .moments import optimizer_moments
@@ -70,24 +71,6 @@ def _close_at_exit() -> None:
 
 
 STAGING_MODES = ("copy", "in_place")
-
-
-def _versions(model: torch.nn.Module, optimizer: Any) -> list:
-    """The parameters and optimizer state tensors read in place, with their version
-    counters now."""
-    tensors = list(model.parameters()) + [
-        value for state in optimizer.state.values() for value in state.values()
-        if isinstance(value, torch.Tensor)]
-    return [(t, t._version) for t in tensors]
-
-
-def _check_versions(versions: list, step: int) -> None:
-    changed = sum(t._version != v for t, v in versions)
-    if changed:
-        raise InvalidArgumentError(
-            f"{changed} parameter or optimizer tensors changed while the in-place save of "
-            f"step {step} read them (with async_staging='in_place' they may change only in "
-            f"optimizer.step(), which waits for the save): step {step} was not saved")
 
 
 def _release(executor: ThreadPoolExecutor | None, *sharded: Any) -> None:
@@ -255,7 +238,8 @@ class Checkpointer:
         ``optimizer.step()``: an in-place change elsewhere is detected by the tensors'
         version counters and that step is not saved (the failure is raised by the next
         call, as any background failure); a change through ``.data`` is not detected.
-        Needs an optimizer; not in the sharded mode.
+        Needs an optimizer. In the sharded mode every rank checks its own tensors and a
+        change on one fails the step on all.
     keep_last : int, optional
         After each save, keep only this many newest steps (and the files they need).
     keep_weights : int, optional
@@ -361,10 +345,10 @@ class Checkpointer:
         if async_staging not in STAGING_MODES:
             raise InvalidArgumentError(f"async_staging must be one of {STAGING_MODES}, got "
                                        f"{async_staging!r}")
-        if async_staging == "in_place" and (not async_ or optimizer is None or sharded):
+        if async_staging == "in_place" and (not async_ or optimizer is None):
             raise InvalidArgumentError(
                 "async_staging='in_place' needs async_=True and an optimizer (whose step waits "
-                "for the save), and is not supported in the sharded mode")
+                "for the save)")
         self.async_staging = async_staging
         self.scheduler = scheduler
         self.extra = check_extra(extra)
@@ -567,7 +551,8 @@ class Checkpointer:
             _LOG.info("Checkpointer(%s): %s", self.directory, self.mode())
             self._announced = True
         if self._sharded is not None:
-            job = self._sharded.stage(step, copy=self._executor is not None)
+            job = self._sharded.stage(step, copy=self._executor is not None,
+                                      in_place=self.async_staging == "in_place")
             self._last_step = step
             return self._run(step, job, started)
         if type(step) is not int or not 0 <= step <= MAX_STEP:  # here, not in the background
@@ -597,7 +582,7 @@ class Checkpointer:
                        self.model.named_buffers(remove_duplicate=False)}
             state = {name: np.array(array, copy=True) if name in buffers else array
                      for name, array in state.items()}
-            versions = _versions(self.model, self.optimizer)
+            versions = versions_of(self.model, self.optimizer)
         elif self._executor is not None:  # the staging copy: training goes on meanwhile
             state = {name: np.array(array, copy=True) for name, array in state.items()}
         if self.ema is not None:  # the next checkpoint is expected as far ahead as this one
@@ -627,7 +612,7 @@ class Checkpointer:
             result = self.search.choose(state, self.quality, importance, curvature, moments)
             policy, report = result.policy, result.report
             metadata = {**metadata, **result.metadata()}
-        unchanged = None if versions is None else lambda: _check_versions(versions, step)
+        unchanged = None if versions is None else lambda: check_versions(versions, step)
         self.series.save(step, state, metadata=metadata, importance=importance, policy=policy,
                          before_commit=unchanged)
         size = self.series.checkpoints()[-1].bytes

@@ -48,6 +48,7 @@ from . import weights_only
 from .. import errors
 from ..errors import CorruptError, InshrinkError, InvalidArgumentError
 from ..encode.policy import Policy
+from ..torch.state import check_versions, versions_of
 from ..torch.training import capture, decode
 
 __all__ = ["ShardedCheckpoints", "step_directory", "is_sharded"]
@@ -248,8 +249,11 @@ class ShardedCheckpoints:
 
     # -- saving ----------------------------------------------------------------------------
 
-    def stage(self, step: int, copy: bool) -> Callable[[], dict[str, Any]]:
-        """Take the state of ``step`` (a CPU copy if ``copy``); return the job that writes it.
+    def stage(self, step: int, copy: bool,
+              in_place: bool = False) -> Callable[[], dict[str, Any]]:
+        """Take the state of ``step`` (a CPU copy if ``copy``; with ``in_place`` a copy of the
+        model's buffers only, the job then failing if a parameter or optimizer tensor changes
+        before this rank's file is written); return the job that writes it.
 
         Raises on every rank if ``step`` is not after the newest committed step or some
         rank's training state cannot be stored.
@@ -267,17 +271,25 @@ class ShardedCheckpoints:
             error = exc
         self._agree(error)
         state = self._state()
-        if copy:
+        check = None
+        if in_place:  # a forward pass changes the buffers: those are copied
+            buffers = {name for name, _ in self.model.named_buffers(remove_duplicate=False)}
+            state["model"] = {name: value.detach().clone() if name in buffers else value
+                              for name, value in state["model"].items()}
+            versions = versions_of(self.model, self.optimizer)
+            check = lambda: check_versions(versions, step)  # noqa: E731
+        elif copy:
             state = BlockingAsyncStager().stage(state)
         state[_training_key(self.rank)] = {
             "document": torch.frombuffer(bytearray(document.encode()), dtype=torch.uint8),
             "arrays": {name: torch.from_numpy(array) for name, array in arrays.items()}}
-        return lambda: self._write(step, state)
+        return lambda: self._write(step, state, check)
 
-    def _write(self, step: int, state: dict[str, Any]) -> dict[str, Any]:
+    def _write(self, step: int, state: dict[str, Any],
+               check: Callable[[], None] | None = None) -> dict[str, Any]:
         started = time.perf_counter()
         path = self.path(step)
-        writer = InkStorageWriter(path, policy=self.policy, threads=self.threads)
+        writer = InkStorageWriter(path, policy=self.policy, threads=self.threads, check=check)
         try:
             dcp.save(state, storage_writer=writer, process_group=self.group)
         except dcp.api.CheckpointException as exc:

@@ -35,7 +35,7 @@ import logging
 import os
 import pickle
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -76,6 +76,10 @@ class InkStorageWriter(StorageWriter):
         lossless, bit-exact.
     threads : int, optional
         Encoder threads per rank (default: every core).
+    check : callable, optional
+        Called on each rank once its file is written; what it raises (e.g. a check that the
+        tensors did not change while they were read) removes that file and fails the save
+        on every rank, so nothing of it is committed.
 
     Notes
     -----
@@ -91,8 +95,12 @@ class InkStorageWriter(StorageWriter):
     """
 
     def __init__(self, path: str | os.PathLike, policy: Policy | str | None = None,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, *,
+                 check: Callable[[], None] | None = None) -> None:
         super().__init__()
+        if check is not None and not callable(check):
+            raise InvalidArgumentError("check must be callable or None")
+        self.check = check
         self.path = checked_path(path)
         self.policy = resolve_policy(policy)
         self.threads = resolve_threads(threads)
@@ -130,6 +138,15 @@ class InkStorageWriter(StorageWriter):
         if not is_rank_file(file_name):
             raise InvalidArgumentError("the save plan was not prepared by InkStorageWriter")
         results, _, _ = self._write_rank_file(plan.items, planner, file_name)
+        if self.check is not None:
+            try:
+                self.check()
+            except BaseException:  # the save fails on every rank: nothing of it stays
+                try:
+                    os.unlink(os.path.join(self.path, file_name))
+                except OSError:
+                    pass  # (the next commit removes it: not a file of a committed save)
+                raise
         return done(results)
 
     def _write_rank_file(self, items: list[WriteItem], planner: SavePlanner, file_name: str,

@@ -246,6 +246,25 @@ def state_to_numpy(model: torch.nn.Module | None = None,
     return arrays, metadata
 
 
+def versions_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list:
+    """The model's parameters and the optimizer's state tensors with their version counters
+    now (an in-place operation on a tensor raises its counter; ``.data`` bypasses it)."""
+    tensors = list(model.parameters()) + [
+        value for state in optimizer.state.values() for value in state.values()
+        if isinstance(value, torch.Tensor)]
+    return [(t, t._version) for t in tensors]
+
+
+def check_versions(versions: list, step: int) -> None:
+    """Raise :class:`InvalidArgumentError` if a tensor of :func:`versions_of` changed since."""
+    changed = sum(t._version != v for t, v in versions)
+    if changed:
+        raise InvalidArgumentError(
+            f"{changed} parameter or optimizer tensors changed while the in-place save of "
+            f"step {step} read them (with async_staging='in_place' they may change only in "
+            f"optimizer.step(), which waits for the save): step {step} was not saved")
+
+
 _META = ("{} is on the meta device: load_state_dict would copy nothing into it (and the "
          "optimizer's state would follow it there); give the model memory first, e.g. "
          "model.to_empty(device='cpu')")
