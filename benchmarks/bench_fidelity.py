@@ -25,7 +25,8 @@ Configurations (``--configs`` adds more, ``--only`` replaces the list):
                    the default ``epsilon``; ``search:epsilon=0.01,restores=10`` passes other
                    Checkpointer arguments (``moments=fixed`` among them), and two that
                    change its search space: ``moments_exact=true`` (the moments lossless:
-                   the weights' share of the damage alone), ``no_prune=true`` (no pruning)
+                   the weights' share of the damage alone), ``no_prune=true`` (no pruning);
+                   ``predict=true`` runs the search with ``Search(predict=True)``
 =================  ==========================================================================
 
 A run's degradation is (final test loss − ref's, same seed) / ref's. Per task and
@@ -126,7 +127,11 @@ def checkpointer(task: fm.Task, config: dict, directory: str):
         if space:
             from inshrink.search import SearchSpace
             kwargs["space"] = SearchSpace(**space)
+        predict = args.pop("predict", False)
         kwargs.update(args)
+        ckpt = Checkpointer(directory, task.model, task.optimizer, **kwargs)
+        ckpt.search.predict = bool(predict)  # Search(predict=True): see its docstring
+        return ckpt
     return Checkpointer(directory, task.model, task.optimizer, **kwargs)
 
 

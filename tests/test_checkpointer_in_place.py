@@ -90,8 +90,9 @@ def test_a_change_outside_the_step_fails_the_save_and_stores_nothing(tmp_path):
     assert sorted(p.name for p in (tmp_path / "c").iterdir()) == before  # no debris
     ckpt.save(5)  # the series goes on
     assert ckpt.wait()["step"] == 5 and ckpt.steps() == [2, 5]
+    assert len(optimizer._optimizer_step_pre_hooks) == 1
     ckpt.close()
-    # closed: the hook is gone, steps no longer wait for anything
+    assert not optimizer._optimizer_step_pre_hooks  # closed: the step waits for nothing
     train(model, optimizer, scheduler, 1)
 
 
