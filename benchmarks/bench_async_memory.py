@@ -23,11 +23,38 @@ import sys
 import tempfile
 import time
 
-CHILD = r"""
-import json, os, sys, tempfile, time
+MEASURE = r"""
+import time
+from inshrink.torch import Checkpointer
+
+def kib(field):
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith(field)).split()[1])
+
+def measure(directory, model, optimizer, step, staging, policy, saves, every, **options):
+    # One warm-up save (imports, kernels, first allocations), then the timed loop.
+    ckpt = Checkpointer(directory, model, optimizer, async_=staging in ("copy", "in_place"),
+                        async_staging=staging if staging in ("copy", "in_place") else "copy",
+                        policy=policy, threads=1, **options)
+    ckpt.save(0)
+    ckpt.wait()
+    warm_up = ckpt.seconds
+    started = time.perf_counter()
+    for k in range(saves * every):
+        step()
+        if k % every == every - 1 and staging != "none":
+            ckpt.save(k + 1)
+    ckpt.close()
+    loop = time.perf_counter() - started
+    # VmHWM is the whole process's: memory freed and kept by the allocator counts too.
+    return {"staging": staging, "peak_bytes": kib("VmHWM:") << 10,
+            "blocked_s": ckpt.seconds - warm_up, "loop_s": loop}
+"""
+
+CHILD = MEASURE + r"""
+import json, os, sys, tempfile
 import torch
 from torch import nn
-from inshrink.torch import Checkpointer
 width, layers, saves, every, staging, policy = (int(sys.argv[1]), int(sys.argv[2]),
     int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6])
 torch.set_num_threads(1)
@@ -42,39 +69,20 @@ def step():
     loss.backward()
     optimizer.step()
 
-def kib(field):
-    with open("/proc/self/status") as f:
-        return int(next(line for line in f if line.startswith(field)).split()[1])
-
 step()  # the optimizer's state exists before the first save
 state = sum(t.numel() * t.element_size() for t in model.state_dict().values())
 state += sum(v.numel() * v.element_size() for s in optimizer.state.values()
              for v in s.values() if torch.is_tensor(v))
 largest = max(p.numel() * p.element_size() for p in model.parameters())
 with tempfile.TemporaryDirectory() as work:
-    ckpt = Checkpointer(os.path.join(work, "c"), model, optimizer,
-                        async_=staging in ("copy", "in_place"),
-                        async_staging=staging if staging in ("copy", "in_place") else "copy",
-                        policy=policy, grad_ema=False, threads=1)
-    ckpt.save(0)  # imports, kernels and the first save's allocations: not counted
-    ckpt.wait()
-    warm_up = ckpt.seconds
-    started = time.perf_counter()
-    for k in range(saves * every):
-        step()
-        if k % every == every - 1 and staging != "none":
-            ckpt.save(k + 1)
-    ckpt.close()
-    loop = time.perf_counter() - started
-    peak = kib("VmHWM:")  # of the whole process: memory freed and kept by the allocator too
-print(json.dumps({"staging": staging, "state_bytes": state, "largest_bytes": largest,
-                  "peak_bytes": peak << 10, "blocked_s": ckpt.seconds - warm_up,
-                  "loop_s": loop}))
+    row = measure(os.path.join(work, "c"), model, optimizer, step, staging, policy, saves,
+                  every, grad_ema=False)
+print(json.dumps({**row, "state_bytes": state, "largest_bytes": largest}))
 """
 
 
-SHARDED_CHILD = r"""
-import json, os, sys, tempfile, time
+SHARDED_CHILD = MEASURE + r"""
+import json, os, sys, tempfile
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -82,14 +90,9 @@ from torch import nn
 width, layers, saves, every, staging, policy, world = (int(sys.argv[1]), int(sys.argv[2]),
     int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6], int(sys.argv[7]))
 
-def kib(field):
-    with open("/proc/self/status") as f:
-        return int(next(line for line in f if line.startswith(field)).split()[1])
-
 def rank_main(rank, work):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from inshrink.torch import Checkpointer
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{work}/.init", rank=rank,
                             world_size=world)
@@ -111,25 +114,10 @@ def rank_main(rank, work):
     local = lambda t: t.to_local() if hasattr(t, "to_local") else t
     state = sum(local(p).numel() * 4 for p in model.parameters()) * 3  # + AdamW's 2 moments
     largest = max(local(p).numel() * 4 for p in model.parameters())
-    ckpt = Checkpointer(os.path.join(work, "c"), model, optimizer,
-                        async_=staging in ("copy", "in_place"),
-                        async_staging=staging if staging in ("copy", "in_place") else "copy",
-                        policy=policy, threads=1)
-    ckpt.save(0)  # imports, kernels and the first save's allocations: not counted
-    ckpt.wait()
-    warm_up = ckpt.seconds
-    started = time.perf_counter()
-    for k in range(saves * every):
-        step()
-        if k % every == every - 1 and staging != "none":
-            ckpt.save(k + 1)
-    ckpt.close()
-    loop = time.perf_counter() - started
-    peak = kib("VmHWM:")  # of the whole process: memory freed and kept by the allocator too
+    row = measure(os.path.join(work, "c"), model, optimizer, step, staging, policy, saves,
+                  every)
     with open(os.path.join(work, f"rank{rank}.json"), "w") as f:
-        json.dump({"staging": staging, "state_bytes": state, "largest_bytes": largest,
-                   "peak_bytes": peak << 10, "blocked_s": ckpt.seconds - warm_up,
-                   "loop_s": loop}, f)
+        json.dump({**row, "state_bytes": state, "largest_bytes": largest}, f)
     dist.destroy_process_group()
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ held-out batches are given; saved in the background if asked, sharded models thr
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import math
 import os
@@ -612,7 +613,8 @@ class Checkpointer:
             result = self.search.choose(state, self.quality, importance, curvature, moments)
             policy, report = result.policy, result.report
             metadata = {**metadata, **result.metadata()}
-        unchanged = None if versions is None else lambda: check_versions(versions, step)
+        unchanged = None if versions is None else functools.partial(check_versions, versions,
+                                                                    step)
         self.series.save(step, state, metadata=metadata, importance=importance, policy=policy,
                          before_commit=unchanged)
         size = self.series.checkpoints()[-1].bytes

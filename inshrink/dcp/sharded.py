@@ -23,6 +23,7 @@ hyperparameters, which DCP stores as pickled bytes items, are unpickled with tor
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pickle
@@ -277,7 +278,7 @@ class ShardedCheckpoints:
             state["model"] = {name: value.detach().clone() if name in buffers else value
                               for name, value in state["model"].items()}
             versions = versions_of(self.model, self.optimizer)
-            check = lambda: check_versions(versions, step)  # noqa: E731
+            check = functools.partial(check_versions, versions, step)
         elif copy:
             state = BlockingAsyncStager().stage(state)
         state[_training_key(self.rank)] = {
