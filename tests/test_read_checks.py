@@ -284,11 +284,13 @@ def test_a_file_truncated_while_open_is_a_typed_error(tmp_path, mmap):
 
 
 def test_read_buffers_are_reused_from_load_to_load(tmp_path, monkeypatch):
-    """A fresh read buffer per load faulted its pages in again every time; the buffers go
-    back to a pool when the file closes, and the next load takes them from there."""
+    """A fresh read buffer per load faulted its pages in again every time; buffers of at
+    least a MiB go back to a pool when the file closes, and the next load takes them from
+    there."""
     from inshrink.container import reader
     path = tmp_path / "x.ink"
-    inshrink.save(path, {"w": np.linspace(-1, 1, 300_000, dtype=np.float32)}, threads=1)
+    noise = np.random.default_rng(0).standard_normal(600_000).astype(np.float32)
+    inshrink.save(path, {"w": noise}, threads=1)  # one 2.4 MB chunk, barely compressible
     pool = reader._BufferPool(keep_bytes=64 << 20)
     monkeypatch.setattr(reader, "_BUFFERS", pool)
     first = inshrink.load(path, threads=1)
@@ -297,6 +299,31 @@ def test_read_buffers_are_reused_from_load_to_load(tmp_path, monkeypatch):
     second = inshrink.load(path, threads=1)
     assert {id(buffer) for buffer in pool._free} == kept
     assert np.array_equal(first["w"], second["w"])
+
+
+def test_small_and_outgrown_read_buffers_are_not_kept(tmp_path, monkeypatch):
+    """Buffers under a MiB go back to the allocator, which serves them again without page
+    faults, and a thread's buffer outgrown by a larger record is freed at once: neither is
+    held for the process's life (transformers' own loader keeps nothing either)."""
+    from inshrink.container import reader
+    path = tmp_path / "x.ink"
+    rng = np.random.default_rng(1)
+    state = {f"t{i}": rng.standard_normal(n).astype(np.float32)
+             for i, n in enumerate((1_000, 50_000, 120_000, 400_000))}
+    inshrink.save(path, state, threads=1)
+    pool = reader._BufferPool(keep_bytes=64 << 20)
+    monkeypatch.setattr(reader, "_BUFFERS", pool)
+    with inshrink.open(path, threads=1) as f:
+        out = {name: f[name] for name in state}  # one thread reading ever larger records
+        assert len(f._reader._taken) == 1  # its largest buffer only
+        largest = next(iter(f._reader._taken.values())).size
+    assert largest >= 1 << 20
+    assert [b.size for b in pool._free] == [largest]
+    with inshrink.open(path, threads=1) as f:
+        f["t1"]  # records under a MiB only
+    assert [b.size for b in pool._free] == [largest]
+    for name, array in state.items():
+        assert np.array_equal(out[name], array)
 
 
 @settings(max_examples=25, deadline=None)
