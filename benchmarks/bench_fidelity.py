@@ -306,8 +306,13 @@ def markdown(summary: dict) -> str:
     return "\n".join(parts)
 
 
+# a configuration whose worst seed ends this far above ref is drawn as an arrow, not a point
+DIVERGED_PCT = 1000.0
+
+
 def plot(summary: dict, path: str) -> None:
-    """Ratio (log x) against mean degradation with min/max bars, one panel per task."""
+    """Ratio (log x) against mean degradation with min/max bars, one panel per task; a
+    configuration beyond :data:`DIVERGED_PCT` as an arrow labelled with its worst seed."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -326,8 +331,14 @@ def plot(summary: dict, path: str) -> None:
             marker, color = style[c["kind"]]
             d = c["degradation"]
             x = c["ratio"] or 1.0
-            y = 100 * d["mean"]
-            ax.errorbar([x], [y], yerr=[[y - 100 * d["min"]], [100 * d["max"] - y]],
+            y, low, high = (100 * d[k] for k in ("mean", "min", "max"))
+            if high > DIVERGED_PCT:  # a run that blew up would flatten every other point
+                ax.annotate(f"{label}: diverged (max {high:+.3g}%)", (x, 0.98),
+                            xycoords=("data", "axes fraction"), xytext=(x, 0.80),
+                            textcoords=("data", "axes fraction"), fontsize=7, ha="right",
+                            color=color, arrowprops={"arrowstyle": "->", "color": color})
+                continue
+            ax.errorbar([x], [y], yerr=[[y - low], [high - y]],
                         fmt=marker, color=color, ms=9 if c["kind"] == "search" else 6,
                         capsize=3)
             ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7)
