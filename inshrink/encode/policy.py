@@ -210,15 +210,18 @@ PRESETS: Mapping[str, Policy] = MappingProxyType({
     "compact": Policy({
         "weight": QuantConfig(bins=16, protect=0.0005),
         "embedding": QuantConfig(bins=32, protect=0.0005),
-        "exp_avg": QuantConfig(bins=2, protect=0.0005),
+        "exp_avg": QuantConfig(bins=2, prune=0.5, protect=0.0005),
         "exp_avg_sq": QuantConfig(bins=2, protect=0.0005),
     }),
 })
 """Named policies. ``balanced`` follows measurements on real runs: 64 weight levels cost
 nothing measurable, moments in the log domain are harmless at 8-16 levels. ``compact`` is
-``aggressive`` with 2 levels per moment (sign and magnitude class): resumed training measured
-no worse than with 4 (docs/decisions.md), and delta files of a series gain 2x over standalone
-ones because weights, whose codes persist between checkpoints, are most of each file."""
+``aggressive`` with 2 levels per moment (sign and magnitude class), the smaller half of the
+first moment pruned to exact zeros: with one magnitude per sign for all of it, Adam's
+updates of weights whose moments are both small grew many times over after a restore, and a
+CNN trained with AdamW diverged (docs/decisions.md). Delta files of a series gain 2x over
+standalone ones because weights, whose codes persist between checkpoints, are most of each
+file."""
 
 
 def resolve(policy: "Policy | str | None") -> Policy:
