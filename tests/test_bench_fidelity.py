@@ -3,6 +3,7 @@ harness (benchmarks/bench_fidelity.py): cheap checks, no measurement."""
 import math
 import os
 import sys
+from unittest import mock
 
 import pytest
 
@@ -117,3 +118,30 @@ def test_verdicts():
     assert bf.verdict_of(deg(0.05, 0.001), 0.002) == "worse"
     assert bf.verdict_of(deg(-0.05, 0.001), 0.002) == "better"
     assert bf.verdict_of(deg(0.01, 0.02), 0.002) == "unclear"  # seeds disagree
+
+
+def test_plot_draws_a_diverged_configuration_as_an_arrow(tmp_path):
+    """A configuration whose worst seed ends beyond DIVERGED_PCT would flatten every other
+    point of its panel: it is drawn as a labelled arrow, and the others keep their scale."""
+    def config(kind, ratio, low, mean, high):
+        return {"kind": kind, "ratio": ratio,
+                "degradation": {"mean": mean, "min": low, "max": high, "std": 0.0, "n": 3}}
+    summary = {"cnn": {"noise_band": 0.01, "configs": {
+        "jitter": config("jitter", None, -0.01, 0.0, 0.01),
+        "balanced": config("preset", 15.0, -0.04, 0.05, 0.13),
+        "compact": config("preset", 41.0, 30.0, 4e4, 1.3e5)}}}
+    path = tmp_path / "plot.png"
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    from matplotlib.axes import Axes
+    labels = []
+    annotate = Axes.annotate
+
+    def recording(self, text, *args, **kwargs):
+        labels.append(text)
+        return annotate(self, text, *args, **kwargs)
+    with mock.patch.object(Axes, "annotate", recording):
+        bf.plot(summary, str(path))
+    assert path.stat().st_size > 0
+    assert any(t.startswith("compact: diverged") for t in labels)
+    assert "balanced" in labels and "compact" not in labels
