@@ -294,6 +294,19 @@ def test_seed_picks_distinct_existing_points(pw, k, seed):
     assert centroids.size == min(k, np.unique(eligible).size)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_seed_of_many_points_and_levels_matches_oracle(seed):
+    """A save's fits draw 64 levels among thousands of buckets; the seeding passes over the
+    points between a draw's neighbours only, and must draw what a whole pass draws."""
+    rng = np.random.default_rng(seed)
+    n = 3000 + 500 * seed
+    points = np.sort(np.round(rng.standard_normal(n) * 40) / 8)  # ties among them
+    weights = rng.choice([0.0, 0.25, 1.0, 3.0, 1e4], size=n, p=[0.2, 0.2, 0.3, 0.29, 0.01])
+    uniforms = rng.random(64)
+    centroids = run_seed(points, weights, 64, uniforms)
+    np.testing.assert_array_equal(centroids, np.sort(oracle_seed(points, weights, 64, uniforms)))
+
+
 def test_seed_inverse_cdf_edges():
     points = np.array([1.0, 2.0, 3.0])
     weights = np.array([0.0, 1.0, 1.0])
