@@ -224,12 +224,6 @@ def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol, scratch):
                 total += 1.0
                 running[j] = total
             last = n - 1
-        # The draws so far, ascending. A point at or beyond the draw's neighbours among them
-        # keeps its nearest distance (rounding is monotonic: the new draw is no nearer to it
-        # than the neighbour, computed the same way), so its mass is unchanged; the running
-        # sums before the first changed point are then unchanged too, and only the points
-        # from there on are summed again, in order: the same sums as a whole pass.
-        drawn_sorted = scratch[2 * n:2 * n + k]
         m = 0
         while m < k and total > 0.0:
             target = uniforms[m] * total
@@ -245,54 +239,20 @@ def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol, scratch):
                     size -= half + 1
             drawn = points[base if base < n else last]
             centroids[m] = drawn
-            at = m  # its place among the draws
-            while at > 0 and drawn_sorted[at - 1] > drawn:
-                drawn_sorted[at] = drawn_sorted[at - 1]
-                at -= 1
-            drawn_sorted[at] = drawn
             m += 1
             if m == k:
                 break
-            lo = 0  # the first point nearer the draw than its left neighbour: above it
-            hi = n  # and the first one at or above its right neighbour
-            if m > 1 and at > 0:
-                left = drawn_sorted[at - 1]
-                size = n
-                while size > 0:
-                    half = size >> 1
-                    if points[lo + half] > left:
-                        size = half
-                    else:
-                        lo += half + 1
-                        size -= half + 1
-            if m > 1 and at < m - 1:
-                right = drawn_sorted[at + 1]
-                hi = lo
-                size = n - lo
-                while size > 0:
-                    half = size >> 1
-                    if points[hi + half] >= right:
-                        size = half
-                    else:
-                        hi += half + 1
-                        size -= half + 1
-            total = running[lo - 1] if lo > 0 else 0.0
+            total = 0.0
             last = -1
-            for j in range(lo, n):
-                if j < hi:
-                    gap = points[j] - drawn
-                    gap = gap * gap
-                    if m == 1 or gap < nearest[j]:
-                        nearest[j] = gap
+            for j in range(n):
+                gap = points[j] - drawn
+                gap = gap * gap
+                if m == 1 or gap < nearest[j]:
+                    nearest[j] = gap
                 mass = nearest[j] * (weights[j] if positive else 1.0)
                 total += mass
                 running[j] = total
                 last = j if mass > 0.0 else last
-            if last < 0:  # no mass from lo on: the last point with mass lies before it
-                last = lo - 1
-                while last >= 0 and not nearest[last] * (weights[last] if positive
-                                                         else 1.0) > 0.0:
-                    last -= 1
     # Lloyd
     span = points[n - 1] - points[0] if n > 0 else 0.0
     threshold = tol * span
