@@ -296,8 +296,8 @@ def test_seed_picks_distinct_existing_points(pw, k, seed):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_seed_of_many_points_and_levels_matches_oracle(seed):
-    """A save's fits draw 64 levels among thousands of buckets; the seeding passes over the
-    points between a draw's neighbours only, and must draw what a whole pass draws."""
+    """A save's fits draw 64 levels among thousands of buckets (ties and weightless points
+    among them): the kernel's running sums must draw what the oracle's cumulative sums do."""
     rng = np.random.default_rng(seed)
     n = 3000 + 500 * seed
     points = np.sort(np.round(rng.standard_normal(n) * 40) / 8)  # ties among them
