@@ -51,13 +51,17 @@ def test_help_explains_every_preset_as_it_is():
     r = run("compress", "--help", cwd=".")
     assert r.returncode == 0
     text = " ".join(r.stdout.split())
+    def levels(config):
+        return f"{config.bins}" + (f" (smallest {config.prune:.0%} as 0)" if config.prune else "")
     for name, policy in PRESETS.items():
         assert f" {name} " in text
         if policy.roles:
-            assert (f"{name} levels: weights {policy.roles['weight'].bins}, embeddings "
-                    f"{policy.roles['embedding'].bins}, optimizer exp_avg "
-                    f"{policy.roles['exp_avg'].bins}, exp_avg_sq "
-                    f"{policy.roles['exp_avg_sq'].bins}") in text
+            assert (f"{name} levels: weights {levels(policy.roles['weight'])}, embeddings "
+                    f"{levels(policy.roles['embedding'])}, optimizer exp_avg "
+                    f"{levels(policy.roles['exp_avg'])}, exp_avg_sq "
+                    f"{levels(policy.roles['exp_avg_sq'])}") in text
+    assert "compact levels: weights 16, embeddings 32, optimizer exp_avg 2 (smallest 50% as " \
+           "0), exp_avg_sq 2" in text
     assert "= aggressive for weights and embeddings: the two give identical files for a " \
            "model without optimizer state" in text
     assert "implies --lossy" not in text

@@ -93,11 +93,13 @@ def _preset_help() -> str:
         if not any(roles.values()):
             lines.append(f"  {name:<11} nothing quantized: the same as no lossy option")
             continue
-        levels = {r: (c.bins if c else "exact") for r, c in roles.items()}
-        lines.append(f"  {name:<11} levels: weights {levels.get('weight', 'exact')}, "
-                     f"embeddings {levels.get('embedding', 'exact')}, optimizer exp_avg "
-                     f"{levels.get('exp_avg', 'exact')}, exp_avg_sq "
-                     f"{levels.get('exp_avg_sq', 'exact')}")
+        levels = {r: (f"{c.bins} (smallest {c.prune:.0%} as 0)" if c and c.prune else
+                      c.bins if c else "exact") for r, c in roles.items()}
+        lines.append(textwrap.fill(
+            f"{name:<11} levels: weights {levels.get('weight', 'exact')}, embeddings "
+            f"{levels.get('embedding', 'exact')}, optimizer exp_avg "
+            f"{levels.get('exp_avg', 'exact')}, exp_avg_sq {levels.get('exp_avg_sq', 'exact')}",
+            79, initial_indent="  ", subsequent_indent=" " * 14, break_on_hyphens=False))
         model = (roles.get("weight"), roles.get("embedding"))
         if model in described:
             lines.append(fill(f"= {described[model]} for weights and embeddings: the two give "
