@@ -765,6 +765,12 @@ def main(argv=None) -> int:
         set_info[s] = dict(tensors=len(vals), values=sum(a.size for a, _ in vals.values()),
                            bytes=sum(b for _, b in vals.values()))
     if args.checkpoint_speed:
+        try:
+            import pysz  # noqa: F401
+        except ImportError as e:
+            print(f"--checkpoint-speed compares with SZ3: pysz is not importable ({e}); "
+                  f"pip install pysz", file=sys.stderr)
+            return 2
         r = checkpoint_speed(tensors, args.time_sz3, args.reps)
         print(f"\n## The whole checkpoint, one thread: inshrink balanced against SZ3 rel="
               f"{args.time_sz3:g} (MB per CPU second, best of {args.reps}, interleaved; load "

@@ -12,7 +12,7 @@ import importlib
 import math
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from ..encode.policy import MAX_BINS, PRESETS, SMALL_MOMENT, SMALL_TENSOR
 from .output import LARGE_ERROR, clean
@@ -82,9 +82,15 @@ def _preset_help() -> str:
     """What each preset quantizes, read from the presets themselves."""
     import textwrap
 
-    def fill(text: str, indent: str = "") -> str:
-        return textwrap.fill(text, 79, initial_indent=indent, subsequent_indent=indent,
-                             break_on_hyphens=False)
+    def fill(text: str, indent: str = "", first: str | None = None) -> str:
+        return textwrap.fill(text, 79, initial_indent=indent if first is None else first,
+                             subsequent_indent=indent, break_on_hyphens=False)
+
+    def levels(config: Any) -> str:
+        if config is None:
+            return "exact"
+        return f"{config.bins} (smallest {config.prune:.0%} as 0)" if config.prune else \
+            f"{config.bins}"
 
     lines = ["presets (--preset NAME; --lossy alone means --preset balanced):"]
     described: dict[tuple, str] = {}
@@ -93,13 +99,11 @@ def _preset_help() -> str:
         if not any(roles.values()):
             lines.append(f"  {name:<11} nothing quantized: the same as no lossy option")
             continue
-        levels = {r: (f"{c.bins} (smallest {c.prune:.0%} as 0)" if c and c.prune else
-                      c.bins if c else "exact") for r, c in roles.items()}
-        lines.append(textwrap.fill(
-            f"{name:<11} levels: weights {levels.get('weight', 'exact')}, embeddings "
-            f"{levels.get('embedding', 'exact')}, optimizer exp_avg "
-            f"{levels.get('exp_avg', 'exact')}, exp_avg_sq {levels.get('exp_avg_sq', 'exact')}",
-            79, initial_indent="  ", subsequent_indent=" " * 14, break_on_hyphens=False))
+        lines.append(fill(
+            f"{name:<11} levels: weights {levels(roles.get('weight'))}, embeddings "
+            f"{levels(roles.get('embedding'))}, optimizer exp_avg "
+            f"{levels(roles.get('exp_avg'))}, exp_avg_sq {levels(roles.get('exp_avg_sq'))}",
+            " " * 14, first="  "))
         model = (roles.get("weight"), roles.get("embedding"))
         if model in described:
             lines.append(fill(f"= {described[model]} for weights and embeddings: the two give "
