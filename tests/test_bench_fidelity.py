@@ -37,13 +37,14 @@ def test_every_task_builds_with_its_optimizer():
         assert len(task.test_batches) and len(task.calib_batches)
 
 
-def test_held_out_third_is_disjoint_one_per_family_and_new_pairs():
+def test_held_out_part_is_disjoint_about_a_third_every_family_and_new_pairs():
     names = set(ft.TASKS)
-    assert ft.HELD_OUT <= names
-    assert len(ft.HELD_OUT) * 3 == len(names)
+    assert ft.HELD_OUT <= names and ft.SPENT <= names
+    assert not ft.HELD_OUT & ft.SPENT
+    assert len(ft.HELD_OUT) / len(names) >= 0.3
     assert set(ft.TUNING) == names - ft.HELD_OUT
     held = [ft.TASKS[n] for n in ft.HELD_OUT]
-    assert sorted(s.family for s in held) == sorted(set(ft.FAMILIES.values()))
+    assert {s.family for s in held} == set(ft.FAMILIES.values())
     tuning_pairs = {(ft.TASKS[n].optimizer, ft.TASKS[n].beta2, ft.TASKS[n].schedule)
                     for n in ft.TUNING}
     for s in held:
