@@ -684,15 +684,7 @@ def test_quantize_chunk_without_levels_escapes_everything(float_type):
 
 
 # ---------------------------------------------------------------------------------------------
-# lookup_decode
-
-def oracle_lookup(codes, levels, escape, values):
-    out = np.zeros(codes.size, levels.dtype)
-    is_level = codes < levels.size
-    out[is_level] = levels[codes[is_level]]
-    out[~is_level] = values[: int((~is_level).sum())]
-    return out
-
+# lookup_levels
 
 @pytest.mark.parametrize("word_type", WORD_TYPES)
 @given(data=st.data())
@@ -703,47 +695,34 @@ def test_lookup_matches_oracle(word_type, data):
     rng = np.random.default_rng(seed)
     info = np.iinfo(word_type)
     levels = rng.integers(0, info.max, n_levels, dtype=word_type, endpoint=True)
-    escape = data.draw(st.sampled_from([n_levels, 65535]))
     codes = rng.integers(0, n_levels, n).astype(np.uint16)
-    codes[rng.random(n) < data.draw(st.sampled_from([0.0, 0.1, 1.0]))] = escape
-    n_escapes = int(np.count_nonzero(codes == escape))
-    assert int(np.count_nonzero(codes == escape)) == n_escapes
-    values = rng.integers(0, info.max, n_escapes + data.draw(st.integers(0, 2)), dtype=word_type,
-                          endpoint=True)
+    bad = data.draw(st.sampled_from([0.0, 0.1, 1.0]))
+    codes[rng.random(n) < bad] = data.draw(st.sampled_from([n_levels, 65535]))
     out = np.zeros(n, word_type)
-    assert quant.lookup_decode(codes, levels, escape, values, out) == n_escapes
-    np.testing.assert_array_equal(out, oracle_lookup(codes, levels, escape, values))
+    largest = quant.lookup_levels(codes, levels, out)
+    assert largest == (int(codes.max()) if n else 0)
+    # a code past the table reads the last level: never outside the table
+    np.testing.assert_array_equal(out, levels[np.minimum(codes, n_levels - 1)])
 
 
 @pytest.mark.parametrize("word_type", WORD_TYPES)
-def test_lookup_errors(word_type):
+def test_lookup_reports_codes_past_the_table(word_type):
     levels = np.array([10, 20, 30], word_type)
-    values = np.array([7, 8], word_type)
     out = np.zeros(6, word_type)
-    # a code that is neither a level nor the escape stops decoding there
-    codes = np.array([0, 5, 1, 3, 4, 2], np.uint16)
-    assert quant.lookup_decode(codes, levels, 5, values, out) == -1 - 3
-    assert out[:3].tolist() == [10, 7, 20]
-    # an escape with no value left
-    codes = np.array([5, 2, 5, 0, 5, 1], np.uint16)
-    assert quant.lookup_decode(codes, levels, 5, values, out) == -1 - 4
-    assert quant.lookup_decode(codes[:4], levels, 5, values, out[:4]) == 2
-    assert out[:4].tolist() == [7, 30, 8, 10]
-    # a code below the table size is a level even when it equals the escape
-    assert quant.lookup_decode(np.array([2], np.uint16), levels, 2, values, out[:1]) == 0
-    assert out[0] == 30
+    codes = np.array([0, 2, 1, 3, 65535, 2], np.uint16)
+    assert quant.lookup_levels(codes, levels, out) == 65535
+    assert out.tolist() == [10, 30, 20, 30, 30, 30]
+    assert quant.lookup_levels(codes[:3], levels, out[:3]) == 2  # all levels: below 3
     empty = np.empty(0, np.uint16)
-    assert quant.lookup_decode(empty, levels, 5, values, np.empty(0, word_type)) == 0
-    assert int(np.count_nonzero(empty == 5)) == 0
+    assert quant.lookup_levels(empty, levels, np.empty(0, word_type)) == 0
 
 
 def test_lookup_decodes_floats_bit_exactly():
     x = np.array([1.5, -0.0, np.nan, 1.5, 2.0**-140, np.inf], np.float32)
-    levels = np.array([1.5, 2.0], np.float32).view(np.uint32)
-    codes = np.array([0, 3, 3, 0, 3, 3], np.uint16)
-    values = x[codes == 3].view(np.uint32)
+    levels = x.view(np.uint32)[[0, 1, 2, 4, 5]]
+    codes = np.array([0, 1, 2, 0, 3, 4], np.uint16)
     out = np.empty(x.size, np.uint32)
-    assert quant.lookup_decode(codes, levels, 3, values, out) == 4
+    assert quant.lookup_levels(codes, levels, out) == 4
     assert out.tobytes() == x.tobytes()
 
 
@@ -829,11 +808,13 @@ def test_quantise_pack_and_decode_pipeline(float_type):
     np.testing.assert_array_equal(unpacked, codes)
     word = {np.float32: np.uint32, np.float64: np.uint64}[float_type]
     table = np.append(levels, float_type(0)).view(word)
-    values = x[codes == escape].view(word)
-    out = np.empty(x.size, word)
-    assert quant.lookup_decode(unpacked, table, escape, values, out) == escapes
-    decoded = out.view(float_type)
     escaped = codes == escape
+    out = np.empty(x.size, word)
+    # as the quant stage decodes: escaped elements carry a level's code, then their values
+    unpacked[escaped] = 0
+    assert quant.lookup_levels(unpacked, table, out) < table.size
+    out[escaped] = x[escaped].view(word)
+    decoded = out.view(float_type)
     assert decoded[escaped].tobytes() == x[escaped].tobytes()
     # every other element went to its nearest level, or to zero inside the pruning band
     rest = ~escaped

@@ -31,7 +31,6 @@ _HEX = re.compile(r"[0-9a-fA-F]*")  # hex digits of either case, nothing else (s
 MAX_LEVELS = 65_535
 DTYPES = ("F64", "F32", "F16", "BF16")
 WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-_NO_VALUES = {word: np.empty(0, word) for word in WORDS.values()}  # read-only by the kernel
 
 
 @dataclass(frozen=True)
@@ -129,11 +128,10 @@ class Quant(ArrayStage):
         codes = self.decode_codes(packed, n, undo)
         escaped = memoryview(gaps).nbytes // 4  # a whole number of gaps (rule C-5)
         if self.levels.size:
-            bad = kernels.lookup_decode(codes, self.levels.view(word), self.escape,
-                                        _NO_VALUES[word], words)
-            if bad < 0:
-                raise CorruptError(f"[D-5] quantization code out of range at element "
-                                   f"{-1 - bad}")
+            largest = kernels.lookup_levels(codes, self.levels.view(word), words)
+            if largest >= self.levels.size:
+                first = int(np.argmax(codes >= self.levels.size))
+                raise CorruptError(f"[D-5] quantization code out of range at element {first}")
         elif escaped != n:
             raise CorruptError("[D-5] a chunk without levels must escape every element")
         if escaped:  # most chunks escape nothing: no numpy calls for them

@@ -51,8 +51,8 @@ force, codes)``
     empty); ``codes`` is uint16 of ``len(x)``; ``force`` is int8 of ``len(x)`` or of length 0
     (no forcing); ``zero_code`` and ``escape`` fit in uint16.
 
-``lookup_decode(codes, levels, escape, values, out)``
-    ``codes`` is uint16; ``levels``, ``values`` and ``out`` share one unsigned word type;
+``lookup_levels(codes, levels, out)``
+    ``codes`` is uint16; ``levels`` (at least one) and ``out`` share one unsigned word type;
     ``len(out) == len(codes)``.
 
 ``pack_bits(codes, bits, out)`` and ``unpack_bits(packed, bits, n, out)``
@@ -173,7 +173,8 @@ def error_stats(x, codes, table, escape, prune_below, out):
 
 
 @kernel(signatures=["UniTuple(int64, 2)(Array(float64, 1, 'C', readonly=True), "
-                     "Array(float64, 1, 'C', readonly=True), Array(float64, 1, 'C', readonly=True), "
+                     "Array(float64, 1, 'C', readonly=True), "
+                     "Array(float64, 1, 'C', readonly=True), "
                      "float64[::1], int64, float64, float64[::1])"])
 def kmeans_1d(points, weights, uniforms, centroids, max_iter, tol, scratch):
     """Weighted k-means in one dimension: k-means++ seeding (when ``uniforms`` is not empty),
@@ -636,28 +637,23 @@ def quantize_chunk(x, words, boundaries, lut, probes, table, protect_lo, protect
 
 
 @kernel
-def lookup_decode(codes, levels, escape, values, out):
-    """Replace each code by its level word, or each escape by the next of ``values``.
+def lookup_levels(codes, levels, out):
+    """Replace each code by its level word; a code past the table reads the last level.
 
     Returns
     -------
     int
-        The number of ``values`` consumed, or ``-1 - i`` when code ``i`` is neither a level nor
-        ``escape``, or is an escape with ``values`` exhausted (decoding stops there).
+        The largest code: ``len(levels)`` or more when a code is not a level (the caller
+        rejects the chunk). One branch-free pass: the check is a running maximum, not a test
+        per element.
     """
-    n_levels = levels.shape[0]
-    n_values = values.shape[0]
-    j = 0
+    last = levels.shape[0] - 1
+    largest = 0
     for i in range(codes.shape[0]):
-        c = int(codes[i])
-        if c < n_levels:
-            out[i] = levels[c]
-        elif c == escape and j < n_values:
-            out[i] = values[j]
-            j += 1
-        else:
-            return -1 - i
-    return j
+        c = np.int64(codes[i])
+        largest = max(largest, c)
+        out[i] = levels[min(c, last)]
+    return largest
 
 
 @kernel
