@@ -76,6 +76,17 @@ JITTER_SCALE = 1e-4
 JITTER_STRIDE = 7919  # separates the jitter draws' generator seeds from the steps'
 
 
+def _checkpoint_numbers(text: str) -> tuple[int, ...]:
+    """``--restore-at``: distinct checkpoint numbers in 1..20, comma-separated."""
+    try:
+        numbers = tuple(sorted({int(n) for n in text.split(",")}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not numbers or numbers[0] < 1 or numbers[-1] > 20:
+        raise argparse.ArgumentTypeError(f"checkpoint numbers are 1 to 20, got {text!r}")
+    return numbers
+
+
 def parse_config(text: str) -> dict:
     """``name[:key=value,...]`` as {"label", "kind", "name", "args"}; values are JSON where
     they parse as JSON (numbers, true/false), else strings."""
@@ -144,12 +155,14 @@ def jitter(task: fm.Task, seed: int, draw: int, step: int, scale: float) -> None
 
 
 def run_one(task_name: str, config: dict, seed: int, draw: int = 0,
-            steps: int | None = None, workdir: str | None = None) -> dict:
-    """Train one run of ``task_name`` under ``config`` from ``seed``; return its record."""
+            steps: int | None = None, workdir: str | None = None,
+            restore_at: tuple[int, ...] = RESTORE_AT) -> dict:
+    """Train one run of ``task_name`` under ``config`` from ``seed``, restoring at the
+    checkpoints numbered ``restore_at`` (of 20); return its record."""
     torch.set_num_threads(1)
     task = ft.make_task(task_name, seed, steps=steps)
     every, kind = task.ckpt_every, config["kind"]
-    restore_steps = {k * every for k in RESTORE_AT if k * every <= task.steps}
+    restore_steps = {k * every for k in restore_at if k * every <= task.steps}
     tmp = tempfile.mkdtemp(prefix="fidelity-", dir=workdir or common.tmp_root())
     ck = checkpointer(task, config, os.path.join(tmp, "series")) \
         if kind in ("lossless", "preset", "search") else None
@@ -382,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="the configurations instead of the default list "
                                    "(ref is always run)")
     ap.add_argument("--steps", type=int, help="shorter runs (a smoke test)")
+    ap.add_argument("--restore-at", type=_checkpoint_numbers, default=RESTORE_AT,
+                    help="comma-separated checkpoint numbers (1-20) restored right after "
+                         "saving (default: %(default)s); e.g. 2,4,6,8 for early restores only")
     ap.add_argument("--out", default=os.path.join(common.REPO_ROOT, "benchmarks", "results",
                                                   "fidelity.json"))
     ap.add_argument("--md", help="the tables' file (default: --out with .md)")
@@ -411,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     setup = {"tasks": {t: _jsonable(ft.TASKS[t]) for t in tasks},
              "held_out": args.held_out, "configs": labels, "seeds": args.seeds,
              "sanity_seeds": args.sanity_seeds, "jitter_draws": args.jitter_draws,
-             "restore_at": RESTORE_AT, "jitter_scale": JITTER_SCALE, "steps": args.steps,
+             "restore_at": list(args.restore_at), "jitter_scale": JITTER_SCALE,
+             "steps": args.steps,
              "argv": sys.argv, "date": time.strftime("%Y-%m-%d %H:%M"),
              "machine": platform.platform(), "cpus": os.cpu_count(),
              "load_start": os.getloadavg(), "torch": torch.__version__}
@@ -437,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
                          if (t, c["label"], seed, d) not in done]
     started = time.perf_counter()
     for i, (t, c, seed, draw) in enumerate(plan, 1):
-        r = run_one(t, c, seed, draw, steps=args.steps)
+        r = run_one(t, c, seed, draw, steps=args.steps, restore_at=args.restore_at)
         runs.append(r)
         ratio = f" ratio {r['ratio']:.1f}" if "ratio" in r else ""
         print(f"[{i}/{len(plan)}] {t} {c['label']} seed {seed}"

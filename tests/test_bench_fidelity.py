@@ -1,5 +1,6 @@
 """The fidelity benchmark's task list (benchmarks/fidelity_tasks.py) and one tiny run of its
 harness (benchmarks/bench_fidelity.py): cheap checks, no measurement."""
+import argparse
 import math
 import os
 import sys
@@ -86,6 +87,20 @@ def test_parse_config():
     for bad in ("nope", "ref:x=1", "search:epsilon", "jitter:bins=3"):
         with pytest.raises(SystemExit):
             bf.parse_config(bad)
+
+
+def test_restore_at_option():
+    assert bf._checkpoint_numbers("8,2,4,4") == (2, 4, 8)
+    for bad in ("", "x", "0,2", "21", "2,,4"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bf._checkpoint_numbers(bad)
+
+
+def test_restores_happen_only_where_asked(tmp_path):
+    run = bf.run_one("cnn-sgdm-cosine", bf.parse_config("ref"), 0, steps=8,
+                     workdir=str(tmp_path), restore_at=(3, 20))
+    every = run["ckpt_every"]
+    assert run["restores"] == [3 * every]  # checkpoint 20 lies past an 8-step run
 
 
 def test_tiny_runs_lossless_is_ref_and_preset_compresses(tmp_path):
