@@ -162,8 +162,8 @@ def test_guided_search_uses_few_evaluations(synthetic_encoding):
     chosen = SPACE.point(result.choice)
     assert oracle.feasible(chosen, "magnitude")
     assert expected_bits(chosen) == optimum(oracle, ("magnitude",))
-    assert len(POINTS) == 810
-    assert result.report["evaluations_used"] <= 40  # of 810 configurations
+    assert len(POINTS) == 1386
+    assert result.report["evaluations_used"] <= 40  # of 1386 configurations
 
 
 def test_guided_search_measures_the_cube_top_only_when_nothing_below_is_feasible(
@@ -346,6 +346,22 @@ def test_nan_quality_is_infeasible():
     assert result.policy.roles.get("weight") is None
 
 
+def test_a_bound_256_levels_miss_gets_finer_levels_not_lossless_weights():
+    # the quality is the weights' relative error: 256 levels leave 0.006-0.007 on this
+    # matrix, 1024 levels 0.0014-0.0017, so a bound of 0.003 needs the axis past 256
+    w = np.random.default_rng(3).standard_normal((256, 256)).astype(np.float32)
+
+    def quality(state):
+        x = state["model.w"].astype(np.float64)
+        return 1.0 + float(np.linalg.norm(x - w) / np.linalg.norm(w))
+
+    result = Search(epsilon=0.003).choose({"model.w": w}, quality)
+    assert result.choice is not None and result.choice.bins in (1024, 4096)
+    assert 0 <= result.report["chosen_result"]["drop"] <= 0.003
+    assert Search(epsilon=0.003, space=SearchSpace(bins=SPACE.bins[:-2])).choose(
+        {"model.w": w}, quality).choice is None  # the axis as it was: lossless weights
+
+
 def test_proxy_mode_without_callback(tmp_path):
     state, _ = _model()
     result = Search(space=SearchSpace(proxy_rel_l2=0.02)).choose(state, None)
@@ -390,7 +406,8 @@ def test_an_unreadable_search_report_is_corrupt_and_named(tmp_path):
 
 def test_space_point_maps_off_axis_values_upwards():
     assert SPACE.point(Choice(10, 20, 0.15, 0.001)) == (3, 1, 4, 1)  # 12 bins, 32, 0.1, 0.005
-    assert SPACE.point(Choice(1000, 1000, 0.0, 0.5)) == SPACE.top()
+    assert SPACE.point(Choice(1000, 1000, 0.0, 0.5)) == (9, 5, 5, 2)  # 1024 levels
+    assert SPACE.point(Choice(5000, 5000, 0.0, 0.5)) == SPACE.top()
     for p in POINTS[::17]:
         assert SPACE.point(SPACE.choice(p, "magnitude")) == p
 

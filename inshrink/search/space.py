@@ -54,6 +54,9 @@ class SearchSpace:
     ----------
     bins, embedding_bins : tuple of int
         Quantization levels for weights and for embedding tables (more levels = more precise).
+        Both end at 1024 and 4096 levels: where a falling bound rules out 256, the weights get
+        10- or 12-bit codes, which a series stores as deltas of mostly unchanged codes,
+        rather than lossless weights (docs/decisions.md).
     prune : tuple of float
         Fractions of each weight tensor set to zero (embeddings are never pruned).
     protect : tuple of float
@@ -88,8 +91,8 @@ class SearchSpace:
         gets the configuration's bins, as in the paper.
     """
 
-    bins: tuple[int, ...] = (4, 6, 8, 12, 16, 32, 64, 128, 256)
-    embedding_bins: tuple[int, ...] = (16, 32, 64, 128, 256)
+    bins: tuple[int, ...] = (4, 6, 8, 12, 16, 32, 64, 128, 256, 1024, 4096)
+    embedding_bins: tuple[int, ...] = (16, 32, 64, 128, 256, 1024, 4096)
     prune: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
     protect: tuple[float, ...] = (0.0005, 0.005, 0.01)
     prune_metrics: tuple[str, ...] = PRUNE_METRICS
