@@ -44,6 +44,7 @@ Usage::
     python benchmarks/bench_fidelity.py --seeds 3 --out results.json
     python benchmarks/bench_fidelity.py --tasks cnn-sgdm-cosine --configs search:epsilon=0.01
     python benchmarks/bench_fidelity.py --held-out    # the final check, after tuning
+    python benchmarks/bench_fidelity.py --tasks cnn-sgdm-cosine --restore-at 2,4,6,8
 
 ``--out`` is rewritten after every run and ``--resume`` skips the runs it already holds; the
 tables go to ``--md`` (default: next to ``--out``), the plot to ``--plot``. Progress on stderr.
