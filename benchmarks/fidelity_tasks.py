@@ -108,13 +108,28 @@ TASKS: dict[str, Spec] = {s.name: s for s in (
          beta2=0.99),
     Spec("mixer-sgdm-step", "mixer", "sgd_momentum", "step", steps=600, lr=0.05, warmup=30,
          weight_decay=5e-4),
+    # ---- held out, third round (fixed 2026-12-06, after the second round was run, before any
+    # further tuning): pairs that none of the thirteen tasks above has
+    Spec("gpt-adamw95-linear", "gpt", "adamw", "linear", steps=300, lr=1e-3, warmup=20,
+         beta2=0.95, weight_decay=0.1),
+    Spec("lm-adam999-step", "lm", "adam", "step", steps=300, lr=3e-3, warmup=20, beta2=0.999),
+    Spec("cnn-sgdm-constant", "cnn", "sgd_momentum", "constant", steps=600, lr=0.02, warmup=20,
+         weight_decay=5e-4),
+    Spec("cnn-adafactor-step", "cnn", "adafactor", "step", steps=600, lr=1e-2, warmup=20),
+    Spec("mixer-adafactor-cosine", "mixer", "adafactor", "cosine", steps=600, lr=1e-2,
+         warmup=30),
+    Spec("mixer-adam95-constant", "mixer", "adam", "constant", steps=600, lr=2e-3, warmup=30,
+         beta2=0.95),
 )}
 
-# the first held-out round, run once on 2026-12-04 (RESULTS, "Fidelity"): tuning tasks since
-SPENT = frozenset({"lm-adamw99-linear", "cnn-adamw95-step", "mixer-nesterov-cosine"})
+# the held-out rounds already run (RESULTS, "Fidelity"): tuning tasks since; the first round
+# on 2026-12-04, the second on 2026-12-06
+SPENT = frozenset({"lm-adamw99-linear", "cnn-adamw95-step", "mixer-nesterov-cosine",
+                   "gpt-adamw999-cosine", "lm-adafactor-linear", "cnn-adam-linear",
+                   "mixer-sgdm-step"})
 # chosen with their specs, before any run: for the final check only (bench_fidelity --held-out)
-HELD_OUT = frozenset({"gpt-adamw999-cosine", "lm-adafactor-linear", "cnn-adam-linear",
-                      "mixer-sgdm-step"})
+HELD_OUT = frozenset({"gpt-adamw95-linear", "lm-adam999-step", "cnn-sgdm-constant",
+                      "cnn-adafactor-step", "mixer-adafactor-cosine", "mixer-adam95-constant"})
 TUNING = tuple(n for n in TASKS if n not in HELD_OUT)
 
 
